@@ -1,0 +1,63 @@
+// qmoe: backends. prepare_layer() validates a layer once and prepacks its weights for a backend;
+// PreparedLayer::run() then runs calls on a caller-provided workspace of workspace_size() bytes.
+// The CPU backend is exact (fp32 arithmetic on exactly dequantized weights) and multi-threaded;
+// reference_forward() is the fp64 oracle that every test compares against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "qmoe/layer.h"
+#include "qmoe/status.h"
+
+namespace qmoe {
+
+enum class BackendKind : uint8_t { kCpu, kCuda };
+const char* backend_name(BackendKind b);
+bool backend_available(BackendKind b);  // kCuda: built with CUDA and a device is present
+
+struct PrepareOptions {
+  int num_threads = 0;  // CPU: worker threads, 0 = hardware concurrency
+  int device = 0;       // CUDA: device ordinal
+};
+
+// Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
+struct RunProfile {
+  double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
+  double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
+};
+
+class PreparedLayer {
+ public:
+  virtual ~PreparedLayer() = default;
+  virtual BackendKind backend() const = 0;
+  virtual const LayerSpec& spec() const = 0;
+  // Exact bytes run() needs for calls of up to max_tokens tokens (a documented formula per
+  // backend).
+  virtual size_t workspace_size(int64_t max_tokens) const = 0;
+  // Runs one call. `workspace` holds at least workspace_size(T) bytes, 64-byte aligned; its
+  // contents on entry do not matter. `stream` is a cudaStream_t for the CUDA backend and ignored on
+  // the CPU. Never allocates; `profile`, when given, receives per-stage times.
+  virtual Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
+                     size_t workspace_bytes, void* stream, RunProfile* profile = nullptr) = 0;
+};
+
+// Validates (check_layer) and prepares. The weights' memory must outlive the layer.
+Status prepare_layer(BackendKind backend, const LayerSpec& spec, const LayerWeights& weights,
+                     const PrepareOptions& options, std::unique_ptr<PreparedLayer>* out);
+
+// Convenience for callers without their own workspace: allocates it and runs.
+Status run_layer(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
+                 RunProfile* profile = nullptr);
+
+// The fp64 oracle: routing as route() does it (the exact, shared fp32 routing), everything after it
+// in double on weights dequantized in double. out receives [T, H] doubles.
+Status reference_forward(const LayerSpec& spec, const LayerWeights& weights, const RunInputs& in,
+                         std::vector<double>* out);
+
+// ||a - b|| / ||b|| over n values (0 when both are zero; +inf when a holds NaN).
+double relative_norm_error(const double* a, const double* b, size_t n);
+
+}  // namespace qmoe

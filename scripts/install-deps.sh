@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing qmoe needs: a C++17 toolchain, CMake, Ninja, GoogleTest,
+# CLI11, nlohmann-json (Debian packages) and the Python test packages (PyPI). Skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+debs=(build-essential cmake ninja-build libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
+      python3 python3-pip)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
+
+if ! python3 -c "import numpy, onnx, onnxruntime, pytest" >/dev/null 2>&1; then
+  # Debian's own python3 refuses system-wide pip installs (PEP 668); allow them there.
+  python3 -m pip install -q -r tests/python/requirements.txt ||
+    python3 -m pip install -q --break-system-packages -r tests/python/requirements.txt
+fi

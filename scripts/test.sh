@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds qmoe and runs every test: the GoogleTest suite and the Python suites (CLI behaviour,
+# onnxruntime conformance) through ctest, then the CPU suite again under AddressSanitizer and
+# UndefinedBehaviorSanitizer. Exits non-zero if anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+jobs="$(nproc)"
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMOE_SANITIZE=ON \
+  -DQMOE_CUDA=OFF
+cmake --build build-sanitize --target qmoe_tests -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-sanitize -L cpu --output-on-failure -j "$jobs"

@@ -1,0 +1,26 @@
+#include "qmoe/status.h"
+
+namespace qmoe {
+
+const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kIoError:
+      return "i/o error";
+    case StatusCode::kInternal:
+      return "internal error";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (is_ok()) return "ok";
+  return std::string(status_code_name(code_)) + ": " + message_;
+}
+
+}  // namespace qmoe

@@ -1,0 +1,34 @@
+// The qmoe command-line tool: shared pieces of its subcommands (exit codes, error printing, option
+// parsing helpers) and the functions that register each subcommand.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "qmoe/backend.h"
+#include "qmoe/status.h"
+#include "qmoe/tensor.h"
+
+namespace qmoe::cli {
+
+// Exit codes: 0 success, 1 a failed accuracy check, 2 bad usage or input (message on stderr).
+constexpr int kExitOk = 0;
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitUsage = 2;
+
+// Prints "qmoe: error: <message>" to stderr and returns kExitUsage.
+int usage_error(const std::string& message);
+// The same for a Status (its code name and message).
+int status_error(const Status& s);
+
+// Parses f32 | f16 | bf16 (activation dtypes); `flag` names the option in the message.
+Status parse_act_dtype(const std::string& s, const char* flag, DType* out);
+// Parses auto | cpu | cuda; auto picks CUDA when backend_available() says so.
+Status parse_backend(const std::string& s, BackendKind* out);
+
+// Each registers one subcommand whose callback stores its exit code in *exit_code.
+void add_run_command(CLI::App& app, int* exit_code);
+void add_make_layer_command(CLI::App& app, int* exit_code);
+void add_info_command(CLI::App& app, int* exit_code);
+
+}  // namespace qmoe::cli

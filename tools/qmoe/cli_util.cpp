@@ -1,0 +1,50 @@
+#include <cstdio>
+
+#include "cli.h"
+#include "cuda/device_info.h"
+
+namespace qmoe::cli {
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "qmoe: error: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+int status_error(const Status& s) { return usage_error(s.to_string()); }
+
+Status parse_act_dtype(const std::string& s, const char* flag, DType* out) {
+  DType t;
+  if (!parse_dtype(s, &t) || (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16)) {
+    return Status::invalid(std::string(flag) + ": expected f32, f16 or bf16, got '" + s + "'");
+  }
+  *out = t;
+  return Status::ok();
+}
+
+Status parse_backend(const std::string& s, BackendKind* out) {
+  if (s == "auto") {
+    *out = backend_available(BackendKind::kCuda) ? BackendKind::kCuda : BackendKind::kCpu;
+  } else if (s == "cpu") {
+    *out = BackendKind::kCpu;
+  } else if (s == "cuda") {
+    if (!backend_available(BackendKind::kCuda)) {
+#ifdef QMOE_WITH_CUDA
+      CudaDeviceInfo info;
+      if (!cuda_device_info(&info)) {
+        return Status::unsupported("--backend cuda: no CUDA device found");
+      }
+      return Status::unsupported("--backend cuda: device " + info.name +
+                                 " found, but the CUDA backend is not part of this build");
+#else
+      return Status::unsupported(
+          "--backend cuda: qmoe was built without CUDA (configure with -DQMOE_CUDA=ON)");
+#endif
+    }
+    *out = BackendKind::kCuda;
+  } else {
+    return Status::invalid("--backend: expected auto, cpu or cuda, got '" + s + "'");
+  }
+  return Status::ok();
+}
+
+}  // namespace qmoe::cli

@@ -1,0 +1,49 @@
+// Runs a layer on a backend: prepare, one warm-up call, `repeat` timed calls, then the routing
+// statistics (experts touched, bytes, FLOPs) and the check against the fp64 oracle. Prints a
+// report.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "qmoe/backend.h"
+#include "qmoe/layer.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cli {
+
+struct ExecOptions {
+  BackendKind backend = BackendKind::kCpu;
+  int threads = 0;  // 0: hardware concurrency
+  int repeat = 5;
+  bool check = true;
+};
+
+// Wall-clock and per-stage times of each timed call.
+struct TimedRuns {
+  std::vector<double> ms;
+  std::vector<RunProfile> profiles;
+};
+
+// Runs the prepared layer once to warm up, then `repeat` times, reading and writing host memory
+// (the CUDA path stages the tensors on the device). out receives the last call's output.
+Status time_runs(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
+                 int repeat, TimedRuns* runs);
+#ifdef QMOE_WITH_CUDA
+Status time_cuda_runs(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
+                      int repeat, TimedRuns* runs);
+#endif
+
+// The relative-norm error allowed against the oracle for an activation dtype: f32 1e-5, f16 2e-3,
+// bf16 8e-3 (the output's rounding dominates).
+double error_budget(DType act_dtype);
+
+// Everything `qmoe run` does after it has a layer and inputs. output receives the bytes of the
+// output tensor (the input's dtype and shape). *check_failed is set when the error exceeds the
+// budget. Errors are returned; the report goes to stdout.
+Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
+                          const RunInputs& inputs, const ExecOptions& options,
+                          std::vector<uint8_t>* output, MutableTensorView* output_view,
+                          bool* check_failed);
+
+}  // namespace qmoe::cli

@@ -1,0 +1,26 @@
+// qmoe: run, time and check quantized MoE layers; write layer files; describe the build.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli.h"
+
+int main(int argc, char** argv) {
+  CLI::App app("qmoe: quantized Mixture-of-Experts layers with ONNX Runtime QMoE semantics",
+               "qmoe");
+  app.require_subcommand(1);
+  int exit_code = qmoe::cli::kExitOk;
+  qmoe::cli::add_run_command(app, &exit_code);
+  qmoe::cli::add_make_layer_command(app, &exit_code);
+  qmoe::cli::add_info_command(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "qmoe: error: %s\nRun with --help for usage.\n", e.what());
+    return qmoe::cli::kExitUsage;
+  }
+  return exit_code;
+}
