@@ -1,26 +1,68 @@
 #!/usr/bin/env bash
-# Builds qmoe for sm_90a with every core on a GPU machine and runs the GPU-labelled suite, the
-# whole CPU suite and the CLI there. Logs go to $OUT (or ./gpu-check-out). Needs no network: the
-# machine must already have cmake, ninja, nvcc, GoogleTest, CLI11 and nlohmann-json.
+# Builds qmoe for sm_90a with every core on a GPU machine, then runs: the GPU suite (ctest -L gpu),
+# a subset of it under compute-sanitizer memcheck and racecheck, the whole CPU suite, `qmoe info`
+# and `qmoe run` on the default preset at 1, 8, 64 and 4096 tokens. Logs go to $OUT (or
+# ./gpu-check-out); the exit status is non-zero if anything failed. Needs no network: the machine
+# must already have cmake, ninja, nvcc, GoogleTest, CLI11 and nlohmann-json.
+#   QMOE_GPU_CHECK_SKIP_SANITIZER=1  skips the sanitizer runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-check-out}"
 mkdir -p "$out"
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 {
-  echo "commit: $commit"
+  echo "commit: $commit$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   nvcc --version | tail -1
 } 2>&1 | tee "$out/env.txt"
 
 status=0
+step() { echo "== $1: $2" | tee -a "$out/summary.txt"; [ "$2" = ok ] || status=1; }
+
+t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -L gpu --output-on-failure -j 4 2>&1 | tee "$out/ctest-gpu.log" | tail -5
-ctest --test-dir build-gpu -L cpu --output-on-failure -j "$(nproc)" 2>&1 | tee "$out/ctest-cpu.log" | tail -3
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-build-gpu/tools/qmoe info 2>&1 | tee "$out/info.txt"
-build-gpu/tools/qmoe run 2>&1 | tee "$out/run.txt" || status=1
+cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
+
+t0=$(date +%s)
+ctest --test-dir build-gpu -L gpu --output-on-failure -j 2 >"$out/ctest-gpu.log" 2>&1
+rc=$?
+tail -4 "$out/ctest-gpu.log"
+grep -E "Failed|\*\*\*" "$out/ctest-gpu.log" | head -40
+step "gpu suite ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+
+if [ "${QMOE_GPU_CHECK_SKIP_SANITIZER:-0}" != 1 ]; then
+  tests=build-gpu/tests/qmoe_gpu_tests
+  memcheck_filter='GpuLayer.OddShapes:GpuLayer.RoutingMethods:GpuContract.*:GpuDequant.Fp4AndFp8Layouts:GpuGemm.*:DeviceRouting.*'
+  racecheck_filter='GpuLayer.OddShapes:GpuLayer.ExpertsAndTopK:GpuContract.GraphReplayEqualsEager:GpuGemm.*:DeviceRouting.TokenCountsMatchHost:DeviceRouting.ExpertCountsAndTopKMatchHost'
+  t0=$(date +%s)
+  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+    "$tests" --gtest_filter="$memcheck_filter" >"$out/memcheck.log" 2>&1
+  rc=$?
+  tail -3 "$out/memcheck.log"
+  step "memcheck ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+  t0=$(date +%s)
+  compute-sanitizer --tool racecheck --error-exitcode 3 \
+    "$tests" --gtest_filter="$racecheck_filter" >"$out/racecheck.log" 2>&1
+  rc=$?
+  tail -3 "$out/racecheck.log"
+  step "racecheck ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+fi
+
+ctest --test-dir build-gpu -L cpu --output-on-failure -j "$(nproc)" >"$out/ctest-cpu.log" 2>&1
+rc=$?
+tail -3 "$out/ctest-cpu.log"
+step "cpu suite" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+
+build-gpu/tools/qmoe info >"$out/info.txt" 2>&1
+for t in 1 8 64 4096; do
+  check=""
+  [ "$t" -gt 64 ] && check="--no-check"
+  build-gpu/tools/qmoe run --tokens "$t" $check >"$out/run-$t.txt" 2>&1
+  rc=$?
+  echo "-- qmoe run --tokens $t $check"; grep -E "^(time|stages|rate|check|weights)" "$out/run-$t.txt"
+  step "qmoe run --tokens $t" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+done
 exit $status

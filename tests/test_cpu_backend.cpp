@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "activation_cases.h"
 #include "layer_factory.h"
 #include "qmoe/routing.h"
 
@@ -136,34 +137,13 @@ TEST(CpuBackend, Fp4OrtNPackedLayout) {
 }
 
 TEST(CpuBackend, Activations) {
-  struct Case {
-    Activation kind;
-    GluLayout glu;
-    float alpha, beta, limit;
-    bool after;
-  };
-  const float inf = std::numeric_limits<float>::infinity();
-  const Case cases[] = {
-      {Activation::kIdentity, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kRelu, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kGelu, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kSilu, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kSwiGlu, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kSwiGlu, GluLayout::kConcatenated, 1, 0, inf, false},
-      {Activation::kSwiGlu, GluLayout::kSeparateFc3, 1, 0, inf, false},
-      {Activation::kSwiGlu, GluLayout::kInterleaved, 1.702f, 1.0f, 0.5f, false},  // gpt-oss
-      {Activation::kSwiGlu, GluLayout::kConcatenated, 1.702f, 1.0f, 0.3f, true},
-      {Activation::kGeGlu, GluLayout::kInterleaved, 1, 0, inf, false},
-      {Activation::kGeGlu, GluLayout::kSeparateFc3, 1, 0, inf, false},
-  };
-  for (const Case& c : cases) {
+  for (const ActivationSpec& a : activation_cases()) {
     for (bool bias : {false, true}) {
       LayerSpec s = small_spec(WeightFormat::kInt4);
-      s.activation = {c.kind, c.glu, c.alpha, c.beta, c.limit, c.after};
+      s.activation = a;
       s.has_fc1_bias = s.has_fc2_bias = bias;
       s.has_fc3_bias = bias && s.has_fc3();
-      SCOPED_TRACE(std::string(activation_name(c.kind)) + " glu " + std::to_string(int(c.glu)) +
-                   (bias ? " bias" : ""));
+      SCOPED_TRACE(activation_case_name(a) + (bias ? " bias" : ""));
       check_layer_case(s, 6);
     }
   }
@@ -332,6 +312,9 @@ TEST(CpuBackend, RejectsBadCalls) {
 }
 
 TEST(CpuBackend, CudaBackendReportsItselfUnavailable) {
+  if (backend_available(BackendKind::kCuda)) {
+    GTEST_SKIP() << "a CUDA device is present: the GPU suite (ctest -L gpu) covers the backend";
+  }
   TestLayer tl;
   make_layer(small_spec(WeightFormat::kInt4), fresh_seed(), &tl);
   std::unique_ptr<PreparedLayer> layer;

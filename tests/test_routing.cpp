@@ -943,9 +943,12 @@ TEST(Routing, InvalidInputsNameTheArgument) {
   s.routing.routed_scaling_factor = std::numeric_limits<float>::infinity();
   spec_error(s, "routing.routed_scaling_factor", "scale inf", good_bias);
   spec_error(grouped, "router_correction_bias", "bias absent");
-  spec_error(grouped, "router_correction_bias", "bias short", TensorView(bias.data(), DType::kF32, {e - 1}));
-  spec_error(grouped, "router_correction_bias", "bias f16", TensorView(bias.data(), DType::kF16, {e}));
-  spec_error(grouped, "router_correction_bias", "bias rank 2", TensorView(bias.data(), DType::kF32, {1, e}));
+  spec_error(grouped, "router_correction_bias", "bias short",
+             TensorView(bias.data(), DType::kF32, {e - 1}));
+  spec_error(grouped, "router_correction_bias", "bias f16",
+             TensorView(bias.data(), DType::kF16, {e}));
+  spec_error(grouped, "router_correction_bias", "bias rank 2",
+             TensorView(bias.data(), DType::kF32, {1, e}));
   std::vector<float> bad_bias = bias;
   bad_bias[2] = std::nanf("");
   const Routed bb = run_route(grouped, good, {}, TensorView(bad_bias.data(), DType::kF32, {e}));

@@ -21,6 +21,9 @@ bool backend_available(BackendKind b);  // kCuda: built with CUDA and a device i
 struct PrepareOptions {
   int num_threads = 0;  // CPU: worker threads, 0 = hardware concurrency
   int device = 0;       // CUDA: device ordinal
+  // CUDA: the most bytes of dequantized weights the generic path holds at once (its experts run
+  // in waves beyond that); 0 = 1 GiB. Part of workspace_size(), see docs/cuda-backend.md.
+  size_t max_dequant_bytes = 0;
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
@@ -37,11 +40,20 @@ class PreparedLayer {
   // Exact bytes run() needs for calls of up to max_tokens tokens (a documented formula per
   // backend).
   virtual size_t workspace_size(int64_t max_tokens) const = 0;
-  // Runs one call. `workspace` holds at least workspace_size(T) bytes, 64-byte aligned; its
-  // contents on entry do not matter. `stream` is a cudaStream_t for the CUDA backend and ignored on
-  // the CPU. Never allocates; `profile`, when given, receives per-stage times.
+  // Runs one call. `workspace` holds at least workspace_size(T) bytes, 64-byte aligned (256 on the
+  // CUDA backend); its contents on entry do not matter. Never allocates; `profile`, when given,
+  // receives per-stage times.
+  // CUDA backend: `in`, `out` and `workspace` are device memory and `stream` is a cudaStream_t
+  // (nullptr = the legacy default stream). The call only enqueues work on that stream: it never
+  // synchronizes with the host (except with a profile, which waits for its events) and may be
+  // captured in a CUDA graph. The CPU backend ignores `stream`.
   virtual Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
                      size_t workspace_bytes, void* stream, RunProfile* profile = nullptr) = 0;
+  // Errors an asynchronous backend found in inputs after run() had returned: non-finite router
+  // logits, router weights or activations (the affected tokens' outputs are NaN). Returns and
+  // clears them; synchronizes with the device. Always ok on the CPU, which rejects such inputs
+  // in run() itself.
+  virtual Status take_deferred_error() { return Status::ok(); }
 };
 
 // Validates (check_layer) and prepares. The weights' memory must outlive the layer.

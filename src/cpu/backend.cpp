@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "cuda/device_info.h"
+#include "cuda/cuda_backend.h"
 
 namespace qmoe {
 
@@ -14,8 +14,7 @@ Status prepare_cpu_layer(const LayerSpec& spec, const LayerWeights& weights,
 
 bool backend_available(BackendKind b) {
   if (b == BackendKind::kCpu) return true;
-  // The CUDA backend's kernels are not part of this build yet: a device alone is not enough.
-  return false;
+  return cuda_backend_available();
 }
 
 Status prepare_layer(BackendKind backend, const LayerSpec& spec, const LayerWeights& weights,
@@ -24,13 +23,8 @@ Status prepare_layer(BackendKind backend, const LayerSpec& spec, const LayerWeig
   switch (backend) {
     case BackendKind::kCpu:
       return prepare_cpu_layer(spec, weights, options, out);
-    case BackendKind::kCuda: {
-      CudaDeviceInfo info;
-      const bool device = cuda_device_info(&info);
-      return Status::unsupported(std::string("backend cuda: the CUDA backend is not available "
-                                             "in this build (") +
-                                 (device ? "device " + info.name + " present" : "no device") + ")");
-    }
+    case BackendKind::kCuda:
+      return prepare_cuda_layer(spec, weights, options, out);
   }
   return Status::invalid("backend: unknown value " + std::to_string(static_cast<int>(backend)));
 }

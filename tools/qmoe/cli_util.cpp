@@ -1,7 +1,7 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "cuda/device_info.h"
+#include "cuda/cuda_backend.h"
 
 namespace qmoe::cli {
 
@@ -27,19 +27,8 @@ Status parse_backend(const std::string& s, BackendKind* out) {
   } else if (s == "cpu") {
     *out = BackendKind::kCpu;
   } else if (s == "cuda") {
-    if (!backend_available(BackendKind::kCuda)) {
-#ifdef QMOE_WITH_CUDA
-      CudaDeviceInfo info;
-      if (!cuda_device_info(&info)) {
-        return Status::unsupported("--backend cuda: no CUDA device found");
-      }
-      return Status::unsupported("--backend cuda: device " + info.name +
-                                 " found, but the CUDA backend is not part of this build");
-#else
-      return Status::unsupported(
-          "--backend cuda: qmoe was built without CUDA (configure with -DQMOE_CUDA=ON)");
-#endif
-    }
+    std::string why;
+    if (!cuda_backend_available(&why)) return Status::unsupported("--backend cuda: " + why);
     *out = BackendKind::kCuda;
   } else {
     return Status::invalid("--backend: expected auto, cpu or cuda, got '" + s + "'");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "cuda/cuda_backend.h"
 #include "cuda/device_info.h"
 #include "describe.h"
 #include "presets.h"
@@ -113,8 +114,8 @@ std::string cuda_line() {
                 info.device_count, info.name.c_str(), info.cc_major, info.cc_minor, info.sm_count,
                 static_cast<double>(info.global_mem_bytes) / (1ull << 30));
   std::string s = buf;
-  s += backend_available(BackendKind::kCuda) ? "; backend available"
-                                             : "; the CUDA backend is not part of this build yet";
+  std::string why;
+  s += cuda_backend_available(&why) ? "; backend available" : "; backend unavailable: " + why;
   return s;
 #else
   return "not built (configure with -DQMOE_CUDA=ON on a machine with the CUDA toolkit)";

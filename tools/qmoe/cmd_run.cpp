@@ -25,7 +25,7 @@ struct RunArgs {
   FormatFlags formats;
   std::string backend = "auto";
   int threads = 0;
-  int repeat = 5;
+  int repeat = 0;  // 0: 5 on the CPU, 50 on the GPU
   bool no_check = false;
   std::string layer, input, output;
   CLI::Option *preset_opt = nullptr, *tokens_opt = nullptr, *dtype_opt = nullptr,
@@ -35,7 +35,7 @@ struct RunArgs {
 Status exec_options(const RunArgs& a, ExecOptions* o) {
   QMOE_RETURN_IF_ERROR(parse_backend(a.backend, &o->backend));
   o->threads = a.threads;
-  o->repeat = a.repeat;
+  o->repeat = a.repeat > 0 ? a.repeat : (o->backend == BackendKind::kCuda ? 50 : 5);
   o->check = !a.no_check;
   return Status::ok();
 }
@@ -153,8 +153,9 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", a->threads, "CPU worker threads (0: one per core)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->add_option("--repeat", a->repeat, "timed runs after one warm-up run")
-      ->check(CLI::Range(1, 1000000))
+  cmd->add_option("--repeat", a->repeat,
+                  "timed runs after one warm-up run (0: 5 on the CPU, 50 on the GPU)")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   cmd->add_flag("--no-check", a->no_check, "skip the comparison with the fp64 oracle");
   cmd->add_option("--layer", a->layer, "layer file (safetensors, docs/layer-file.md)");

@@ -11,15 +11,16 @@
 namespace qmoe {
 namespace formats {
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+QMOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes of `count` codes of `bits` bits in an LSB-first bitstream.
-inline int64_t packed_bytes(int64_t count, int bits) { return ceil_div(count * bits, 8); }
+QMOE_HD int64_t packed_bytes(int64_t count, int bits) { return ceil_div(count * bits, 8); }
 
 // Code `idx` of an LSB-first bitstream: stream bit i is bit (i % 8) of byte i / 8, and code idx
 // occupies stream bits [idx * bits, (idx + 1) * bits). bits <= 8, so a code spans at most 2 bytes;
 // the second byte is touched only when the code reaches into it (never past the stream's end).
-inline unsigned read_bits(const uint8_t* p, int64_t idx, int bits) {
+// Host and device share it (the CUDA backend's dequantization reads the same streams).
+QMOE_HD unsigned read_bits(const uint8_t* p, int64_t idx, int bits) {
   const int64_t bit = idx * bits;
   const uint8_t* b = p + (bit >> 3);
   const int shift = static_cast<int>(bit & 7);

@@ -10,6 +10,7 @@
 
 #include "core/numeric.h"
 #include "core/routing/route_token.h"
+#include "core/routing/routing_checks.h"
 
 namespace qmoe {
 
@@ -65,9 +66,9 @@ Status check_row_finite(const char* name, const float* row, int64_t n, int64_t t
   return Status::ok();
 }
 
-Status check_routing_spec(const LayerSpec& spec) {
-  const RoutingSpec& r = spec.routing;
-  const int64_t e = spec.num_experts;
+}  // namespace
+
+Status check_routing_spec(const RoutingSpec& r, int64_t e) {
   if (e < 1 || e >= std::numeric_limits<int32_t>::max()) {
     return Status::invalid("num_experts: expected 1 <= num_experts < 2^31 - 1, got " + i_str(e));
   }
@@ -123,21 +124,24 @@ Status check_routing_spec(const LayerSpec& spec) {
   return Status::invalid("routing.method: unknown value " + i_str(static_cast<int>(r.method)));
 }
 
+namespace {
+
 Status check_router_bias(const TensorView& b, int64_t n) {
   const std::string want = "f32 [" + i_str(n) + "]";
   if (!b.present()) {
-    return Status::invalid("router_correction_bias: required by grouped_topk routing (the correction bias, " +
-                           want + "), got none");
+    return Status::invalid(
+        "router_correction_bias: required by grouped_topk routing (the correction bias, " + want +
+        "), got none");
   }
   if (b.dtype != DType::kF32 || b.rank != 1 || b.dims[0] != n) {
-    return Status::invalid("router_correction_bias: expected " + want + ", got " + dtype_name(b.dtype) + " " +
-                           b.shape_string());
+    return Status::invalid("router_correction_bias: expected " + want + ", got " +
+                           dtype_name(b.dtype) + " " + b.shape_string());
   }
   const float* p = static_cast<const float*>(b.data);
   for (int64_t e = 0; e < n; ++e) {
     if (!std::isfinite(p[e])) {
-      return Status::invalid("router_correction_bias: non-finite value " + num_str(p[e]) + " at expert " +
-                             i_str(e));
+      return Status::invalid("router_correction_bias: non-finite value " + num_str(p[e]) +
+                             " at expert " + i_str(e));
     }
   }
   return Status::ok();
@@ -177,7 +181,7 @@ Status check_maps(const RouteMapsView& m, int64_t tokens, int slots, int64_t e) 
 Status route(const LayerSpec& spec, const RunInputs& in, const TensorView& router_bias,
              RouteMapsView* maps) {
   if (maps == nullptr) return Status::invalid("maps: null");
-  QMOE_RETURN_IF_ERROR(check_routing_spec(spec));
+  QMOE_RETURN_IF_ERROR(check_routing_spec(spec.routing, spec.num_experts));
   const RoutingSpec& r = spec.routing;
   const int64_t e = spec.num_experts;
   const int64_t n = e - r.num_shared;

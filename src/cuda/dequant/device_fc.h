@@ -1,0 +1,23 @@
+// One FC of all experts as the CUDA backend keeps it in device memory: ORT's raw layout (FP4 in the
+// K-packed orientation, repacked once at prepare), scales and zero points as stored.
+#pragma once
+
+#include <cstdint>
+
+#include "qmoe/format.h"
+#include "qmoe/tensor.h"
+
+namespace qmoe::cuda {
+
+struct DeviceFc {
+  FcFormat format;
+  int64_t n = 0, k = 0;                  // logical [n, k] per expert
+  const uint8_t* weight = nullptr;       // see fc_tensor_shapes (fp4: K-packed)
+  const uint8_t* scales = nullptr;       // scale_dtype elements, or nullptr (fp8)
+  const uint8_t* zero_points = nullptr;  // integer formats with zero points
+  const float* global_scale = nullptr;   // [E], formats with a global scale
+  const void* bias = nullptr;            // [E, n] in bias_dtype, or nullptr
+  DType bias_dtype = DType::kF32;
+};
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,493 @@
+// The CUDA backend's layer: weights uploaded once at prepare, then per call
+//   routing (fused single block for decode shapes, CUB for the rest) -> plan (touched experts,
+//   GEMM tiles) -> gather (x by route position) -> per wave: dequantize the wave's experts into
+//   the scratch, grouped GEMM  [FC1, FC3] -> activation -> per wave [FC2] -> finalize.
+// Every buffer of a call lives in the caller's workspace (layout() is the documented formula);
+// every launch goes to the caller's stream; nothing waits for the device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/dequant/dequant.h"
+#include "cuda/gemm/grouped_gemm.h"
+#include "cuda/layer/stages.h"
+#include "cuda/routing/device_routing.h"
+#include "qmoe/quantize.h"
+
+namespace qmoe {
+namespace cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kDefaultDequantBytes = size_t{1} << 30;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+int64_t pad_k(int64_t k) { return (k + kGemmKAlign - 1) / kGemmKAlign * kGemmKAlign; }
+
+// Restores the caller's current device on scope exit.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      ok_ = cudaSetDevice(device) == cudaSuccess;
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false, ok_ = true;
+};
+
+// Whether p is memory the device can read (device, managed or mapped host memory).
+Status check_device_pointer(const void* p, const char* name, size_t align) {
+  if (p == nullptr)
+    return Status::invalid(std::string(name) + ": expected a device pointer, got null");
+  if (reinterpret_cast<uintptr_t>(p) % align != 0) {
+    return Status::invalid(std::string(name) + ": expected a " + std::to_string(align) +
+                           "-byte aligned pointer");
+  }
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::invalid(std::string(name) + ": not a pointer the CUDA runtime knows");
+  }
+  if (attr.type == cudaMemoryTypeUnregistered ||
+      (attr.type == cudaMemoryTypeHost && attr.devicePointer == nullptr)) {
+    return Status::invalid(std::string(name) +
+                           ": expected device memory (the CUDA backend runs on device tensors), "
+                           "got host memory");
+  }
+  return Status::ok();
+}
+
+class CudaLayer final : public PreparedLayer {
+ public:
+  CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
+      : spec_(spec), device_(device), dequant_cap_(dequant_cap) {
+    cdt_ = spec.act_dtype;
+    cs_ = dtype_size(cdt_);
+    hp_ = pad_k(spec.hidden);
+    ip_ = pad_k(spec.inter);
+    n1p_ = pad_k(spec.fc1_rows());
+    slot_elems_ = std::max(spec.fc1_rows() * hp_, spec.hidden * ip_);
+    if (spec.has_fc3()) slot_elems_ = std::max(slot_elems_, spec.inter * hp_);
+  }
+  ~CudaLayer() override {
+    for (cudaEvent_t& e : events_) {
+      if (e) cudaEventDestroy(e);
+    }
+  }
+
+  Status init(const LayerWeights& w);
+
+  BackendKind backend() const override { return BackendKind::kCuda; }
+  const LayerSpec& spec() const override { return spec_; }
+
+  size_t workspace_size(int64_t max_tokens) const override {
+    Layout l;
+    return layout(max_tokens < 0 ? 0 : max_tokens, &l).is_ok() ? l.total : 0;
+  }
+
+  Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
+             size_t workspace_bytes, void* stream, RunProfile* profile) override;
+
+  Status take_deferred_error() override;
+
+ private:
+  // Byte offsets of one call's buffers in the workspace. With R = T * slots, A() rounding up to
+  // 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32:
+  //   maps        A(route_maps_bytes(T, slots, E))
+  //   plan        A(4 E) + A(4) + A(4 (E + 1))          touched, n_touched, tile_start
+  //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 8 (the fused routing path)
+  //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
+  //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
+  //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
+  // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
+  // slots than it can touch experts, so decode shapes get a small scratch.
+  struct Layout {
+    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
+        total;
+    int64_t slots_in_scratch, waves;
+  };
+
+  Status layout(int64_t t, Layout* l) const {
+    const int slots = spec_.slots();
+    const int64_t E = spec_.num_experts;
+    const int64_t r = t * slots;
+    size_t off = 0;
+    auto take = [&off](size_t bytes) {
+      const size_t at = off;
+      off += align_up(bytes);
+      return at;
+    };
+    l->maps = take(route_maps_bytes(t, slots, E));
+    l->touched = take(4 * E);
+    l->n_touched = take(4);
+    l->tile_start = take(4 * (E + 1));
+    size_t temp = 0;
+    QMOE_RETURN_IF_ERROR(general_routing_temp_bytes(t, slots, E, &temp));
+    l->route_temp_bytes = temp;
+    l->route_temp = take(temp);
+    l->xa = take(cs_ * r * std::max(hp_, ip_));
+    const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
+    l->hy = take(4 * r * std::max(h_cols, hp_));
+    l->h3 = l->hy + 4 * r * n1p_;
+    const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;
+    const int64_t by_cap = static_cast<int64_t>(dequant_cap_ / static_cast<size_t>(per_slot));
+    const int64_t reach = std::min<int64_t>(E, r);
+    l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
+    l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
+    l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 ? l->slots_in_scratch : 0));
+    l->total = off;
+    return Status::ok();
+  }
+
+  Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, DeviceFc* out);
+  Status upload(const TensorView& v, const void** dst);
+  Status run_fc(const DeviceFc& fc, const Layout& l, char* ws, const RouteMapsView& maps,
+                const void* a, int64_t lda, float* c, int64_t ldc, int64_t ld_b,
+                cudaStream_t stream);
+
+  LayerSpec spec_;
+  int device_;
+  size_t dequant_cap_;
+  DType cdt_;
+  size_t cs_;
+  int64_t hp_, ip_, n1p_, slot_elems_;
+  DeviceFc fc1_, fc2_, fc3_;
+  std::vector<DeviceBuffer> buffers_;
+  const float* router_bias_ = nullptr;
+  DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
+  cudaEvent_t events_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+};
+
+Status CudaLayer::upload(const TensorView& v, const void** dst) {
+  *dst = nullptr;
+  if (!v.present()) return Status::ok();
+  DeviceBuffer b;
+  QMOE_RETURN_IF_ERROR(b.allocate(v.bytes()));
+  // cudaMemcpyDefault: the source may be host or device memory.
+  QMOE_CUDA_TRY(cudaMemcpy(b.get(), v.data, v.bytes(), cudaMemcpyDefault));
+  *dst = b.get();
+  buffers_.push_back(std::move(b));
+  return Status::ok();
+}
+
+Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k,
+                            DeviceFc* out) {
+  out->format = f;
+  out->n = n;
+  out->k = k;
+  const void* p = nullptr;
+  if (f.info().kind == FormatKind::kFp4 && f.fp4_layout == Fp4Layout::kNPacked) {
+    // The kernels read K-packed rows; repack ORT's N-packed layout once, exactly.
+    std::vector<uint8_t> src(w.weight.bytes()), dst(w.weight.bytes());
+    QMOE_CUDA_TRY(cudaMemcpy(src.data(), w.weight.data, src.size(), cudaMemcpyDefault));
+    fp4_repack(Fp4Layout::kNPacked, src.data(), spec_.num_experts, n, k, dst.data());
+    QMOE_RETURN_IF_ERROR(
+        upload(TensorView(dst.data(), DType::kU8, {static_cast<int64_t>(dst.size())}), &p));
+    out->format.fp4_layout = Fp4Layout::kKPacked;
+  } else {
+    QMOE_RETURN_IF_ERROR(upload(w.weight, &p));
+  }
+  out->weight = static_cast<const uint8_t*>(p);
+  QMOE_RETURN_IF_ERROR(upload(w.scales, &p));
+  out->scales = static_cast<const uint8_t*>(p);
+  QMOE_RETURN_IF_ERROR(upload(w.zero_points, &p));
+  out->zero_points = f.zero_points ? static_cast<const uint8_t*>(p) : nullptr;
+  QMOE_RETURN_IF_ERROR(upload(w.global_scale, &p));
+  out->global_scale = static_cast<const float*>(p);
+  QMOE_RETURN_IF_ERROR(upload(w.bias, &p));
+  out->bias = p;
+  out->bias_dtype = w.bias.present() ? w.bias.dtype : spec_.act_dtype;
+  return Status::ok();
+}
+
+Status CudaLayer::init(const LayerWeights& w) {
+  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &fc1_));
+  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &fc2_));
+  if (spec_.has_fc3()) {
+    QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, &fc3_));
+  }
+  const void* p = nullptr;
+  if (spec_.routing.method == RoutingMethod::kGroupedTopK) {
+    QMOE_RETURN_IF_ERROR(upload(w.router_bias, &p));
+    router_bias_ = static_cast<const float*>(p);
+  }
+  const int32_t clear[2] = {0, INT32_MAX};
+  QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
+  for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
+  return Status::ok();
+}
+
+Status CudaLayer::take_deferred_error() {
+  DeviceGuard guard(device_);
+  int32_t word[2];
+  QMOE_CUDA_TRY(cudaMemcpy(word, error_.get(), sizeof(word), cudaMemcpyDeviceToHost));
+  if (word[0] == 0) return Status::ok();
+  const int32_t clear[2] = {0, INT32_MAX};
+  QMOE_CUDA_TRY(cudaMemcpy(error_.get(), clear, sizeof(clear), cudaMemcpyHostToDevice));
+  std::string what;
+  if (word[0] & kErrorLogits) what += "router_probs";
+  if (word[0] & kErrorRouterWeights) what += what.empty() ? "router_weights" : ", router_weights";
+  if (word[0] & kErrorInput) what += what.empty() ? "input" : ", input";
+  return Status::invalid(what + ": non-finite value(s), first at token " + std::to_string(word[1]) +
+                         "; those tokens' outputs are NaN");
+}
+
+// One FC over every wave: dequantize the wave's experts, then the grouped GEMM into c.
+Status CudaLayer::run_fc(const DeviceFc& fc, const Layout& l, char* ws, const RouteMapsView& maps,
+                         const void* a, int64_t lda, float* c, int64_t ldc, int64_t ld_b,
+                         cudaStream_t stream) {
+  const int32_t* touched = reinterpret_cast<const int32_t*>(ws + l.touched);
+  const int32_t* n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
+  const int32_t* tile_start = reinterpret_cast<const int32_t*>(ws + l.tile_start);
+  const int64_t routes = maps.tokens * spec_.slots();
+  const int s = static_cast<int>(l.slots_in_scratch);
+  for (int64_t wave = 0; wave < l.waves; ++wave) {
+    DequantArgs d;
+    d.fc = fc;
+    d.out_dtype = cdt_;
+    d.out = ws + l.scratch;
+    d.ld = ld_b;
+    d.slot_stride = fc.n * ld_b;
+    d.touched = touched;
+    d.n_touched = n_touched;
+    d.first_group = static_cast<int>(wave * s);
+    d.max_groups = s;
+    QMOE_RETURN_IF_ERROR(launch_dequant(d, stream));
+
+    GroupedGemmArgs g;
+    g.dtype = cdt_;
+    g.a = a;
+    g.lda = lda;
+    g.b = ws + l.scratch;
+    g.ldb = ld_b;
+    g.b_stride = fc.n * ld_b;
+    g.c = c;
+    g.ldc = ldc;
+    g.n = fc.n;
+    g.k = ld_b;
+    g.sched.touched = touched;
+    g.sched.n_touched = n_touched;
+    g.sched.offsets = maps.expert_offsets;
+    g.sched.tile_start = tile_start;
+    g.first_group = d.first_group;
+    g.max_groups = s;
+    g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
+    QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+  }
+  return Status::ok();
+}
+
+Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* workspace,
+                      size_t workspace_bytes, void* stream_ptr, RunProfile* profile) {
+  int64_t tokens = 0;
+  QMOE_RETURN_IF_ERROR(check_run(spec_, in, out, &tokens));
+  DeviceGuard guard(device_);
+  if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  Layout l;
+  QMOE_RETURN_IF_ERROR(layout(tokens, &l));
+  if (workspace == nullptr || workspace_bytes < l.total) {
+    return Status::invalid("workspace: expected at least " + std::to_string(l.total) +
+                           " bytes (workspace_size(" + std::to_string(tokens) + ")), got " +
+                           std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+  }
+  QMOE_RETURN_IF_ERROR(check_device_pointer(workspace, "workspace", kAlign));
+  const size_t esz = dtype_size(spec_.act_dtype);
+  QMOE_RETURN_IF_ERROR(check_device_pointer(in.input.data, "input", esz));
+  QMOE_RETURN_IF_ERROR(check_device_pointer(in.router_logits.data, "router_probs",
+                                            dtype_size(in.router_logits.dtype)));
+  if (in.router_weights.present()) {
+    QMOE_RETURN_IF_ERROR(check_device_pointer(in.router_weights.data, "router_weights",
+                                              dtype_size(in.router_weights.dtype)));
+  }
+  QMOE_RETURN_IF_ERROR(check_device_pointer(out.data, "output", esz));
+  if (profile) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    QMOE_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+      return Status::invalid(
+          "profile: per-stage times need a synchronizing run; pass nullptr "
+          "while capturing a graph");
+    }
+  }
+  if (tokens == 0) return Status::ok();
+
+  char* ws = static_cast<char*>(workspace);
+  const int slots = spec_.slots();
+  const int64_t routes = tokens * slots;
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[0], stream));
+
+  // Routing and the plan.
+  RouteMapsView maps = carve_route_maps(ws + l.maps, tokens, slots, spec_.num_experts);
+  maps.tokens = tokens;
+  DeviceRoutingArgs ra;
+  ra.routing = spec_.routing;
+  ra.num_experts = static_cast<int>(spec_.num_experts);
+  ra.tokens = tokens;
+  ra.logits = in.router_logits.data;
+  ra.logits_dtype = in.router_logits.dtype;
+  ra.router_weights = in.router_weights.data;
+  ra.rw_dtype = in.router_weights.present() ? in.router_weights.dtype : DType::kF32;
+  ra.router_bias = router_bias_;
+  ra.maps = maps;
+  ra.error = error_.as<int32_t>();
+  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
+  int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
+  QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts, spec_.num_experts, touched,
+                                   reinterpret_cast<int32_t*>(ws + l.n_touched),
+                                   reinterpret_cast<int32_t*>(ws + l.tile_start), stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
+
+  // FC1 (+FC3) and the activation.
+  void* xa = ws + l.xa;
+  float* h = reinterpret_cast<float*>(ws + l.hy);
+  float* h3 = reinterpret_cast<float*>(ws + l.h3);
+  QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
+                                     maps.permuted_route, slots, routes, xa, hp_,
+                                     error_.as<int32_t>(), stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
+  if (spec_.has_fc3()) {
+    QMOE_RETURN_IF_ERROR(run_fc(fc3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
+  }
+  ActivationArgs aa;
+  aa.act = spec_.activation;
+  aa.inter = spec_.inter;
+  aa.h = h;
+  aa.ldh = n1p_;
+  aa.h3 = spec_.has_fc3() ? h3 : nullptr;
+  aa.ldh3 = ip_;
+  aa.fc1_bias = fc1_.bias;
+  aa.fc3_bias = spec_.has_fc3() ? fc3_.bias : nullptr;
+  aa.bias_dtype = fc1_.bias_dtype;
+  aa.fc1_rows = spec_.fc1_rows();
+  aa.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  aa.permuted_route = maps.permuted_route;
+  aa.expert_ids = maps.expert_ids;
+  aa.weights = maps.weights;
+  aa.routes = routes;
+  aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
+  aa.ld = ip_;
+  aa.out_dtype = cdt_;
+  QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+
+  // FC2 into the FC1 output's space, then the weighted sum per token.
+  float* y = h;
+  QMOE_RETURN_IF_ERROR(run_fc(fc2_, l, ws, maps, xa, ip_, y, hp_, ip_, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
+  FinalizeArgs fa;
+  fa.y = y;
+  fa.ldy = hp_;
+  fa.fc2_bias = fc2_.bias;
+  fa.bias_dtype = fc2_.bias_dtype;
+  fa.route_position = maps.route_position;
+  fa.expert_ids = maps.expert_ids;
+  fa.weights = maps.weights;
+  fa.scale_input = aa.scale_input;
+  fa.tokens = tokens;
+  fa.hidden = spec_.hidden;
+  fa.slots = slots;
+  fa.out = out.data;
+  fa.out_dtype = out.dtype;
+  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  if (profile) {
+    QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
+    QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
+    float ms[4];
+    for (int i = 0; i < 4; ++i) {
+      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+    }
+    profile->route_us = 1000.0 * ms[0];
+    profile->fc1_us = 1000.0 * ms[1];
+    profile->fc2_us = 1000.0 * ms[2];
+    profile->combine_us = 1000.0 * ms[3];
+  }
+  return Status::ok();
+}
+
+// What the GPU path cannot run, checked before anything is uploaded.
+Status check_cuda_support(const LayerSpec& spec) {
+  if (spec.num_experts > kGeneralMaxExperts) {
+    return Status::unsupported("num_experts: the CUDA backend routes up to " +
+                               std::to_string(kGeneralMaxExperts) + " experts, got " +
+                               std::to_string(spec.num_experts));
+  }
+  const int64_t routes_per_token = spec.slots();
+  if (spec.hidden > (int64_t{1} << 24) || spec.inter > (int64_t{1} << 24) ||
+      routes_per_token > 1024) {
+    return Status::unsupported(
+        "hidden/inter/slots: the CUDA backend supports H, I <= 2^24 and "
+        "top_k + shared <= 1024");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool cuda_backend_available(std::string* why_not) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    cudaGetLastError();
+    if (why_not) *why_not = "no CUDA device";
+    return false;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) {
+    if (why_not) {
+      *why_not = "device 0 is sm_" + std::to_string(major) + std::to_string(minor) +
+                 "; this build's kernels are for sm_90a (Hopper)";
+    }
+    return false;
+  }
+  return true;
+}
+
+Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
+                          const PrepareOptions& options, std::unique_ptr<PreparedLayer>* out) {
+  QMOE_RETURN_IF_ERROR(check_layer(spec, weights));
+  QMOE_RETURN_IF_ERROR(cuda::check_cuda_support(spec));
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    cudaGetLastError();
+    return Status::unsupported("backend cuda: no CUDA device");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return Status::invalid("device: expected 0.." + std::to_string(count - 1) + ", got " +
+                           std::to_string(options.device));
+  }
+  int major = 0, minor = 0;
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device));
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
+  if (major != 9 || minor != 0) {
+    return Status::unsupported("backend cuda: device " + std::to_string(options.device) +
+                               " is sm_" + std::to_string(major) + std::to_string(minor) +
+                               "; this build's kernels are for sm_90a (Hopper)");
+  }
+  cuda::DeviceGuard guard(options.device);
+  if (!guard.ok()) return Status::internal("cudaSetDevice failed");
+  const size_t cap =
+      options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
+  auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
+  QMOE_RETURN_IF_ERROR(layer->init(weights));
+  *out = std::move(layer);
+  return Status::ok();
+}
+
+}  // namespace qmoe

@@ -1,0 +1,240 @@
+// Planner, gather, activation and finalize kernels of the generic path.
+#include <cub/block/block_scan.cuh>
+
+#include "core/numeric.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/layer/stages.h"
+
+namespace qmoe::cuda {
+namespace {
+
+__device__ __forceinline__ float load_f(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16:
+      return num::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return num::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_f(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = num::f32_to_f16(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = num::f32_to_bf16(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
+  }
+}
+
+__device__ __forceinline__ void record_error(int32_t* error, int32_t bit, int64_t token) {
+  atomicOr(error, bit);
+  atomicMin(error + 1, static_cast<int32_t>(token));
+}
+
+constexpr int kPlanThreads = 1024;
+
+// One block walks the experts in chunks of kPlanThreads; two block scans per chunk give each
+// touched expert its index and its first tile, carried across chunks.
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_kernel(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
+                int32_t* tile_start) {
+  using Scan = cub::BlockScan<int2, kPlanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ int2 carry;
+  if (threadIdx.x == 0) carry = make_int2(0, 0);
+  __syncthreads();
+  for (int64_t base = 0; base < experts; base += kPlanThreads) {
+    const int64_t e = base + threadIdx.x;
+    const int32_t c = e < experts ? counts[e] : 0;
+    const int2 mine = make_int2(c > 0 ? 1 : 0, (c + kGemmTileM - 1) / kGemmTileM);
+    int2 prefix, total;
+    Scan(tmp).ExclusiveScan(
+        mine, prefix, make_int2(0, 0),
+        [](const int2& a, const int2& b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
+    const int2 at = carry;
+    if (c > 0) {
+      touched[at.x + prefix.x] = static_cast<int32_t>(e);
+      tile_start[at.x + prefix.x] = at.y + prefix.y;
+    }
+    __syncthreads();  // everyone has read carry
+    if (threadIdx.x == 0) carry = make_int2(at.x + total.x, at.y + total.y);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *n_touched = carry.x;
+    tile_start[carry.x] = carry.y;
+  }
+}
+
+__global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
+                              const int32_t* permuted_route, int slots, void* x_perm, int64_t ld,
+                              int32_t* error) {
+  const int64_t p = blockIdx.x;
+  const int64_t token = permuted_route[p] / slots;
+  bool bad = false;
+  if (dtype == DType::kF32) {
+    const float* src = static_cast<const float*>(input) + token * hidden;
+    float* dst = static_cast<float*>(x_perm) + p * ld;
+    for (int64_t c = threadIdx.x; c < ld; c += blockDim.x) {
+      const float v = c < hidden ? src[c] : 0.0f;
+      bad |= !isfinite(v);
+      dst[c] = v;
+    }
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(input) + token * hidden;
+    uint16_t* dst = static_cast<uint16_t*>(x_perm) + p * ld;
+    // f16 and bf16 both keep an all-ones exponent for inf/nan.
+    const uint16_t exp_mask = dtype == DType::kF16 ? 0x7C00u : 0x7F80u;
+    for (int64_t c = threadIdx.x; c < ld; c += blockDim.x) {
+      const uint16_t v = c < hidden ? src[c] : 0;
+      bad |= (v & exp_mask) == exp_mask;
+      dst[c] = v;
+    }
+  }
+  if (bad) record_error(error, kErrorInput, token);
+}
+
+__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh_dev(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float scalar_act(Activation kind, float x) {
+  switch (kind) {
+    case Activation::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case Activation::kGelu:
+      return gelu_tanh_dev(x);
+    case Activation::kSilu:
+      return x * sigmoid_dev(x);
+    default:
+      return x;
+  }
+}
+
+__device__ __forceinline__ float swiglu_dev(const ActivationSpec& a, float gate, float lin) {
+  const float l = fminf(fmaxf(lin, -a.limit), a.limit) + a.beta;
+  if (a.limit_after_activation) return fminf(gate * sigmoid_dev(a.alpha * gate), a.limit) * l;
+  const float g = fminf(gate, a.limit);
+  return g * sigmoid_dev(a.alpha * g) * l;
+}
+
+__global__ void activation_kernel(ActivationArgs a) {
+  const int64_t p = blockIdx.x;
+  const int32_t r = a.permuted_route[p];
+  const int64_t e = a.expert_ids[r];
+  const float scale = a.scale_input ? a.weights[r] : 1.0f;
+  const float* h = a.h + p * a.ldh;
+  const float* h3 = a.h3 ? a.h3 + p * a.ldh3 : nullptr;
+  const int64_t I = a.inter;
+  // FC1 (and FC3) output n of this route: scale * dot + bias, as the CPU backend computes it.
+  auto fc1 = [&](int64_t n) {
+    const float b = a.fc1_bias ? load_f(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + n) : 0.0f;
+    return scale * h[n] + b;
+  };
+  auto fc3 = [&](int64_t n) {
+    const float b = a.fc3_bias ? load_f(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
+    return scale * h3[n] + b;
+  };
+  for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < I) {
+      if (a.act.kind != Activation::kSwiGlu && a.act.kind != Activation::kGeGlu) {
+        v = scalar_act(a.act.kind, fc1(i));
+      } else {
+        float gate, lin;
+        switch (a.act.glu) {
+          case GluLayout::kInterleaved:
+            gate = fc1(2 * i), lin = fc1(2 * i + 1);
+            break;
+          case GluLayout::kConcatenated:
+            gate = fc1(i), lin = fc1(I + i);
+            break;
+          default:
+            gate = fc1(i), lin = fc3(i);
+            break;
+        }
+        v = a.act.kind == Activation::kSwiGlu ? swiglu_dev(a.act, gate, lin)
+                                              : gelu_tanh_dev(gate) * lin;
+      }
+    }
+    store_f(a.out, a.out_dtype, p * a.ld + i, v);
+  }
+}
+
+__global__ void finalize_kernel(FinalizeArgs a) {
+  const int64_t t = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.hidden) return;
+  float acc = 0.0f;
+  for (int j = 0; j < a.slots; ++j) {
+    const int64_t r = t * a.slots + j;
+    const int64_t pos = a.route_position[r];
+    float v = a.y[pos * a.ldy + c];
+    if (a.fc2_bias) v = v + load_f(a.fc2_bias, a.bias_dtype, a.expert_ids[r] * a.hidden + c);
+    acc = a.scale_input ? acc + v : acc + a.weights[r] * v;
+  }
+  store_f(a.out, a.out_dtype, t * a.hidden + c, acc);
+}
+
+}  // namespace
+
+Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
+                   int32_t* tile_start, cudaStream_t stream) {
+  if (!counts || !touched || !n_touched || !tile_start || experts <= 0) {
+    return Status::invalid("plan: null array or no experts");
+  }
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(counts, experts, touched, n_touched, tile_start);
+  QMOE_CUDA_CHECK_LAUNCH("plan_kernel");
+  return Status::ok();
+}
+
+Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32_t* permuted_route,
+                     int slots, int64_t routes, void* x_perm, int64_t ld, int32_t* error,
+                     cudaStream_t stream) {
+  if (routes <= 0) return Status::ok();
+  if (routes > 0x7FFFFFFF) return Status::invalid("gather: too many routes");
+  gather_kernel<<<static_cast<unsigned>(routes), 256, 0, stream>>>(
+      input, dtype, hidden, permuted_route, slots, x_perm, ld, error);
+  QMOE_CUDA_CHECK_LAUNCH("gather_kernel");
+  return Status::ok();
+}
+
+Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
+  if (a.routes <= 0) return Status::ok();
+  activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
+  QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
+  return Status::ok();
+}
+
+Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream) {
+  if (a.tokens <= 0) return Status::ok();
+  if (a.tokens > 65535) {
+    // Grid y is limited to 65535: run token chunks.
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 65535) {
+      FinalizeArgs c = a;
+      const int64_t n = a.tokens - t0 < 65535 ? a.tokens - t0 : 65535;
+      c.tokens = n;
+      c.route_position = a.route_position + t0 * a.slots;
+      c.expert_ids = a.expert_ids + t0 * a.slots;
+      c.weights = a.weights + t0 * a.slots;
+      c.out = static_cast<char*>(a.out) + t0 * a.hidden * dtype_size(a.out_dtype);
+      QMOE_RETURN_IF_ERROR(launch_finalize(c, stream));
+    }
+    return Status::ok();
+  }
+  const dim3 grid(static_cast<unsigned>((a.hidden + 127) / 128), static_cast<unsigned>(a.tokens));
+  finalize_kernel<<<grid, 128, 0, stream>>>(a);
+  QMOE_CUDA_CHECK_LAUNCH("finalize_kernel");
+  return Status::ok();
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,74 @@
+// The elementwise stages of the generic path and the planner that turns expert counts into the
+// grouped GEMM's schedule. All launches are asynchronous on the given stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/dequant/device_fc.h"
+#include "cuda/gemm/grouped_gemm.h"
+#include "qmoe/layer.h"
+#include "qmoe/routing.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cuda {
+
+// Error bits beyond routing's (device_routing.h): a non-finite input activation.
+constexpr int32_t kErrorInput = 4;
+
+// From maps.expert_counts [E]: the touched experts in ascending order, their number, and
+// tile_start (exclusive prefix of ceil(count / kGemmTileM), entry n_touched = total tiles).
+Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
+                   int32_t* tile_start, cudaStream_t stream);
+
+// x_perm[p, 0:ld) = input[token of permuted_route[p], :] in the same dtype, zero padded from h to
+// ld; a non-finite value sets kErrorInput and error[1] = min(error[1], token).
+Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32_t* permuted_route,
+                     int slots, int64_t routes, void* x_perm, int64_t ld, int32_t* error,
+                     cudaStream_t stream);
+
+struct ActivationArgs {
+  ActivationSpec act;
+  int64_t inter = 0;         // I
+  const float* h = nullptr;  // FC1 output [R, ldh] (2I columns for fused gated layouts, else I)
+  int64_t ldh = 0;
+  const float* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
+  int64_t ldh3 = 0;
+  const void* fc1_bias = nullptr;  // [E, fc1 rows] in bias_dtype, or nullptr
+  const void* fc3_bias = nullptr;  // [E, I], or nullptr
+  DType bias_dtype = DType::kF32;
+  int64_t fc1_rows = 0;
+  bool scale_input = false;  // CombineMode::kScaleInput: the routing weight scales FC1/FC3 outputs
+  const int32_t* permuted_route = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const float* weights = nullptr;
+  int64_t routes = 0;
+  void* out = nullptr;  // [R, ld] in out_dtype, zero padded from I to ld
+  int64_t ld = 0;
+  DType out_dtype = DType::kBF16;
+};
+
+// act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32).
+Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
+
+struct FinalizeArgs {
+  const float* y = nullptr;  // FC2 output [R, ldy] by route position
+  int64_t ldy = 0;
+  const void* fc2_bias = nullptr;  // [E, H] in bias_dtype, or nullptr
+  DType bias_dtype = DType::kF32;
+  const int32_t* route_position = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const float* weights = nullptr;
+  bool scale_input = false;
+  int64_t tokens = 0, hidden = 0;
+  int slots = 0;
+  void* out = nullptr;  // [T, H] in out_dtype
+  DType out_dtype = DType::kBF16;
+};
+
+// out[t, c] = sum over slots j, in slot order, in fp32 of w_j * (y[pos(t, j), c] + b2[e_j, c]),
+// (without w_j for kScaleInput), cast to out_dtype. Deterministic: no atomics.
+Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream);
+
+}  // namespace qmoe::cuda

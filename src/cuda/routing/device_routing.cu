@@ -1,0 +1,128 @@
+// launch_routing(): host-side validation of everything the kernels rely on (the same rules as
+// route() for the spec, plus the device limits and the pointers), then the fused or the general
+// path. Data values (non-finite logits) can only be checked on the device: see
+// device_routing.h. Nothing here synchronizes, allocates or touches memory, so a failed check
+// launches nothing.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/routing/routing_checks.h"
+#include "cuda/routing/device_routing.h"
+#include "cuda/routing/routing_internal.cuh"
+
+namespace qmoe::cuda {
+namespace {
+
+constexpr size_t kTempAlign = 256;
+
+std::string i_str(int64_t v) { return std::to_string(v); }
+
+bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+Status check_maps(const RouteMapsView& m, int64_t tokens, int slots, int64_t e) {
+  if (m.expert_ids == nullptr || m.weights == nullptr || m.expert_counts == nullptr ||
+      m.expert_offsets == nullptr || m.permuted_route == nullptr || m.route_position == nullptr) {
+    return Status::invalid(
+        "args.maps: null arrays; expected device arrays from carve_route_maps() on device memory");
+  }
+  if (m.tokens < tokens || m.slots != slots || m.experts != e) {
+    return Status::invalid("args.maps: carved for " + i_str(m.tokens) + " tokens, " +
+                           i_str(m.slots) + " slots, " + i_str(m.experts) +
+                           " experts; expected at least " + i_str(tokens) + " tokens, " +
+                           i_str(slots) + " slots, " + i_str(e) + " experts");
+  }
+  return Status::ok();
+}
+
+Status check_args(const DeviceRoutingArgs& a) {
+  const RoutingSpec& r = a.routing;
+  if (a.num_experts < 1 || a.num_experts > kGeneralMaxExperts) {
+    return Status::invalid(
+        "args.num_experts: expected 1 <= num_experts <= " + i_str(kGeneralMaxExperts) +
+        " on the device, got " + i_str(a.num_experts));
+  }
+  QMOE_RETURN_IF_ERROR(check_routing_spec(r, a.num_experts));
+  const int slots = r.top_k + r.num_shared;
+  QMOE_RETURN_IF_ERROR(routing_detail::check_routing_sizes(a.tokens, slots, a.num_experts));
+  if (a.tokens > 0 && a.logits == nullptr) {
+    return Status::invalid("args.logits: null; expected a device [" + i_str(a.tokens) + ", " +
+                           i_str(a.num_experts) + "] array");
+  }
+  if (!is_float_dtype(a.logits_dtype)) {
+    return Status::invalid(std::string("args.logits_dtype: expected f32, f16 or bf16, got ") +
+                           dtype_name(a.logits_dtype));
+  }
+  if (a.router_weights != nullptr && !is_float_dtype(a.rw_dtype)) {
+    return Status::invalid(std::string("args.rw_dtype: expected f32, f16 or bf16, got ") +
+                           dtype_name(a.rw_dtype));
+  }
+  if (r.method == RoutingMethod::kGroupedTopK && a.router_bias == nullptr) {
+    return Status::invalid("args.router_bias: required by grouped_topk routing (device f32 [" +
+                           i_str(a.num_experts - r.num_shared) + "]), got null");
+  }
+  if (a.error == nullptr) {
+    return Status::invalid("args.error: null; expected a device int32[2] error word");
+  }
+  return check_maps(a.maps, a.tokens, slots, a.num_experts);
+}
+
+}  // namespace
+
+namespace routing_detail {
+
+Status check_routing_sizes(int64_t tokens, int slots, int64_t experts) {
+  if (experts < 1 || experts > kGeneralMaxExperts) {
+    return Status::invalid("experts: expected 1 <= experts <= " + i_str(kGeneralMaxExperts) +
+                           " on the device, got " + i_str(experts));
+  }
+  if (slots < 1) return Status::invalid("slots: expected >= 1, got " + i_str(slots));
+  if (tokens < 0 || tokens > std::numeric_limits<int32_t>::max() / slots) {
+    return Status::invalid("tokens: expected 0 <= tokens and tokens * slots (" + i_str(slots) +
+                           ") < 2^31, got " + i_str(tokens));
+  }
+  return Status::ok();
+}
+
+}  // namespace routing_detail
+
+bool fused_routing_applies(int64_t tokens, int slots, int64_t experts) {
+  return tokens >= 0 && tokens <= kFusedMaxTokens && slots >= 1 && slots <= kFusedMaxSlots &&
+         experts >= 1 && experts <= kFusedMaxExperts;
+}
+
+Status general_routing_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes) {
+  if (bytes == nullptr) return Status::invalid("bytes: null");
+  *bytes = 0;
+  QMOE_RETURN_IF_ERROR(routing_detail::check_routing_sizes(tokens, slots, experts));
+  if (fused_routing_applies(tokens, slots, experts)) return Status::ok();
+  return general_path_temp_bytes(tokens, slots, experts, bytes);
+}
+
+Status launch_routing_path(const DeviceRoutingArgs& args, RoutingPath path, void* temp,
+                           size_t temp_bytes, cudaStream_t stream) {
+  QMOE_RETURN_IF_ERROR(check_args(args));
+  const int slots = args.routing.top_k + args.routing.num_shared;
+  const bool fused = fused_routing_applies(args.tokens, slots, args.num_experts);
+  if (path == RoutingPath::kFused && !fused) {
+    return Status::invalid(
+        "path: the fused path needs tokens <= " + i_str(kFusedMaxTokens) +
+        ", slots <= " + i_str(kFusedMaxSlots) + " and experts <= " + i_str(kFusedMaxExperts) +
+        "; got " + i_str(args.tokens) + ", " + i_str(slots) + ", " + i_str(args.num_experts));
+  }
+  if (path == RoutingPath::kFused || (path == RoutingPath::kAuto && fused)) {
+    return routing_detail::launch_fused_routing(args, stream);
+  }
+  if (temp != nullptr && reinterpret_cast<uintptr_t>(temp) % kTempAlign != 0) {
+    return Status::invalid("temp: expected a " + i_str(kTempAlign) + "-byte aligned pointer");
+  }
+  return routing_detail::launch_general_routing(args, temp, temp_bytes, stream);
+}
+
+Status launch_routing(const DeviceRoutingArgs& args, void* temp, size_t temp_bytes,
+                      cudaStream_t stream) {
+  return launch_routing_path(args, RoutingPath::kAuto, temp, temp_bytes, stream);
+}
+
+}  // namespace qmoe::cuda

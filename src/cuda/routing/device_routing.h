@@ -1,0 +1,65 @@
+// Routing on the device, bit for bit equal to the host's route() (src/core/routing/): the same
+// per-token arithmetic (route_token.h semantics, compiled with -fmad=false), the same selection
+// order, and the same expert maps (stable by route id).
+//
+// Two paths, chosen by the token count:
+//   fused   (T <= kFusedMaxTokens, E <= kFusedMaxExperts, top_k + shared <= kFusedMaxSlots): one
+//           block routes every token (a warp per token) and builds counts, offsets, the permuted
+//           route order and its inverse in shared memory. Needs no temporary storage.
+//   general (any T): a warp per token writes ids and weights; CUB builds the maps (a histogram for
+//           the counts, an exclusive scan for the offsets, a stable radix sort of (expert, route
+//           id) pairs for the permuted order) and a scatter kernel the inverse. Temporary storage:
+//           general_routing_temp_bytes().
+//
+// Non-finite logits or router weights cannot be reported synchronously from the device. A token
+// carrying one is routed as if its logits were all zero (so every id stays in range), its weights
+// become NaN (so its output row is NaN, never a silently wrong number), and the error word records
+// it: error[0] |= 1 (router_probs) or 2 (router_weights), error[1] = min(error[1], token).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qmoe/layer.h"
+#include "qmoe/routing.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cuda {
+
+constexpr int kFusedMaxTokens = 8;
+constexpr int kFusedMaxExperts = 512;
+constexpr int kFusedMaxSlots = 16;
+// Experts the general path supports (its per-warp shared memory holds 2 E floats).
+constexpr int kGeneralMaxExperts = 16384;
+
+enum RoutingErrorBits : int32_t { kErrorLogits = 1, kErrorRouterWeights = 2 };
+
+struct DeviceRoutingArgs {
+  RoutingSpec routing;
+  int num_experts = 0;           // E: router columns, shared experts included
+  int64_t tokens = 0;            // T
+  const void* logits = nullptr;  // device [T, E], logits_dtype (f32, f16 or bf16)
+  DType logits_dtype = DType::kF32;
+  const void* router_weights = nullptr;  // optional device [T, E], rw_dtype
+  DType rw_dtype = DType::kF32;
+  const float* router_bias = nullptr;  // device f32 [E - num_shared], kGroupedTopK only
+  RouteMapsView maps;                  // device arrays (carve_route_maps on device memory)
+  int32_t* error = nullptr;            // device int32[2], see above; never reset here
+};
+
+bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);
+
+// Bytes of temporary storage the general path needs for T tokens (0 when the fused path applies).
+// A pure function of its arguments on a given device (CUB's own size queries, no launches).
+Status general_routing_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes);
+
+// Fills args.maps (expert_ids, weights, expert_counts, expert_offsets, permuted_route,
+// route_position; maps.tokens is set on the host view only) on `stream`. Asynchronous: no host
+// synchronization, no allocation; capturable in a CUDA graph. `temp` holds temp_bytes >=
+// general_routing_temp_bytes(T, ...) bytes, 256-byte aligned (unused on the fused path).
+Status launch_routing(const DeviceRoutingArgs& args, void* temp, size_t temp_bytes,
+                      cudaStream_t stream);
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,124 @@
+// Runs a layer on the CUDA backend the way the GPU suite wants it checked: device inputs, an
+// exactly sized workspace full of poison with canaries after it, a poisoned output, then the
+// output compared with the fp64 oracle.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "layer_factory.h"
+
+namespace qmoe::test {
+
+// Relative-norm budgets of the GPU generic path against the fp64 oracle. bf16/f16 layers compute
+// on tensor cores with weights and the activation rounded to the layer's dtype (unit roundoff
+// 2^-9 for bf16, 2^-11 for f16): four roundings of RMS u/sqrt(3) each (FC1 weights, the
+// activation, FC2 weights, the output) add up to about 2.3e-3 (bf16) / 5.6e-4 (f16), and the
+// gated activation can double that. fp32 layers accumulate in fp32 like the CPU backend.
+inline double gpu_budget(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return 2.5e-3;
+    case DType::kBF16:
+      return 1e-2;
+    default:
+      return 2e-5;
+  }
+}
+
+struct DeviceInputs {
+  GpuBuffer x, logits, rw;
+  RunInputs in;
+};
+
+inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInputs* d) {
+  d->in = ti.in;
+  auto r = d->x.upload(ti.x);
+  if (!r) return r;
+  d->in.input.data = d->x.get();
+  r = d->logits.upload(ti.logits);
+  if (!r) return r;
+  d->in.router_logits.data = d->logits.get();
+  if (ti.in.router_weights.present()) {
+    r = d->rw.upload(ti.router_weights);
+    if (!r) return r;
+    d->in.router_weights.data = d->rw.get();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+inline int64_t tokens_of(const RunInputs& in) {
+  return in.input.dims[0] * (in.input.rank == 3 ? in.input.dims[1] : 1);
+}
+
+struct GpuRun {
+  std::vector<uint8_t> out;  // raw output bytes
+  std::vector<double> out_f64;
+  double error = 0;
+};
+
+// Prepares `tl` on the GPU (options as given), runs `ti` once with a poisoned workspace and
+// output, checks canaries and NaN-freedom, and fills res (error against the oracle when
+// with_oracle).
+inline void gpu_run(const TestLayer& tl, const TestInputs& ti, GpuRun* res,
+                    const PrepareOptions& opt = {}, uint8_t poison = 0xFF, bool with_oracle = true,
+                    PreparedLayer* reuse = nullptr) {
+  std::unique_ptr<PreparedLayer> own;
+  PreparedLayer* layer = reuse;
+  if (!layer) {
+    Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, opt, &own);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    layer = own.get();
+  }
+  DeviceInputs d;
+  ASSERT_TRUE(stage_inputs(ti, &d));
+  const int64_t t = tokens_of(ti.in);
+  const size_t ws_bytes = layer->workspace_size(t);
+  ASSERT_GT(ws_bytes, 0u);
+  GpuBuffer ws, out;
+  ASSERT_TRUE(ws.allocate(ws_bytes, poison, 1024));
+  const size_t esz = dtype_size(tl.spec.act_dtype);
+  ASSERT_TRUE(out.allocate(static_cast<size_t>(t * tl.spec.hidden) * esz, 0xFF, 256));
+  MutableTensorView ov(out.get(), tl.spec.act_dtype, {t, tl.spec.hidden});
+  Status st = layer->run(d.in, ov, ws.get(), ws_bytes, nullptr);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  st = layer->take_deferred_error();
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  ASSERT_TRUE(ws.canary_intact()) << "workspace overrun";
+  ASSERT_TRUE(out.canary_intact()) << "output overrun";
+  ASSERT_TRUE(out.download(&res->out));
+  res->out_f64.resize(static_cast<size_t>(t * tl.spec.hidden));
+  for (size_t i = 0; i < res->out_f64.size(); ++i) {
+    res->out_f64[i] = load_float(res->out.data(), tl.spec.act_dtype, static_cast<int64_t>(i));
+    ASSERT_FALSE(std::isnan(res->out_f64[i])) << "output " << i << " not written or NaN";
+  }
+  if (!with_oracle) return;
+  std::vector<double> ref;
+  st = reference_forward(tl.spec, tl.weights, ti.in, &ref);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  res->error = relative_norm_error(res->out_f64.data(), ref.data(), ref.size());
+}
+
+// A fresh random layer and inputs, run on the GPU, within the dtype's budget.
+inline void check_gpu_case(const LayerSpec& spec, int64_t tokens, bool router_weights = false,
+                           const PrepareOptions& opt = {}) {
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(spec, seed, &tl);
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, seed, router_weights, &ti);
+  GpuRun r;
+  gpu_run(tl, ti, &r, opt);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_LE(r.error, gpu_budget(spec.act_dtype))
+      << "fc1 " << spec.fc1.to_string() << ", fc2 " << spec.fc2.to_string() << ", "
+      << dtype_name(spec.act_dtype) << ", " << tokens << " tokens, E " << spec.num_experts << ", k "
+      << spec.routing.top_k;
+}
+
+}  // namespace qmoe::test
