@@ -2,16 +2,18 @@
 # Builds qmoe for sm_90a with every core on a GPU machine, then runs: the GPU suite (ctest -L gpu),
 # a subset of it under compute-sanitizer memcheck and racecheck, the whole CPU suite, `qmoe info`
 # and `qmoe run` on the default preset at 1, 8, 64 and 4096 tokens. Logs go to $OUT (or
-# ./gpu-check-out); the exit status is non-zero if anything failed. Needs no network: the machine
+# ./gpu-check-out): summary.txt, env.txt and every log in gpu-check-logs.tar.gz; the exit status is
+# non-zero if anything failed. Needs no network: the machine
 # must already have cmake, ninja, nvcc, GoogleTest, CLI11 and nlohmann-json.
 #   QMOE_GPU_CHECK_SKIP_SANITIZER=1  skips the sanitizer runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-gpu-check-out}"
-mkdir -p "$out"
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+dest="${OUT:-gpu-check-out}"
+mkdir -p "$dest"
+out="$(mktemp -d)"
+trap 'cp "$out/summary.txt" "$out/env.txt" "$dest/" 2>/dev/null; tar czf "$dest/gpu-check-logs.tar.gz" -C "$out" .' EXIT
 {
-  echo "commit: $commit$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "tree digest: $(scripts/tree-digest.sh) (scripts/tree-digest.sh at a commit gives the same)"
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   nvcc --version | tail -1
