@@ -37,8 +37,8 @@ step "gpu suite ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo
 
 if [ "${QMOE_GPU_CHECK_SKIP_SANITIZER:-0}" != 1 ]; then
   tests=build-gpu/tests/qmoe_gpu_tests
-  memcheck_filter='GpuLayer.OddShapes:GpuLayer.RoutingMethods:GpuContract.*:GpuDequant.Fp4AndFp8Layouts:GpuGemm.*:DeviceRouting.*'
-  racecheck_filter='GpuLayer.OddShapes:GpuLayer.ExpertsAndTopK:GpuContract.GraphReplayEqualsEager:GpuGemm.*:DeviceRouting.TokenCountsMatchHost:DeviceRouting.ExpertCountsAndTopKMatchHost'
+  memcheck_filter='GpuDecode.WindowEdgesAndShapes:GpuDecode.RoutingOptions:GpuLayer.OddShapes:GpuLayer.RoutingMethods:GpuContract.*:GpuDequant.Fp4AndFp8Layouts:GpuGemm.*:DeviceRouting.*'
+  racecheck_filter='GpuDecode.WindowEdgesAndShapes:GpuLayer.OddShapes:GpuLayer.ExpertsAndTopK:GpuContract.GraphReplayEqualsEager:GpuGemm.*:DeviceRouting.TokenCountsMatchHost:DeviceRouting.ExpertCountsAndTopKMatchHost'
   t0=$(date +%s)
   compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
     "$tests" --gtest_filter="$memcheck_filter" >"$out/memcheck.log" 2>&1
@@ -67,4 +67,12 @@ for t in 1 8 64 4096; do
   echo "-- qmoe run --tokens $t $check"; grep -E "^(time|stages|rate|check|weights)" "$out/run-$t.txt"
   step "qmoe run --tokens $t" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 done
+# Decode benchmark: graph replays, cold L2, the read ceiling measured in the same process.
+for fmt in "" "--format int8" "--format int2 --block 64"; do
+  build-gpu/tools/qmoe bench --presets qwen3-30b-a3b $fmt --csv "$dest/bench.csv" \
+    >>"$out/bench.txt" 2>&1
+  rc=$?
+  step "qmoe bench ${fmt:-int4}" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+done
+cat "$out/bench.txt"
 exit $status

@@ -30,5 +30,6 @@ Status parse_backend(const std::string& s, BackendKind* out);
 void add_run_command(CLI::App& app, int* exit_code);
 void add_make_layer_command(CLI::App& app, int* exit_code);
 void add_info_command(CLI::App& app, int* exit_code);
+void add_bench_command(CLI::App& app, int* exit_code);
 
 }  // namespace qmoe::cli

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "device_call.h"
 #include "execute.h"
 
 namespace qmoe::cli {
@@ -15,34 +16,6 @@ namespace {
 Status cuda_check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::ok();
   return Status::internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  Status allocate(size_t bytes) {
-    return cuda_check(cudaMalloc(&p_, bytes > 0 ? bytes : 1), "cudaMalloc");
-  }
-  void* get() const { return p_; }
-
- private:
-  void* p_ = nullptr;
-};
-
-// A device copy of a host tensor (absent stays absent).
-Status to_device(const TensorView& host, DeviceBuffer* buf, TensorView* dev) {
-  *dev = host;
-  if (!host.present()) return Status::ok();
-  QMOE_RETURN_IF_ERROR(buf->allocate(host.bytes()));
-  QMOE_RETURN_IF_ERROR(cuda_check(
-      cudaMemcpy(buf->get(), host.data, host.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy"));
-  dev->data = buf->get();
-  return Status::ok();
 }
 
 struct Stream {
@@ -61,16 +34,13 @@ Status time_cuda_runs(PreparedLayer& layer, const RunInputs& in, const MutableTe
                       int repeat, TimedRuns* runs) {
   int64_t tokens = 0;
   QMOE_RETURN_IF_ERROR(check_run(layer.spec(), in, out, &tokens));
-  DeviceBuffer x, logits, weights, y, ws;
-  RunInputs din;
-  QMOE_RETURN_IF_ERROR(to_device(in.input, &x, &din.input));
-  QMOE_RETURN_IF_ERROR(to_device(in.router_logits, &logits, &din.router_logits));
-  QMOE_RETURN_IF_ERROR(to_device(in.router_weights, &weights, &din.router_weights));
-  QMOE_RETURN_IF_ERROR(y.allocate(out.bytes()));
-  MutableTensorView dout = out;
-  dout.data = y.get();
-  const size_t bytes = layer.workspace_size(tokens);
-  QMOE_RETURN_IF_ERROR(ws.allocate(bytes));  // cudaMalloc aligns to at least 256 bytes
+  DeviceCall call;
+  QMOE_RETURN_IF_ERROR(call.stage(layer, in, out));
+  const RunInputs& din = call.in;
+  const MutableTensorView& dout = call.out;
+  cuda::DeviceBuffer& y = call.y;
+  cuda::DeviceBuffer& ws = call.ws;
+  const size_t bytes = call.ws_bytes;
 
   Stream st;
   QMOE_RETURN_IF_ERROR(

@@ -11,6 +11,7 @@
 #include "core/tensor_check.h"
 #include "cuda/device_info.h"
 #include "describe.h"
+#include "host_buffer.h"
 #include "qmoe/routing.h"
 
 namespace qmoe::cli {
@@ -23,35 +24,10 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<void, FreeDeleter>;
-
-// 64-byte aligned memory (workspaces and route maps require it).
-AlignedBuffer aligned_buffer(size_t bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  return AlignedBuffer(std::aligned_alloc(64, rounded));
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Experts that receive at least one route (shared experts always do).
-Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const RunInputs& in,
-                             int64_t tokens, int64_t* touched) {
-  const size_t bytes = route_maps_bytes(tokens, spec.slots(), spec.num_experts);
-  AlignedBuffer buf = aligned_buffer(bytes);
-  if (!buf)
-    return Status::internal("route maps: cannot allocate " + std::to_string(bytes) + " bytes");
-  RouteMapsView maps = carve_route_maps(buf.get(), tokens, spec.slots(), spec.num_experts);
-  QMOE_RETURN_IF_ERROR(route(spec, in, w.router_bias, &maps));
-  *touched = 0;
-  for (int64_t e = 0; e < spec.num_experts; ++e) *touched += maps.expert_counts[e] > 0;
-  return Status::ok();
 }
 
 std::string backend_line(const ExecOptions& o) {
@@ -66,6 +42,20 @@ std::string backend_line(const ExecOptions& o) {
 }
 
 }  // namespace
+
+// Experts that receive at least one route (shared experts always do).
+Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const RunInputs& in,
+                             int64_t tokens, int64_t* touched) {
+  const size_t bytes = route_maps_bytes(tokens, spec.slots(), spec.num_experts);
+  AlignedBuffer buf = aligned_buffer(bytes);
+  if (!buf)
+    return Status::internal("route maps: cannot allocate " + std::to_string(bytes) + " bytes");
+  RouteMapsView maps = carve_route_maps(buf.get(), tokens, spec.slots(), spec.num_experts);
+  QMOE_RETURN_IF_ERROR(route(spec, in, w.router_bias, &maps));
+  *touched = 0;
+  for (int64_t e = 0; e < spec.num_experts; ++e) *touched += maps.expert_counts[e] > 0;
+  return Status::ok();
+}
 
 double error_budget(DType act_dtype, BackendKind backend) {
   const bool gpu = backend == BackendKind::kCuda;

@@ -34,6 +34,11 @@ Status time_cuda_runs(PreparedLayer& layer, const RunInputs& in, const MutableTe
                       int repeat, TimedRuns* runs);
 #endif
 
+// Experts that receive at least one route of `in` (the host routing, which every backend matches
+// bit for bit; shared experts always count).
+Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const RunInputs& in,
+                             int64_t tokens, int64_t* touched);
+
 // The relative-norm error allowed against the oracle for an activation dtype. CPU: f32 1e-5, f16
 // 2e-3, bf16 8e-3 (the output's rounding dominates). CUDA (weights and the activation rounded to
 // the dtype for the tensor cores, docs/cuda-backend.md): f32 2e-5, f16 2.5e-3, bf16 1e-2.

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   qmoe::cli::add_run_command(app, &exit_code);
   qmoe::cli::add_make_layer_command(app, &exit_code);
   qmoe::cli::add_info_command(app, &exit_code);
+  qmoe::cli::add_bench_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -8,6 +8,7 @@
 #include "core/formats/codec.h"
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/device_numeric.cuh"
 #include "cuda/dequant/dequant.h"
 
 namespace qmoe::cuda {
@@ -16,20 +17,8 @@ namespace {
 using formats::packed_bytes;
 using formats::read_bits;
 
-// Element i of a scale tensor, decoded exactly to fp32.
 __device__ __forceinline__ float load_scale(const uint8_t* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF16:
-      return num::f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return num::bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DType::kF8E4M3:
-      return num::e4m3_to_f32(p[i]);
-    case DType::kF8E8M0:
-      return num::e8m0_to_f32(p[i]);
-    default:
-      return reinterpret_cast<const float*>(p)[i];
-  }
+  return load_scalar(p, t, i);
 }
 
 // Integer formats: w = float(q - zp) * scale (one rounding, as on the host). Blocks are powers of

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "core/formats/mma_pack.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/stages.h"
@@ -69,6 +72,13 @@ Status check_device_pointer(const void* p, const char* name, size_t align) {
                            "got host memory");
   }
   return Status::ok();
+}
+
+// QMOE_CUDA_PATH=generic sends every call down the generic path (A/B runs against the decode
+// kernels); unset or "auto" lets the dispatch choose.
+bool force_generic() {
+  const char* v = std::getenv("QMOE_CUDA_PATH");
+  return v != nullptr && std::string(v) == "generic";
 }
 
 class CudaLayer final : public PreparedLayer {
@@ -154,6 +164,11 @@ class CudaLayer final : public PreparedLayer {
   }
 
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, DeviceFc* out);
+  Status pack_for_decode(const LayerWeights& w);
+  Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
+                    cudaStream_t stream, RunProfile* profile);
+  Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
+                     cudaStream_t stream, RunProfile* profile);
   Status upload(const TensorView& v, const void** dst);
   Status run_fc(const DeviceFc& fc, const Layout& l, char* ws, const RouteMapsView& maps,
                 const void* a, int64_t lda, float* c, int64_t ldc, int64_t ld_b,
@@ -166,6 +181,12 @@ class CudaLayer final : public PreparedLayer {
   size_t cs_;
   int64_t hp_, ip_, n1p_, slot_elems_;
   DeviceFc fc1_, fc2_, fc3_;
+  // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
+  // present when both FCs are integer formats that layout supports.
+  bool decode_ready_ = false;
+  MmaPackShape pack1_, pack2_;
+  const uint32_t* packed1_ = nullptr;
+  const uint32_t* packed2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
   DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
@@ -225,9 +246,99 @@ Status CudaLayer::init(const LayerWeights& w) {
     QMOE_RETURN_IF_ERROR(upload(w.router_bias, &p));
     router_bias_ = static_cast<const float*>(p);
   }
+  QMOE_RETURN_IF_ERROR(pack_for_decode(w));
   const int32_t clear[2] = {0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
+  return Status::ok();
+}
+
+// The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 4 or 8 bits
+// (blocks >= 16 or per channel, K a multiple of 16), with FC1 and the gate in one tensor.
+Status CudaLayer::pack_for_decode(const LayerWeights& w) {
+  const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
+  if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
+      !mma_pack_supported(spec_.fc2, spec_.inter)) {
+    return Status::ok();
+  }
+  MmaRowMap map1 = MmaRowMap::kIdentity;
+  if (spec_.activation.gated()) {
+    map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
+                                                           : MmaRowMap::kGatedConcatenated;
+  }
+  const int64_t E = spec_.num_experts;
+  auto pack = [&](const FcFormat& f, const TensorView& raw, int64_t n, int64_t k, MmaRowMap map,
+                  MmaPackShape* shape, const uint32_t** dst) -> Status {
+    *shape = mma_pack_shape(f, n, k, map, spec_.inter);
+    std::vector<uint8_t> host(raw.bytes());
+    QMOE_CUDA_TRY(cudaMemcpy(host.data(), raw.data, host.size(), cudaMemcpyDefault));
+    std::vector<uint32_t> packed;
+    mma_pack_int(*shape, host.data(), E, &packed);
+    const void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(upload(
+        TensorView(packed.data(), DType::kU8, {static_cast<int64_t>(packed.size() * 4)}), &p));
+    *dst = static_cast<const uint32_t*>(p);
+    return Status::ok();
+  };
+  QMOE_RETURN_IF_ERROR(
+      pack(spec_.fc1, w.fc1.weight, spec_.fc1_rows(), spec_.hidden, map1, &pack1_, &packed1_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2.weight, spec_.hidden, spec_.inter,
+                            MmaRowMap::kIdentity, &pack2_, &packed2_));
+  decode_ready_ = true;
+  return Status::ok();
+}
+
+// Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
+Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
+                             const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+  DecodeFcArgs d;
+  d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
+  d.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
+  d.offsets = maps.expert_offsets;
+  d.max_groups =
+      static_cast<int>(std::min<int64_t>(spec_.num_experts, maps.tokens * spec_.slots()));
+  d.permuted_route = maps.permuted_route;
+  d.weights = maps.weights;
+  d.slots = spec_.slots();
+  d.dtype = cdt_;
+
+  d.shape = pack1_;
+  d.packed = packed1_;
+  d.scales = fc1_.scales;
+  d.scale_dtype = spec_.fc1.scale_dtype;
+  d.block_size = spec_.fc1.block_size;
+  d.zero_points = fc1_.zero_points;
+  d.x = in.input.data;
+  d.ldx = spec_.hidden;
+  d.by_token = true;
+  d.fc1 = true;
+  d.act = spec_.activation;
+  d.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  d.bias = fc1_.bias;
+  d.bias_dtype = fc1_.bias_dtype;
+  d.out = ws + l.xa;
+  d.ldo = ip_;
+  d.error = error_.as<int32_t>();
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, static_cast<int>(maps.tokens), stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+
+  d.shape = pack2_;
+  d.packed = packed2_;
+  d.scales = fc2_.scales;
+  d.scale_dtype = spec_.fc2.scale_dtype;
+  d.block_size = spec_.fc2.block_size;
+  d.zero_points = fc2_.zero_points;
+  d.x = ws + l.xa;
+  d.ldx = ip_;
+  d.by_token = false;
+  d.fc1 = false;
+  d.scale_input = false;
+  d.bias = nullptr;
+  d.out = ws + l.hy;
+  d.ldo = hp_;
+  d.error = nullptr;
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, static_cast<int>(maps.tokens), stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
 
@@ -328,7 +439,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
 
   char* ws = static_cast<char*>(workspace);
   const int slots = spec_.slots();
-  const int64_t routes = tokens * slots;
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[0], stream));
 
   // Routing and the plan.
@@ -345,14 +455,68 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
+  // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
+  const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
-  QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts, spec_.num_experts, touched,
-                                   reinterpret_cast<int32_t*>(ws + l.n_touched),
-                                   reinterpret_cast<int32_t*>(ws + l.tile_start), stream));
+  int32_t* n_touched = reinterpret_cast<int32_t*>(ws + l.n_touched);
+  int32_t* tile_start = reinterpret_cast<int32_t*>(ws + l.tile_start);
+  if (fused) {
+    ra.plan_touched = touched;
+    ra.plan_n_touched = n_touched;
+    ra.plan_tile_start = tile_start;
+    ra.plan_tile_m = kGemmTileM;
+  }
+  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
+  if (!fused) {
+    QMOE_RETURN_IF_ERROR(
+        launch_plan(maps.expert_counts, spec_.num_experts, touched, n_touched, tile_start, stream));
+  }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
 
-  // FC1 (+FC3) and the activation.
+  const bool decode = decode_ready_ && tokens <= kDecodeMaxRoutes &&
+                      reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0 && !force_generic();
+  if (decode) {
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, stream, profile));
+  } else {
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
+  }
+  float* y = reinterpret_cast<float*>(ws + l.hy);
+  const bool scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  FinalizeArgs fa;
+  fa.y = y;
+  fa.ldy = hp_;
+  fa.fc2_bias = fc2_.bias;
+  fa.bias_dtype = fc2_.bias_dtype;
+  fa.route_position = maps.route_position;
+  fa.expert_ids = maps.expert_ids;
+  fa.weights = maps.weights;
+  fa.scale_input = scale_input;
+  fa.tokens = tokens;
+  fa.hidden = spec_.hidden;
+  fa.slots = slots;
+  fa.out = out.data;
+  fa.out_dtype = out.dtype;
+  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  if (profile) {
+    QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
+    QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
+    float ms[4];
+    for (int i = 0; i < 4; ++i) {
+      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+    }
+    profile->route_us = 1000.0 * ms[0];
+    profile->fc1_us = 1000.0 * ms[1];
+    profile->fc2_us = 1000.0 * ms[2];
+    profile->combine_us = 1000.0 * ms[3];
+  }
+  return Status::ok();
+}
+
+// FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
+Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
+                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+  const int slots = spec_.slots();
+  const int64_t routes = maps.tokens * slots;
   void* xa = ws + l.xa;
   float* h = reinterpret_cast<float*>(ws + l.hy);
   float* h3 = reinterpret_cast<float*>(ws + l.h3);
@@ -385,37 +549,9 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
-  // FC2 into the FC1 output's space, then the weighted sum per token.
-  float* y = h;
-  QMOE_RETURN_IF_ERROR(run_fc(fc2_, l, ws, maps, xa, ip_, y, hp_, ip_, stream));
+  // FC2 into the FC1 output's space.
+  QMOE_RETURN_IF_ERROR(run_fc(fc2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
-  FinalizeArgs fa;
-  fa.y = y;
-  fa.ldy = hp_;
-  fa.fc2_bias = fc2_.bias;
-  fa.bias_dtype = fc2_.bias_dtype;
-  fa.route_position = maps.route_position;
-  fa.expert_ids = maps.expert_ids;
-  fa.weights = maps.weights;
-  fa.scale_input = aa.scale_input;
-  fa.tokens = tokens;
-  fa.hidden = spec_.hidden;
-  fa.slots = slots;
-  fa.out = out.data;
-  fa.out_dtype = out.dtype;
-  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
-  if (profile) {
-    QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
-    QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
-    float ms[4];
-    for (int i = 0; i < 4; ++i) {
-      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
-    }
-    profile->route_us = 1000.0 * ms[0];
-    profile->fc1_us = 1000.0 * ms[1];
-    profile->fc2_us = 1000.0 * ms[2];
-    profile->combine_us = 1000.0 * ms[3];
-  }
   return Status::ok();
 }
 

@@ -3,20 +3,15 @@
 
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/device_numeric.cuh"
+#include "cuda/layer/activation.cuh"
 #include "cuda/layer/stages.h"
 
 namespace qmoe::cuda {
 namespace {
 
 __device__ __forceinline__ float load_f(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF16:
-      return num::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return num::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
+  return load_scalar(p, t, i);
 }
 
 __device__ __forceinline__ void store_f(void* p, DType t, int64_t i, float v) {
@@ -101,32 +96,6 @@ __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
   if (bad) record_error(error, kErrorInput, token);
 }
 
-__device__ __forceinline__ float sigmoid_dev(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float gelu_tanh_dev(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-}
-
-__device__ __forceinline__ float scalar_act(Activation kind, float x) {
-  switch (kind) {
-    case Activation::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case Activation::kGelu:
-      return gelu_tanh_dev(x);
-    case Activation::kSilu:
-      return x * sigmoid_dev(x);
-    default:
-      return x;
-  }
-}
-
-__device__ __forceinline__ float swiglu_dev(const ActivationSpec& a, float gate, float lin) {
-  const float l = fminf(fmaxf(lin, -a.limit), a.limit) + a.beta;
-  if (a.limit_after_activation) return fminf(gate * sigmoid_dev(a.alpha * gate), a.limit) * l;
-  const float g = fminf(gate, a.limit);
-  return g * sigmoid_dev(a.alpha * g) * l;
-}
-
 __global__ void activation_kernel(ActivationArgs a) {
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
@@ -147,7 +116,7 @@ __global__ void activation_kernel(ActivationArgs a) {
   for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
     float v = 0.0f;
     if (i < I) {
-      if (a.act.kind != Activation::kSwiGlu && a.act.kind != Activation::kGeGlu) {
+      if (!is_gated(a.act.kind)) {
         v = scalar_act(a.act.kind, fc1(i));
       } else {
         float gate, lin;
@@ -162,8 +131,7 @@ __global__ void activation_kernel(ActivationArgs a) {
             gate = fc1(i), lin = fc3(i);
             break;
         }
-        v = a.act.kind == Activation::kSwiGlu ? swiglu_dev(a.act, gate, lin)
-                                              : gelu_tanh_dev(gate) * lin;
+        v = gated_act(a.act, gate, lin);
       }
     }
     store_f(a.out, a.out_dtype, p * a.ld + i, v);

@@ -47,6 +47,14 @@ struct DeviceRoutingArgs {
   const float* router_bias = nullptr;  // device f32 [E - num_shared], kGroupedTopK only
   RouteMapsView maps;                  // device arrays (carve_route_maps on device memory)
   int32_t* error = nullptr;            // device int32[2], see above; never reset here
+  // Optional, fused path only: the generic path's plan (stages.h launch_plan) built in the same
+  // kernel, saving a launch per decode step: touched experts ascending, their number, and
+  // tile_start over them (exclusive prefix of ceil(count / plan_tile_m)). Ignored when null or
+  // when the general path runs; the caller then runs launch_plan itself.
+  int32_t* plan_touched = nullptr;
+  int32_t* plan_n_touched = nullptr;
+  int32_t* plan_tile_start = nullptr;
+  int plan_tile_m = 128;
 };
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);

@@ -22,7 +22,8 @@ static_assert(kFusedMaxRoutes <= kFusedThreads, "one thread per route");
 
 __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int32_t* counts, int32_t* offsets,
-                         int32_t* permuted, int32_t* position) {
+                         int32_t* permuted, int32_t* position, int32_t* plan_touched,
+                         int32_t* plan_n_touched, int32_t* plan_tile_start, int plan_tile_m) {
   extern __shared__ float rows[];  // [tokens][2 E]: each routing warp's x and work
   using Scan = cub::BlockScan<int32_t, kFusedThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -67,6 +68,30 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
   }
   if (tid == 0) offsets[num_e] = routes;
+  if (plan_touched != nullptr) {
+    // The plan: touched flag in the low 16 bits, tiles in the high (at most 512 experts and 128
+    // routes, so neither field overflows), one scan for both prefixes.
+    int32_t f[kCountsPerThread], fo[kCountsPerThread];
+#pragma unroll
+    for (int i = 0; i < kCountsPerThread; ++i) {
+      f[i] = c[i] > 0 ? 1 + (((c[i] + plan_tile_m - 1) / plan_tile_m) << 16) : 0;
+    }
+    __syncthreads();  // scan_storage is reused
+    int32_t total = 0;
+    Scan(scan_storage).ExclusiveSum(f, fo, total);
+#pragma unroll
+    for (int i = 0; i < kCountsPerThread; ++i) {
+      const int e = tid * kCountsPerThread + i;
+      if (e < num_e && c[i] > 0) {
+        plan_touched[fo[i] & 0xFFFF] = e;
+        plan_tile_start[fo[i] & 0xFFFF] = fo[i] >> 16;
+      }
+    }
+    if (tid == 0) {
+      *plan_n_touched = total & 0xFFFF;
+      plan_tile_start[total & 0xFFFF] = total >> 16;
+    }
+  }
   __syncthreads();
 
   if (tid < routes) {
@@ -86,9 +111,10 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
   // At most 8 warps x 2 x 512 floats = 32 KiB: no opt-in beyond the default 48 KiB needed.
   const size_t smem = static_cast<size_t>(tokens) * 2 * args.num_experts * sizeof(float);
   const RouteMapsView& m = args.maps;
-  fused_routing_kernel<<<1, kFusedThreads, smem, stream>>>(token_routing(args), tokens,
-                                                           m.expert_counts, m.expert_offsets,
-                                                           m.permuted_route, m.route_position);
+  fused_routing_kernel<<<1, kFusedThreads, smem, stream>>>(
+      token_routing(args), tokens, m.expert_counts, m.expert_offsets, m.permuted_route,
+      m.route_position, args.plan_touched, args.plan_n_touched, args.plan_tile_start,
+      args.plan_tile_m);
   QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
   return Status::ok();
 }

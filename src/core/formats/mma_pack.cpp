@@ -1,0 +1,117 @@
+// Packing of integer codes into the decode kernels' fragment order (see mma_pack.h).
+#include "core/formats/mma_pack.h"
+
+#include <algorithm>
+
+#include "core/formats/codec.h"
+
+namespace qmoe {
+
+namespace {
+
+// Where pair G (of a chunk), half h sits for lane L: word index and bit.
+struct Slot {
+  int word, bit;
+};
+
+Slot slot_of(int bits, int pair, int half) {
+  const int p = 16 / bits;
+  return {pair / p, half * 16 + bits * (pair % p)};
+}
+
+// The (row in tile, k in step) of lane L's pair j, half h.
+void fragment_position(int lane, int j, int half, int* row, int* kk) {
+  const int g = lane / 4, t = lane % 4;
+  *row = g + 8 * (j & 1);
+  *kk = 4 * t + 2 * (j >> 1) + half;
+}
+
+}  // namespace
+
+int64_t MmaPackShape::logical_row(int64_t pr) const {
+  if (map == MmaRowMap::kIdentity) return pr < n ? pr : -1;
+  const int64_t tile = pr / 16, r = pr % 16;
+  const int64_t unit = tile * 8 + (r % 8);
+  if (unit >= units) return -1;
+  const bool lin = r >= 8;
+  if (map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
+  return lin ? units + unit : unit;
+}
+
+bool mma_pack_supported(const FcFormat& f, int64_t k) {
+  if (f.info().kind != FormatKind::kInteger) return false;
+  const int b = f.bits();
+  if (b != 2 && b != 4 && b != 8) return false;
+  if (f.block_size != 0 && f.block_size < 16) return false;
+  return k % 16 == 0 && k > 0;
+}
+
+MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter) {
+  MmaPackShape s;
+  s.bits = f.bits();
+  s.steps_per_chunk = 16 / s.bits;
+  s.n = n;
+  s.k = k;
+  s.map = map;
+  s.units = map == MmaRowMap::kIdentity ? n : inter;
+  const int64_t packed_rows = map == MmaRowMap::kIdentity ? n : 2 * ((inter + 7) / 8) * 8;
+  s.tiles = (packed_rows + 15) / 16;
+  const int64_t chunk_k = 16 * s.steps_per_chunk;
+  s.chunks = (k + chunk_k - 1) / chunk_k;
+  return s;
+}
+
+void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out) {
+  const int b = s.bits;
+  const int sc = s.steps_per_chunk;
+  const unsigned mid = 1u << (b - 1);
+  const int64_t row_bytes = formats::packed_bytes(s.k, b);
+  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
+  for (int64_t e = 0; e < experts; ++e) {
+    uint32_t* dst_e = out->data() + e * s.words_per_expert();
+    for (int64_t m = 0; m < s.tiles; ++m) {
+      int64_t lrow[16];
+      for (int r = 0; r < 16; ++r) lrow[r] = s.logical_row(16 * m + r);
+      for (int64_t c = 0; c < s.chunks; ++c) {
+        uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int pair = 0; pair < 4 * sc; ++pair) {
+            const int64_t step = c * sc + pair / 4;
+            for (int half = 0; half < 2; ++half) {
+              int row, kk;
+              fragment_position(lane, pair % 4, half, &row, &kk);
+              const int64_t k = 16 * step + kk;
+              unsigned code = mid;
+              if (lrow[row] >= 0 && k < s.k) {
+                code = formats::read_bits(raw + (e * s.n + lrow[row]) * row_bytes, k, b);
+              }
+              const Slot sl = slot_of(b, pair, half);
+              chunk[lane * 4 + sl.word] |= code << sl.bit;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,
+                         int64_t k) {
+  const int b = s.bits, sc = s.steps_per_chunk;
+  const int64_t m = pr / 16, r = pr % 16;
+  const int64_t step = k / 16, kk = k % 16;
+  const int64_t c = step / sc;
+  // Invert fragment_position: row r = g + 8 (j & 1), kk = 4 t + 2 (j >> 1) + half.
+  const int g = static_cast<int>(r % 8), t = static_cast<int>(kk / 4);
+  const int j = static_cast<int>((r >= 8 ? 1 : 0) + 2 * ((kk % 4) / 2));
+  const int half = static_cast<int>(kk % 2);
+  const int lane = 4 * g + t;
+  const int pair = static_cast<int>(4 * (step % sc)) + j;
+  const Slot sl = slot_of(b, pair, half);
+  const uint32_t w =
+      packed[e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4 + sl.word];
+  return (w >> sl.bit) & ((1u << b) - 1u);
+}
+
+}  // namespace qmoe

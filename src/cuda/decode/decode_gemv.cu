@@ -1,0 +1,407 @@
+// The decode kernels (see decode_gemv.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "core/formats/codec.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_numeric.cuh"
+#include "cuda/decode/decode_gemv.h"
+#include "cuda/layer/activation.cuh"
+
+namespace qmoe::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // split K
+constexpr int kRing = 4;   // 16-byte weight loads in flight per lane
+
+__device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two codes (bits [0, b) and [16, 16 + b) of v) minus the zero point, as an exact bf16x2/f16x2.
+// sub holds (base + zp) twice, base being the value of the OR-ed exponent: 128 (bf16) or 1024
+// (f16), whose unit in the last place is 1 so that base | q == base + q.
+template <int kBits, bool kBf16>
+__device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, float zp) {
+  constexpr uint32_t mask = (1u << kBits) - 1u;
+  if constexpr (kBits == 8 && kBf16) {
+    // 128 + q needs 9 significant bits: go through fp32, where 2^23 + q is exact.
+    const float lo = __uint_as_float(0x4B000000u | (v & mask)) - (8388608.0f + zp);
+    const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & mask)) - (8388608.0f + zp);
+    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else if constexpr (kBf16) {
+    const uint32_t q = (v & (mask | (mask << 16))) | 0x43004300u;
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&sub));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const uint32_t q = (v & (mask | (mask << 16))) | 0x64006400u;
+    const __half2 r =
+        __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&sub));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pair_of(float base_plus_zp) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 r = __float2bfloat162_rn(base_plus_zp);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 r = __float2half2_rn(base_plus_zp);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+__device__ __forceinline__ void store_act(void* out, bool bf16, int64_t i, float v) {
+  if (bf16) {
+    static_cast<uint16_t*>(out)[i] = num::f32_to_bf16(v);
+  } else {
+    static_cast<uint16_t*>(out)[i] = num::f32_to_f16(v);
+  }
+}
+
+__device__ __forceinline__ int64_t logical_row(const MmaPackShape& s, int64_t pr) {
+  if (s.map == MmaRowMap::kIdentity) return pr < s.n ? pr : -1;
+  const int64_t unit = (pr / 16) * 8 + (pr % 8);
+  if (unit >= s.units) return -1;
+  const bool lin = (pr % 16) >= 8;
+  if (s.map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
+  return lin ? s.units + unit : unit;
+}
+
+// kMC: route groups of 8 per expert. Only kMC == 1 is instantiated (see launch_typed): the block
+// stages its routes' activations in shared memory once (row stride K + 8 halves, so the 8 rows of
+// a fragment load fall in different banks). kMC > 1 reads them from L1/L2 step by step, which
+// measured slower than the generic path; it stays as the starting point of a route-tiled kernel.
+template <int kBits, bool kBf16, int kMC>
+__global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) {
+  constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk
+  constexpr int kPairsPerWord = 16 / kBits;
+  extern __shared__ __align__(16) uint16_t xs[];  // kMC == 1: [8][K + 8]
+  __shared__ float red[kWarps][kMC][4][32];
+
+  const int gi = blockIdx.y;
+  if (gi >= *a.n_touched) return;
+  const int64_t e = a.touched[gi];
+  const int off = a.offsets[e];
+  const int cnt = a.offsets[e + 1] - off;
+  const int nch = (cnt + 7) / 8;
+  const int64_t m = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const MmaPackShape& s = a.shape;
+  const int64_t N = s.n, K = s.k;
+  const int64_t xs_ld = K + 8;
+
+  // Tile 0's blocks see every activation of their routes: they check them for inf/nan.
+  const bool check = a.error != nullptr && m == 0;
+  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
+  auto nonfinite = [&](uint32_t v) {
+    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
+           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
+  };
+  auto x_row = [&](int r) {
+    const int p = off + r;
+    const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
+    return static_cast<const uint16_t*>(a.x) + row * a.ldx;
+  };
+  auto report = [&](int r) {
+    atomicOr(a.error, 4);
+    atomicMin(a.error + 1, a.permuted_route[off + r] / a.slots);
+  };
+
+  const uint16_t* xrow[kMC];
+  if constexpr (kMC == 1) {
+    // Stage the present routes' rows in 16-byte pieces, four independent loads in flight per
+    // thread (a dependent load per piece would pay the memory latency once per piece).
+    const int64_t pieces = K / 8;
+    const int64_t total = cnt * pieces;
+    for (int64_t i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t i = i0 + u * blockDim.x;
+        if (i < total) {
+          const int r = static_cast<int>(i / pieces);
+          v[u] = __ldg(reinterpret_cast<const uint4*>(x_row(r) + (i - r * pieces) * 8));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t i = i0 + u * blockDim.x;
+        if (i < total) {
+          const int r = static_cast<int>(i / pieces);
+          if (check &&
+              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
+            report(r);
+          }
+          *reinterpret_cast<uint4*>(xs + r * xs_ld + (i - r * pieces) * 8) = v[u];
+        }
+      }
+    }
+    xrow[0] = g < cnt ? xs + g * xs_ld : nullptr;  // absent routes read nothing: B = 0
+    __syncthreads();
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < kMC; ++ch) {
+      const int r = 8 * ch + g;
+      xrow[ch] = r < cnt ? x_row(r) : nullptr;
+    }
+  }
+
+  // Logical rows of the lane's two A rows; their scales and zero points are fetched one block
+  // ahead so that a block change never waits for memory.
+  const int64_t lr0 = logical_row(s, 16 * m + g), lr1 = logical_row(s, 16 * m + g + 8);
+  const int64_t blocks = a.block_size ? K / a.block_size : 1;
+  int shift = 0;
+  while (a.block_size && (1 << shift) < a.block_size) ++shift;
+  const float base = kBf16 ? 128.0f : 1024.0f;
+  const float mid = static_cast<float>(1 << (kBits - 1));
+  auto scale_of = [&](int64_t lr, int64_t blk) {
+    return lr < 0 || blk >= blocks
+               ? 0.0f
+               : load_scalar(a.scales, a.scale_dtype, (e * N + lr) * blocks + blk);
+  };
+  auto zp_of = [&](int64_t lr, int64_t blk) {
+    if (lr < 0 || a.zero_points == nullptr || blk >= blocks) return mid;
+    const unsigned z =
+        a.block_size
+            ? formats::read_bits(
+                  a.zero_points + (e * N + lr) * formats::packed_bytes(blocks, kBits), blk, kBits)
+            : formats::read_bits(a.zero_points + e * formats::packed_bytes(N, kBits), lr, kBits);
+    return static_cast<float>(z);
+  };
+
+  float acc[kMC][4], blk[kMC][4];
+#pragma unroll
+  for (int ch = 0; ch < kMC; ++ch) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
+  }
+  const int64_t k_steps = K / 16;
+  const int64_t c0 = s.chunks * warp / kWarps, c1 = s.chunks * (warp + 1) / kWarps;
+  int64_t cur_blk = a.block_size ? (16 * c0 * kSteps) >> shift : 0;
+  float s0 = scale_of(lr0, cur_blk), s1 = scale_of(lr1, cur_blk);
+  float z0 = zp_of(lr0, cur_blk), z1 = zp_of(lr1, cur_blk);
+  float ns0 = scale_of(lr0, cur_blk + 1), ns1 = scale_of(lr1, cur_blk + 1);
+  float nz0 = zp_of(lr0, cur_blk + 1), nz1 = zp_of(lr1, cur_blk + 1);
+  uint32_t sub0 = pair_of<kBf16>(base + z0), sub1 = pair_of<kBf16>(base + z1);
+  auto flush = [&]() {
+#pragma unroll
+    for (int ch = 0; ch < kMC; ++ch) {
+      if (ch < nch) {
+        acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
+        acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
+        acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
+        acc[ch][3] = fmaf(s1, blk[ch][3], acc[ch][3]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
+      }
+    }
+  };
+  const uint32_t* wbase = a.packed + e * (s.tiles * s.chunks * 128) + m * s.chunks * 128 + lane * 4;
+  unsigned bad = 0;  // kMC > 1: bit ch set when route 8 ch + g holds a non-finite activation
+
+  auto process = [&](const uint4& wv, int64_t c) {
+    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int sc = 0; sc < kSteps; ++sc) {
+      const int64_t step = c * kSteps + sc;
+      if (step < k_steps) {
+        const int64_t b = a.block_size ? (16 * step) >> shift : 0;
+        if (b != cur_blk) {  // blocks advance one at a time within a warp's range
+          flush();
+          cur_blk = b;
+          s0 = ns0, s1 = ns1, z0 = nz0, z1 = nz1;
+          sub0 = pair_of<kBf16>(base + z0);
+          sub1 = pair_of<kBf16>(base + z1);
+          ns0 = scale_of(lr0, b + 1), ns1 = scale_of(lr1, b + 1);
+          nz0 = zp_of(lr0, b + 1), nz1 = zp_of(lr1, b + 1);
+        }
+        uint32_t af[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int pair = 4 * sc + j;
+          const uint32_t v = w[pair / kPairsPerWord] >> (kBits * (pair % kPairsPerWord));
+          af[j] = codes_to_pair<kBits, kBf16>(v, (j & 1) ? sub1 : sub0, (j & 1) ? z1 : z0);
+        }
+#pragma unroll
+        for (int ch = 0; ch < kMC; ++ch) {
+          if (ch < nch) {
+            uint2 bv = make_uint2(0u, 0u);
+            if constexpr (kMC == 1) {
+              if (xrow[0]) bv = *reinterpret_cast<const uint2*>(xrow[0] + 16 * step + 4 * t);
+            } else if (xrow[ch]) {
+              bv = __ldg(reinterpret_cast<const uint2*>(xrow[ch] + 16 * step + 4 * t));
+              if (check && (nonfinite(bv.x) || nonfinite(bv.y))) bad |= 1u << ch;
+            }
+            mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
+          }
+        }
+      }
+    }
+  };
+
+  // A ring of kRing chunk loads in flight per lane.
+  uint4 ring[kRing];
+#pragma unroll
+  for (int i = 0; i < kRing; ++i) {
+    if (c0 + i < c1) ring[i] = load_stream(wbase + (c0 + i) * 128);
+  }
+  for (int64_t c = c0; c < c1; c += kRing) {
+#pragma unroll
+    for (int i = 0; i < kRing; ++i) {
+      if (c + i < c1) {
+        const uint4 wv = ring[i];
+        if (c + i + kRing < c1) ring[i] = load_stream(wbase + (c + i + kRing) * 128);
+        process(wv, c + i);
+      }
+    }
+  }
+  flush();
+  if (bad) {
+    for (int ch = 0; ch < nch; ++ch) {
+      if (bad & (1u << ch)) report(8 * ch + g);
+    }
+  }
+
+  // Partial sums of the 4 warps, added in warp order.
+#pragma unroll
+  for (int ch = 0; ch < kMC; ++ch) {
+    if (ch < nch) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
+    }
+  }
+  __syncthreads();
+  for (int ch = warp; ch < nch; ch += kWarps) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = red[0][ch][i][lane];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) sum = sum + red[w][ch][i][lane];
+      v[i] = sum;
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = 8 * ch + 2 * t + rr;
+      if (r >= cnt) continue;
+      const int p = off + r;
+      if (!a.fc1) {
+        float* y = static_cast<float*>(a.out) + static_cast<int64_t>(p) * a.ldo;
+        if (lr0 >= 0) y[lr0] = v[rr];
+        if (lr1 >= 0) y[lr1] = v[2 + rr];
+        continue;
+      }
+      const float scale = a.scale_input ? a.weights[a.permuted_route[p]] : 1.0f;
+      const int64_t fc1_rows = s.map == MmaRowMap::kIdentity ? N : 2 * s.units;
+      auto fc1_value = [&](float dot, int64_t lr) {
+        const float b = a.bias ? load_scalar(a.bias, a.bias_dtype, e * fc1_rows + lr) : 0.0f;
+        return scale * dot + b;
+      };
+      const int64_t o = static_cast<int64_t>(p) * a.ldo;
+      if (s.map != MmaRowMap::kIdentity) {
+        const int64_t unit = m * 8 + g;
+        if (lr0 < 0) continue;
+        const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
+        store_act(a.out, kBf16, o + unit, gated_act(a.act, gate, lin));
+      } else {
+        if (lr0 >= 0) {
+          store_act(a.out, kBf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
+        }
+        if (lr1 >= 0) {
+          store_act(a.out, kBf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
+        }
+      }
+    }
+  }
+}
+
+template <int kBits, bool kBf16>
+Status launch_typed(const DecodeFcArgs& a, dim3 grid, int max_routes, cudaStream_t stream) {
+  // Only the staged variant is built: with more than 8 routes per expert its per-step global
+  // activation loads made the kMC = 8 variant slower than the generic path (measured: 789 us at
+  // 16 tokens for qwen3-30b-a3b INT4), so the dispatch sends those calls to the generic path.
+  const size_t smem = static_cast<size_t>(8 * (a.shape.k + 8) * 2);
+  auto* kernel = &decode_fc_kernel<kBits, kBf16, 1>;
+  if (smem > 48 * 1024) {
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
+  QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
+  return Status::ok();
+}
+
+template <int kBits>
+Status launch_bits(const DecodeFcArgs& a, dim3 grid, int max_routes, cudaStream_t stream) {
+  return a.dtype == DType::kBF16 ? launch_typed<kBits, true>(a, grid, max_routes, stream)
+                                 : launch_typed<kBits, false>(a, grid, max_routes, stream);
+}
+
+}  // namespace
+
+Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, cudaStream_t stream) {
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF16) {
+    return Status::invalid(std::string("decode dtype: expected bf16 or f16, got ") +
+                           dtype_name(a.dtype));
+  }
+  if (a.packed == nullptr || a.scales == nullptr || a.x == nullptr || a.out == nullptr ||
+      a.touched == nullptr || a.n_touched == nullptr || a.offsets == nullptr ||
+      (a.by_token && a.permuted_route == nullptr) ||
+      (a.scale_input && (a.weights == nullptr || a.permuted_route == nullptr))) {
+    return Status::invalid("decode: null weight, scale, activation, output or schedule pointer");
+  }
+  if (a.shape.k % 16 != 0 || a.ldx % 4 != 0 || reinterpret_cast<uintptr_t>(a.x) % 8 != 0) {
+    return Status::invalid("decode: K must be a multiple of 16 and activation rows 8-byte aligned");
+  }
+  if (a.max_groups <= 0 || a.max_groups > 65535 || a.shape.tiles <= 0 ||
+      a.shape.tiles > 0x7FFFFFFF) {
+    return Status::invalid("decode: max_groups must be 1..65535 and tiles positive");
+  }
+  if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {  // the staged kernel's 8 columns
+    return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
+                           ", got " + std::to_string(max_routes));
+  }
+  if (8 * (a.shape.k + 8) * 2 > 200 * 1024) {
+    return Status::invalid("decode: K too large to stage 8 activation rows in shared memory");
+  }
+  const dim3 grid(static_cast<unsigned>(a.shape.tiles), static_cast<unsigned>(a.max_groups));
+  switch (a.shape.bits) {
+    case 2:
+      return launch_bits<2>(a, grid, max_routes, stream);
+    case 4:
+      return launch_bits<4>(a, grid, max_routes, stream);
+    case 8:
+      return launch_bits<8>(a, grid, max_routes, stream);
+    default:
+      return Status::invalid("decode: bits must be 2, 4 or 8, got " + std::to_string(a.shape.bits));
+  }
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,156 @@
+// The decode kernels (integer FC1/FC2 on tensor cores, calls of up to 8 tokens) against the fp64
+// oracle and against the generic path, over widths, zero points, blocks, dtypes, activations,
+// routing options and the edges of their window (8 tokens in, 9 out; 8 routes per expert).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "activation_cases.h"
+#include "gpu_layer_harness.h"
+
+namespace qmoe::test {
+namespace {
+
+// Sets QMOE_CUDA_PATH for the scope of one run.
+class PathOverride {
+ public:
+  explicit PathOverride(const char* v) { setenv("QMOE_CUDA_PATH", v, 1); }
+  ~PathOverride() { unsetenv("QMOE_CUDA_PATH"); }
+};
+
+TEST(GpuDecode, IntegerFormatsMatchOracle) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kInt2, WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (int block : {0, 16, 32, 128}) {
+      for (bool zp : {false, true}) {
+        for (DType dt : {DType::kBF16, DType::kF16}) {
+          LayerSpec s = small_spec(f, 256, 128, 16, 4);
+          s.act_dtype = dt;
+          s.fc1.block_size = s.fc2.block_size = block;
+          s.fc1.zero_points = s.fc2.zero_points = zp;
+          s.fc1.scale_dtype = block == 32 ? DType::kBF16 : DType::kF32;
+          SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
+          check_gpu_case(s, block == 128 ? 8 : 3);
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuDecode, ActivationsAndBiases) {
+  QMOE_REQUIRE_GPU();
+  for (const ActivationSpec& a : activation_cases()) {
+    if (a.glu == GluLayout::kSeparateFc3 && a.gated()) continue;  // the generic path's case
+    LayerSpec s = small_spec(WeightFormat::kInt4);
+    s.act_dtype = DType::kBF16;
+    s.activation = a;
+    s.has_fc1_bias = s.has_fc2_bias = true;
+    SCOPED_TRACE(activation_case_name(a));
+    check_gpu_case(s, 7);
+  }
+}
+
+TEST(GpuDecode, RoutingOptions) {
+  QMOE_REQUIRE_GPU();
+  {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 9, 1);  // Llama-4 input scaling
+    s.act_dtype = DType::kBF16;
+    s.routing.method = RoutingMethod::kTopKSigmoid;
+    s.routing.combine = CombineMode::kScaleInput;
+    s.routing.num_shared = 1;
+    check_gpu_case(s, 8);
+  }
+  {
+    LayerSpec s = small_spec(WeightFormat::kInt8, 256, 128, 12, 3);  // shared experts
+    s.act_dtype = DType::kF16;
+    s.routing.num_shared = 2;
+    check_gpu_case(s, 6, /*router_weights=*/true);
+  }
+}
+
+// The window's edges: 8 routes on one expert (E = k = 8: every token picks every expert), 8
+// tokens in, 9 tokens out; many experts with k = 16; K not a multiple of a chunk.
+TEST(GpuDecode, WindowEdgesAndShapes) {
+  QMOE_REQUIRE_GPU();
+  for (int64_t tokens : {7, 8, 9}) {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 8, 8);
+    s.act_dtype = DType::kBF16;
+    SCOPED_TRACE("all experts, tokens " + std::to_string(tokens));
+    check_gpu_case(s, tokens);
+  }
+  {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 128, 64, 512, 16);
+    s.fc1.block_size = s.fc2.block_size = 32;
+    s.act_dtype = DType::kBF16;
+    check_gpu_case(s, 8);
+  }
+  struct Shape {
+    WeightFormat f;
+    int64_t h, i;
+  };
+  for (const Shape& sh : {Shape{WeightFormat::kInt4, 208, 80}, Shape{WeightFormat::kInt2, 80, 48},
+                          Shape{WeightFormat::kInt8, 176, 112}}) {
+    LayerSpec s = small_spec(sh.f, sh.h, sh.i, 8, 2);
+    s.fc1.block_size = s.fc2.block_size = 16;
+    s.act_dtype = DType::kBF16;
+    SCOPED_TRACE(s.fc1.to_string() + " H " + std::to_string(sh.h) + " I " + std::to_string(sh.i));
+    check_gpu_case(s, 9);
+  }
+}
+
+// The two paths agree with each other (within the sum of their budgets) on the same inputs.
+TEST(GpuDecode, AgreesWithGenericPath) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 512, 256, 32, 4);
+  s.act_dtype = DType::kBF16;
+  s.fc1.zero_points = s.fc2.zero_points = true;
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  for (int64_t tokens : {1, 4, 8}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun fast, generic;
+    gpu_run(tl, ti, &fast);
+    {
+      PathOverride o("generic");
+      gpu_run(tl, ti, &generic);
+    }
+    EXPECT_LE(fast.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    EXPECT_LE(generic.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    const double d =
+        relative_norm_error(fast.out_f64.data(), generic.out_f64.data(), fast.out_f64.size());
+    EXPECT_LE(d, 2 * gpu_budget(s.act_dtype)) << tokens << " tokens";
+    EXPECT_GT(d, 0.0) << "the override did not take the generic path";
+  }
+}
+
+// A non-finite activation on the decode path: reported, and only its token's row is affected.
+TEST(GpuDecode, NonFiniteInputIsReported) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  TestInputs ti;
+  make_inputs(tl.spec, 6, seed, false, &ti);
+  store_float(ti.x.data(), DType::kBF16, 4 * s.hidden + 9, std::numeric_limits<float>::infinity());
+  DeviceInputs d;
+  ASSERT_TRUE(stage_inputs(ti, &d));
+  GpuBuffer ws, out;
+  ASSERT_TRUE(ws.allocate(layer->workspace_size(6)));
+  ASSERT_TRUE(out.allocate(6 * s.hidden * 2));
+  MutableTensorView ov(out.get(), DType::kBF16, {6, s.hidden});
+  ASSERT_TRUE(layer->run(d.in, ov, ws.get(), ws.bytes(), nullptr).is_ok());
+  const Status st = layer->take_deferred_error();
+  EXPECT_NE(st.message().find("input: non-finite value(s), first at token 4"), std::string::npos)
+      << st.to_string();
+}
+
+}  // namespace
+}  // namespace qmoe::test

@@ -1,0 +1,240 @@
+// `qmoe bench` on the CUDA backend: graph replays (or eager calls) timed with one pair of events
+// each, an optional L2 flush before each, and the device's read ceiling. Compiled only in builds
+// with CUDA.
+#ifdef QMOE_WITH_CUDA
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
+#include "device_call.h"
+
+namespace qmoe::cli {
+
+namespace {
+
+using cuda::DeviceBuffer;
+
+class Stream {
+ public:
+  Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  // Non-blocking: nothing on the legacy default stream serializes with the timed work, and the
+  // stream can be captured.
+  Status create() {
+    QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    return Status::ok();
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// One (start, stop) pair per timed call, all recorded before the host reads any, so consecutive
+// calls are not separated by host synchronizations.
+class EventPairs {
+ public:
+  EventPairs() = default;
+  EventPairs(const EventPairs&) = delete;
+  EventPairs& operator=(const EventPairs&) = delete;
+  ~EventPairs() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  Status create(int pairs) {
+    events_.reserve(2 * static_cast<size_t>(pairs));
+    for (int i = 0; i < 2 * pairs; ++i) {
+      cudaEvent_t e = nullptr;
+      QMOE_CUDA_TRY(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    return Status::ok();
+  }
+  cudaEvent_t start(int i) const { return events_[2 * static_cast<size_t>(i)]; }
+  cudaEvent_t stop(int i) const { return events_[2 * static_cast<size_t>(i) + 1]; }
+  // Microseconds between each pair's events (after they have completed).
+  Status elapsed_us(int pairs, std::vector<double>* us) const {
+    us->clear();
+    for (int i = 0; i < pairs; ++i) {
+      float ms = 0;
+      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms, start(i), stop(i)));
+      us->push_back(1000.0 * ms);
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  // Captures one call of the layer on `stream`. A failing call still ends the capture, so the
+  // stream is usable (and destroyable) afterwards.
+  Status capture(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out, void* ws,
+                 size_t ws_bytes, cudaStream_t stream) {
+    QMOE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status run = layer.run(in, out, ws, ws_bytes, stream, nullptr);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph_);
+    QMOE_RETURN_IF_ERROR(run);
+    QMOE_RETURN_IF_ERROR(cuda::cuda_status(end, "cudaStreamEndCapture"));
+    QMOE_CUDA_TRY(cudaGraphInstantiate(&exec_, graph_, 0));
+    QMOE_CUDA_TRY(cudaGraphUpload(exec_, stream));
+    return Status::ok();
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+Status l2_bytes(int* bytes) {
+  int device = 0;
+  QMOE_CUDA_TRY(cudaGetDevice(&device));
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device));
+  return Status::ok();
+}
+
+}  // namespace
+
+Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
+                      const BenchTiming& timing, std::vector<double>* us) {
+  int64_t tokens = 0;
+  QMOE_RETURN_IF_ERROR(check_run(layer.spec(), in, out, &tokens));
+  if (timing.repeat < 1 || timing.warmup < 0) {
+    return Status::invalid("repeat, warmup: expected repeat >= 1 and warmup >= 0");
+  }
+  DeviceCall staged;
+  QMOE_RETURN_IF_ERROR(staged.stage(layer, in, out));
+  const RunInputs& din = staged.in;
+  const MutableTensorView& dout = staged.out;
+  DeviceBuffer& y = staged.y;
+  DeviceBuffer& ws = staged.ws;
+  const size_t ws_bytes = staged.ws_bytes;
+  DeviceBuffer flush;
+  if (timing.cold_l2) {
+    int l2 = 0;
+    QMOE_RETURN_IF_ERROR(l2_bytes(&l2));
+    // Writing twice the L2 evicts every line the previous call left there.
+    QMOE_RETURN_IF_ERROR(flush.allocate(2 * static_cast<size_t>(l2 > 0 ? l2 : 1)));
+  }
+
+  Stream stream;
+  QMOE_RETURN_IF_ERROR(stream.create());
+  const cudaStream_t s = stream.get();
+  QMOE_RETURN_IF_ERROR(layer.run(din, dout, ws.get(), ws_bytes, s, nullptr));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+  QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
+  // NaN bytes: the output the oracle checks afterwards must come from the timed calls.
+  QMOE_CUDA_TRY(cudaMemsetAsync(y.get(), 0xFF, out.bytes(), s));
+
+  Graph graph;
+  if (timing.graph) {
+    QMOE_RETURN_IF_ERROR(graph.capture(layer, din, dout, ws.get(), ws_bytes, s));
+  }
+  auto call = [&]() -> Status {
+    if (timing.graph) {
+      QMOE_CUDA_TRY(cudaGraphLaunch(graph.exec(), s));
+      return Status::ok();
+    }
+    return layer.run(din, dout, ws.get(), ws_bytes, s, nullptr);
+  };
+  for (int r = 0; r < timing.warmup; ++r) QMOE_RETURN_IF_ERROR(call());
+
+  EventPairs events;
+  QMOE_RETURN_IF_ERROR(events.create(timing.repeat));
+  for (int r = 0; r < timing.repeat; ++r) {
+    if (timing.cold_l2) {
+      // A different byte each time, so no write can be skipped as redundant.
+      QMOE_CUDA_TRY(cudaMemsetAsync(flush.get(), r & 0xFF, flush.bytes(), s));
+    }
+    QMOE_CUDA_TRY(cudaEventRecord(events.start(r), s));
+    QMOE_RETURN_IF_ERROR(call());
+    QMOE_CUDA_TRY(cudaEventRecord(events.stop(r), s));
+  }
+  QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+  QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
+  QMOE_RETURN_IF_ERROR(events.elapsed_us(timing.repeat, us));
+  QMOE_CUDA_TRY(cudaMemcpy(out.data, y.get(), out.bytes(), cudaMemcpyDeviceToHost));
+  return Status::ok();
+}
+
+Status measure_read_ceiling(ReadCeiling* out) {
+  constexpr int kWarmup = 3, kTimed = 20;
+  Stream stream;
+  QMOE_RETURN_IF_ERROR(stream.create());
+  const cudaStream_t s = stream.get();
+#ifdef QMOE_BENCH_READ_KERNEL
+  // 2 GiB: over 30 times the L2 of any Hopper part, so the L2 holds a negligible share.
+  const size_t bytes = size_t{2} << 30;
+  int blocks = 0;
+  QMOE_RETURN_IF_ERROR(read_sum_blocks(&blocks));
+  DeviceBuffer src, partials;
+  QMOE_RETURN_IF_ERROR(src.allocate(bytes));
+  QMOE_RETURN_IF_ERROR(partials.allocate(static_cast<size_t>(blocks) * sizeof(uint32_t)));
+  QMOE_CUDA_TRY(cudaMemsetAsync(src.get(), 0x5A, bytes, s));
+  auto pass = [&]() {
+    return launch_read_sum(src.get(), bytes / 16, partials.as<uint32_t>(), blocks, s);
+  };
+  out->method = "read kernel, 2 GiB, 16-byte loads";
+#else
+  // Without the read kernel: a device-to-device copy of 1 GiB, counting its reads only. The copy
+  // also writes as many bytes, so this ceiling is lower than a pure read's (about half on HBM).
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer src, dst;
+  QMOE_RETURN_IF_ERROR(src.allocate(bytes));
+  QMOE_RETURN_IF_ERROR(dst.allocate(bytes));
+  QMOE_CUDA_TRY(cudaMemsetAsync(src.get(), 0x5A, bytes, s));
+  auto pass = [&]() -> Status {
+    QMOE_CUDA_TRY(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s));
+    return Status::ok();
+  };
+  out->method = "device-to-device copy, 1 GiB, read bytes only";
+#endif
+  for (int r = 0; r < kWarmup; ++r) QMOE_RETURN_IF_ERROR(pass());
+  EventPairs events;
+  QMOE_RETURN_IF_ERROR(events.create(kTimed));
+  for (int r = 0; r < kTimed; ++r) {
+    QMOE_CUDA_TRY(cudaEventRecord(events.start(r), s));
+    QMOE_RETURN_IF_ERROR(pass());
+    QMOE_CUDA_TRY(cudaEventRecord(events.stop(r), s));
+  }
+  QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+  std::vector<double> us;
+  QMOE_RETURN_IF_ERROR(events.elapsed_us(kTimed, &us));
+  const double med = percentile(us, 0.5);
+  if (!(med > 0)) return Status::internal("read ceiling: the timed passes took no time");
+  out->gbps = static_cast<double>(bytes) / (med * 1e-6) / 1e9;
+  return Status::ok();
+}
+
+std::string cuda_device_name() {
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error: the name is only for the report
+    return "cuda";
+  }
+  return prop.name;
+}
+
+}  // namespace qmoe::cli
+
+#endif  // QMOE_WITH_CUDA

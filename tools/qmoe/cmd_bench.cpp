@@ -1,0 +1,410 @@
+// `qmoe bench`: decode and prefill timing of preset layers over a list of token counts. Per case:
+// the experts the routing touches and their bytes, the time per call (median, p10, p90), the
+// achieved GB/s of weights against the device's read ceiling, TFLOP/s, and the error against the
+// fp64 oracle. A table on stdout and one CSV row per case.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.h"
+#include "cli.h"
+#include "core/tensor_check.h"
+#include "describe.h"
+#include "execute.h"
+#include "format_flags.h"
+#include "host_buffer.h"
+#include "presets.h"
+#include "qmoe/routing.h"
+#include "synth.h"
+
+namespace qmoe::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct BenchArgs {
+  std::vector<std::string> presets = {kDefaultPreset};
+  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64};
+  std::string dtype = "bf16";
+  FormatFlags formats;
+  std::string backend = "auto";
+  int threads = 0;
+  int repeat = 0;   // 0: 100 on the GPU, 5 on the CPU
+  int warmup = -1;  // -1: 10 on the GPU, 1 on the CPU
+  std::string csv = "bench-results.csv";
+  bool cold_l2 = false, warm_l2 = false;
+  uint64_t seed = 0;
+  bool no_graph = false, no_check = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// CSV
+// ---------------------------------------------------------------------------------------------
+
+// The header; csv_row() writes the fields in this order.
+constexpr const char* kHeader =
+    "preset,format,dtype,tokens,experts_touched,bytes_touched,us_median,us_p10,us_p90,gbps,"
+    "pct_of_read_ceiling,tflops,read_ceiling_gbps,error,budget,check,backend,device,graph,l2,"
+    "warmup,repeat,seed,read_ceiling_method";
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string csv_line(const std::vector<std::string>& fields) {
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + csv_field(fields[i]);
+  return line;
+}
+
+// Opens `path` for appending. A new or empty file gets the header; a file whose first line is a
+// different header is refused, so that one file never mixes two layouts.
+Status open_csv(const std::string& path, std::ofstream* f) {
+  std::string first;
+  {
+    std::ifstream in(path);
+    if (in) std::getline(in, first);
+  }
+  const std::string header = kHeader;
+  if (!first.empty() && first != header) {
+    return Status::invalid("--csv: " + path +
+                           " exists with other columns; expected its first line to be '" + header +
+                           "' (choose another file)");
+  }
+  f->open(path, std::ios::app);
+  if (!*f) return Status::io_error("--csv: cannot open " + path + " for appending");
+  if (first.empty()) *f << header << '\n';
+  f->flush();
+  return Status::ok();
+}
+
+std::string num(double v, const char* fmt = "%.4g") {
+  char b[64];
+  std::snprintf(b, sizeof(b), fmt, v);
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+// ---------------------------------------------------------------------------------------------
+
+// What every case of one invocation shares.
+struct BenchContext {
+  BackendKind backend = BackendKind::kCpu;
+  BenchTiming timing;
+  bool check = true;
+  uint64_t seed = 0;
+  std::string device;
+  ReadCeiling ceiling;  // gbps 0: none (the CPU backend)
+};
+
+struct CaseResult {
+  int64_t tokens = 0, touched = 0;
+  double bytes = 0, us_median = 0, us_p10 = 0, us_p90 = 0, gbps = 0, tflops = 0;
+  bool checked = false, failed = false;
+  double error = 0, budget = 0;
+};
+
+Status time_case(const BenchContext& ctx, PreparedLayer& layer, const RunInputs& in,
+                 const MutableTensorView& out, std::vector<double>* us) {
+#ifdef QMOE_WITH_CUDA
+  if (ctx.backend == BackendKind::kCuda) return time_cuda_case(layer, in, out, ctx.timing, us);
+#endif
+  if (ctx.backend != BackendKind::kCpu) {
+    return Status::unsupported("--backend: this build has no CUDA backend");
+  }
+  return time_cpu_case(layer, in, out, ctx.timing, us);
+}
+
+Status run_case(const BenchContext& ctx, PreparedLayer& layer, const SyntheticLayer& synth,
+                int64_t tokens, CaseResult* r) {
+  const LayerSpec& spec = synth.spec;
+  SyntheticInputs in;
+  make_synthetic_inputs(spec, tokens, ctx.seed, &in);
+  std::vector<uint8_t> output(in.inputs.input.bytes(), 0);
+  MutableTensorView out(output.data(), spec.act_dtype, {tokens, spec.hidden});
+  std::vector<double> us;
+  QMOE_RETURN_IF_ERROR(time_case(ctx, layer, in.inputs, out, &us));
+
+  r->tokens = tokens;
+  r->us_median = percentile(us, 0.5);
+  r->us_p10 = percentile(us, 0.1);
+  r->us_p90 = percentile(us, 0.9);
+  QMOE_RETURN_IF_ERROR(
+      count_touched_experts(spec, synth.weights(), in.inputs, tokens, &r->touched));
+  r->bytes = static_cast<double>(r->touched) * static_cast<double>(expert_bytes(spec));
+  const double seconds = r->us_median * 1e-6;
+  r->gbps = seconds > 0 ? r->bytes / seconds / 1e9 : 0;
+  r->tflops = seconds > 0 ? layer_flops(spec, tokens) / seconds / 1e12 : 0;
+
+  r->budget = error_budget(spec.act_dtype, ctx.backend);
+  if (!ctx.check) return Status::ok();
+  std::vector<double> ref;
+  QMOE_RETURN_IF_ERROR(reference_forward(spec, synth.weights(), in.inputs, &ref));
+  std::vector<double> got(ref.size());
+  for (size_t i = 0; i < got.size(); ++i) got[i] = load_float(out.data, out.dtype, i);
+  r->checked = true;
+  r->error = relative_norm_error(got.data(), ref.data(), ref.size());
+  r->failed = !(r->error <= r->budget);  // NaN fails
+  return Status::ok();
+}
+
+std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& preset,
+                                 const LayerSpec& spec, const CaseResult& r) {
+  const bool ceiling = ctx.ceiling.gbps > 0;
+  const bool gpu = ctx.backend == BackendKind::kCuda;
+  return {preset,
+          describe_formats(spec),
+          dtype_name(spec.act_dtype),
+          std::to_string(r.tokens),
+          std::to_string(r.touched),
+          num(r.bytes, "%.0f"),
+          num(r.us_median, "%.3f"),
+          num(r.us_p10, "%.3f"),
+          num(r.us_p90, "%.3f"),
+          num(r.gbps, "%.3f"),
+          ceiling ? num(r.gbps / ctx.ceiling.gbps * 100, "%.2f") : "",
+          num(r.tflops, "%.5f"),
+          ceiling ? num(ctx.ceiling.gbps, "%.1f") : "",
+          r.checked ? num(r.error, "%.3e") : "",
+          num(r.budget, "%.1e"),
+          r.checked ? (r.failed ? "fail" : "pass") : "skipped",
+          backend_name(ctx.backend),
+          ctx.device,
+          ctx.timing.graph ? "yes" : "no",
+          gpu && ctx.timing.cold_l2 ? "cold" : "warm",
+          std::to_string(ctx.timing.warmup),
+          std::to_string(ctx.timing.repeat),
+          std::to_string(ctx.seed),
+          ctx.ceiling.method};
+}
+
+void print_table_header() {
+  std::printf("%8s %8s %9s %10s %10s %10s %9s %7s %9s %10s  %s\n", "tokens", "experts", "MB",
+              "us median", "us p10", "us p90", "GB/s", "%ceil", "TFLOP/s", "error", "check");
+}
+
+void print_row(const BenchContext& ctx, const CaseResult& r) {
+  const std::string pct = ctx.ceiling.gbps > 0 ? num(r.gbps / ctx.ceiling.gbps * 100, "%.1f") : "-";
+  const std::string err = r.checked ? num(r.error, "%.3e") : "-";
+  std::printf("%8lld %8lld %9.2f %10.2f %10.2f %10.2f %9.1f %7s %9.3f %10s  %s\n",
+              static_cast<long long>(r.tokens), static_cast<long long>(r.touched), r.bytes / 1e6,
+              r.us_median, r.us_p10, r.us_p90, r.gbps, pct.c_str(), r.tflops, err.c_str(),
+              r.checked ? (r.failed ? "FAIL" : "pass") : "skipped");
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command
+// ---------------------------------------------------------------------------------------------
+
+struct PresetCase {
+  const Preset* preset;
+  LayerSpec spec;
+};
+
+// Every preset with the dtype and format flags applied, checked before anything is synthesized.
+Status resolve_presets(const BenchArgs& a, DType dtype, std::vector<PresetCase>* out) {
+  std::vector<std::string> names;
+  for (const std::string& n : a.presets) {
+    if (n == "all") {
+      for (const Preset& p : presets()) names.push_back(p.name);
+    } else {
+      names.push_back(n);
+    }
+  }
+  for (const std::string& n : names) {
+    const Preset* p = find_preset(n);
+    if (!p) {
+      return Status::invalid("--presets: unknown preset '" + n + "' (known: " + preset_names() +
+                             ", or all)");
+    }
+    LayerSpec spec = p->spec;
+    spec.act_dtype = dtype;
+    QMOE_RETURN_IF_ERROR(apply_format_flags(a.formats, p->name, &spec));
+    QMOE_RETURN_IF_ERROR(check_spec(spec));
+    out->push_back({p, spec});
+  }
+  return Status::ok();
+}
+
+std::string host_device(int threads) {
+  const int n =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return "host (" + std::to_string(n) + " thread" + (n == 1 ? "" : "s") + ")";
+}
+
+Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCase& pc,
+                    std::ofstream* csv, bool* any_failed) {
+  const LayerSpec& spec = pc.spec;
+  std::printf("\n%s (%s): %s; %s; %s; %s\n", pc.preset->name.c_str(), pc.preset->model.c_str(),
+              describe_shape(spec).c_str(), describe_routing(spec).c_str(),
+              describe_formats(spec).c_str(), dtype_name(spec.act_dtype));
+  std::fflush(stdout);
+  Clock::time_point t0 = Clock::now();
+  SyntheticLayer synth;
+  QMOE_RETURN_IF_ERROR(make_synthetic_layer(spec, a.seed, a.threads, &synth));
+  const double synth_s = seconds_since(t0);
+  PrepareOptions po;
+  po.num_threads = a.threads;
+  std::unique_ptr<PreparedLayer> layer;
+  t0 = Clock::now();
+  QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+  std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert\n", synth_s,
+              seconds_since(t0) * 1e3, static_cast<double>(expert_bytes(spec)) / 1e6);
+  print_table_header();
+  for (int64_t tokens : a.tokens) {
+    CaseResult r;
+    QMOE_RETURN_IF_ERROR(run_case(ctx, *layer, synth, tokens, &r));
+    print_row(ctx, r);
+    *csv << csv_line(csv_row(ctx, pc.preset->name, spec, r)) << '\n';
+    csv->flush();
+    if (!*csv) return Status::io_error("--csv: " + a.csv + ": write failed");
+    *any_failed = *any_failed || r.failed;
+  }
+  return Status::ok();
+}
+
+int run_bench(const BenchArgs& a) {
+  BenchContext ctx;
+  Status s = parse_backend(a.backend, &ctx.backend);
+  if (!s.is_ok()) return status_error(s);
+  const bool gpu = ctx.backend == BackendKind::kCuda;
+  if (!gpu && a.cold_l2) {
+    return usage_error("bench: --cold-l2 needs the CUDA backend (the CPU path flushes no cache)");
+  }
+  DType dtype = DType::kBF16;
+  s = parse_act_dtype(a.dtype, "--dtype", &dtype);
+  if (!s.is_ok()) return status_error(s);
+  std::vector<PresetCase> cases;
+  s = resolve_presets(a, dtype, &cases);
+  if (!s.is_ok()) return status_error(s);
+
+  ctx.timing.repeat = a.repeat > 0 ? a.repeat : (gpu ? 100 : 5);
+  ctx.timing.warmup = a.warmup >= 0 ? a.warmup : (gpu ? 10 : 1);
+  ctx.timing.cold_l2 = gpu && !a.warm_l2;
+  ctx.timing.graph = gpu && !a.no_graph;
+  ctx.check = !a.no_check;
+  ctx.seed = a.seed;
+  ctx.device = host_device(a.threads);
+  std::ofstream csv;
+  s = open_csv(a.csv, &csv);
+  if (!s.is_ok()) return status_error(s);
+
+#ifdef QMOE_WITH_CUDA
+  if (gpu) {
+    ctx.device = cuda_device_name();
+    s = measure_read_ceiling(&ctx.ceiling);
+    if (!s.is_ok()) return status_error(s);
+  }
+#endif
+  std::printf("backend  %s, %s\n", backend_name(ctx.backend), ctx.device.c_str());
+  std::printf("timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup,
+              ctx.timing.repeat,
+              gpu ? (std::string(ctx.timing.graph ? "CUDA graph replays" : "eager calls") +
+                     ", CUDA events, L2 " + (ctx.timing.cold_l2 ? "flushed before each" : "warm"))
+                        .c_str()
+                  : "host clock");
+  if (ctx.ceiling.gbps > 0) {
+    std::printf("ceiling  %.1f GB/s read (%s, median of 20)\n", ctx.ceiling.gbps,
+                ctx.ceiling.method.c_str());
+  }
+  std::printf("csv      %s\n", a.csv.c_str());
+
+  bool any_failed = false;
+  for (const PresetCase& pc : cases) {
+    s = bench_preset(ctx, a, pc, &csv, &any_failed);
+    if (!s.is_ok()) return status_error(s);
+  }
+  if (any_failed) std::printf("\nsome cases exceed the error budget (check FAIL)\n");
+  return any_failed ? kExitCheckFailed : kExitOk;
+}
+
+}  // namespace
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = std::clamp(q, 0.0, 1.0) * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+Status time_cpu_case(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
+                     const BenchTiming& timing, std::vector<double>* us) {
+  int64_t tokens = 0;
+  QMOE_RETURN_IF_ERROR(check_run(layer.spec(), in, out, &tokens));
+  const size_t bytes = layer.workspace_size(tokens);
+  AlignedBuffer ws = aligned_buffer(bytes);
+  if (!ws) {
+    return Status::internal("workspace: cannot allocate " + std::to_string(bytes) + " bytes");
+  }
+  for (int r = 0; r < timing.warmup; ++r) {
+    QMOE_RETURN_IF_ERROR(layer.run(in, out, ws.get(), bytes, nullptr, nullptr));
+  }
+  us->clear();
+  for (int r = 0; r < timing.repeat; ++r) {
+    const Clock::time_point t0 = Clock::now();
+    QMOE_RETURN_IF_ERROR(layer.run(in, out, ws.get(), bytes, nullptr, nullptr));
+    us->push_back(seconds_since(t0) * 1e6);
+  }
+  return Status::ok();
+}
+
+void add_bench_command(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "time preset layers over token counts (decode and prefill): us per call, GB/s of the "
+      "experts touched against the device's read ceiling, TFLOP/s, error against the fp64 "
+      "oracle; a table and a CSV");
+  cmd->add_option("--presets", a->presets,
+                  "comma-separated model shapes: " + preset_names() + ", or all")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "comma-separated tokens per call")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "activation dtype: f32, f16 or bf16")->capture_default_str();
+  add_format_flags(cmd, &a->formats);
+  cmd->add_option("--backend", a->backend, "auto, cpu or cuda (auto: cuda when available)")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads for synthesis and the CPU backend (0: all)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd->add_option("--repeat", a->repeat, "timed calls per case (0: 100 on the GPU, 5 on the CPU)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "untimed calls per case (default: 10 GPU, 1 CPU)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--csv", a->csv, "appends one row per case (the header once)")
+      ->capture_default_str();
+  CLI::Option* cold =
+      cmd->add_flag("--cold-l2", a->cold_l2, "flush the L2 before each timed call (the default)");
+  CLI::Option* warm =
+      cmd->add_flag("--warm-l2", a->warm_l2, "no L2 flush: weights may stay in the L2");
+  cold->excludes(warm);
+  cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs")
+      ->capture_default_str();
+  cmd->add_flag("--no-graph", a->no_graph, "time eager run() calls instead of graph replays");
+  cmd->add_flag("--no-check", a->no_check, "skip the comparison with the fp64 oracle");
+  cmd->callback([a, exit_code] { *exit_code = run_bench(*a); });
+}
+
+}  // namespace qmoe::cli
