@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 find CMakeLists.txt cmake include src tests tools scripts -type f \
-  -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 |
+  -not -path '*/__pycache__/*' -not -path '*/.*' -not -name '*.pyc' -print0 |
   LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
