@@ -95,99 +95,53 @@ __device__ __forceinline__ int64_t logical_row(const MmaPackShape& s, int64_t pr
   return lin ? s.units + unit : unit;
 }
 
-// kMC: route groups of 8 per expert. Only kMC == 1 is instantiated (see launch_typed): the block
-// stages its routes' activations in shared memory once (row stride K + 8 halves, so the 8 rows of
-// a fragment load fall in different banks). kMC > 1 reads them from L1/L2 step by step, which
-// measured slower than the generic path; it stays as the starting point of a route-tiled kernel.
-template <int kBits, bool kBf16, int kMC>
+// One block: one 16-row tile of one touched expert, its (up to 8) routes staged in shared memory
+// (row stride K + 8 halves, so the 8 rows of a fragment load fall in different banks); 4 warps
+// split K. The weight loads and the first scales are issued before the staging wait, so their
+// latencies overlap. Indices inside a row are 32-bit (launch checks K against the staging limit).
+template <int kBits, bool kBf16>
 __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) {
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk
   constexpr int kPairsPerWord = 16 / kBits;
-  extern __shared__ __align__(16) uint16_t xs[];  // kMC == 1: [8][K + 8]
-  __shared__ float red[kWarps][kMC][4][32];
+  extern __shared__ __align__(16) uint16_t xs[];  // [8][K + 8]
+  __shared__ float red[kWarps][4][32];
 
   const int gi = blockIdx.y;
   if (gi >= *a.n_touched) return;
   const int64_t e = a.touched[gi];
   const int off = a.offsets[e];
   const int cnt = a.offsets[e + 1] - off;
-  const int nch = (cnt + 7) / 8;
-  const int64_t m = blockIdx.x;
+  const int m = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const MmaPackShape& s = a.shape;
-  const int64_t N = s.n, K = s.k;
-  const int64_t xs_ld = K + 8;
+  const int64_t N = s.n;
+  const int K = static_cast<int>(s.k);
+  const int xs_ld = K + 8;
+  const int chunks = static_cast<int>(s.chunks);
 
-  // Tile 0's blocks see every activation of their routes: they check them for inf/nan.
-  const bool check = a.error != nullptr && m == 0;
-  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
-  auto nonfinite = [&](uint32_t v) {
-    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
-           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
-  };
-  auto x_row = [&](int r) {
-    const int p = off + r;
-    const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
-    return static_cast<const uint16_t*>(a.x) + row * a.ldx;
-  };
-  auto report = [&](int r) {
-    atomicOr(a.error, 4);
-    atomicMin(a.error + 1, a.permuted_route[off + r] / a.slots);
-  };
-
-  const uint16_t* xrow[kMC];
-  if constexpr (kMC == 1) {
-    // Stage the present routes' rows in 16-byte pieces, four independent loads in flight per
-    // thread (a dependent load per piece would pay the memory latency once per piece).
-    const int64_t pieces = K / 8;
-    const int64_t total = cnt * pieces;
-    for (int64_t i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
-      uint4 v[4];
+  // 1. This warp's weight chunks: the first kRing loads go out now.
+  const int c0 = chunks * warp / kWarps, c1 = chunks * (warp + 1) / kWarps;
+  const uint32_t* wbase =
+      a.packed + e * (s.tiles * s.chunks * 128) + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
+  uint4 ring[kRing];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t i = i0 + u * blockDim.x;
-        if (i < total) {
-          const int r = static_cast<int>(i / pieces);
-          v[u] = __ldg(reinterpret_cast<const uint4*>(x_row(r) + (i - r * pieces) * 8));
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t i = i0 + u * blockDim.x;
-        if (i < total) {
-          const int r = static_cast<int>(i / pieces);
-          if (check &&
-              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
-            report(r);
-          }
-          *reinterpret_cast<uint4*>(xs + r * xs_ld + (i - r * pieces) * 8) = v[u];
-        }
-      }
-    }
-    xrow[0] = g < cnt ? xs + g * xs_ld : nullptr;  // absent routes read nothing: B = 0
-    __syncthreads();
-  } else {
-#pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
-      const int r = 8 * ch + g;
-      xrow[ch] = r < cnt ? x_row(r) : nullptr;
-    }
+  for (int i = 0; i < kRing; ++i) {
+    if (c0 + i < c1) ring[i] = load_stream(wbase + (c0 + i) * 128);
   }
 
-  // Logical rows of the lane's two A rows; their scales and zero points are fetched one block
-  // ahead so that a block change never waits for memory.
+  // 2. The lane's two A rows and the scales and zero points of its first two blocks.
   const int64_t lr0 = logical_row(s, 16 * m + g), lr1 = logical_row(s, 16 * m + g + 8);
-  const int64_t blocks = a.block_size ? K / a.block_size : 1;
+  const int blocks = a.block_size ? K / a.block_size : 1;
   int shift = 0;
   while (a.block_size && (1 << shift) < a.block_size) ++shift;
   const float base = kBf16 ? 128.0f : 1024.0f;
   const float mid = static_cast<float>(1 << (kBits - 1));
-  auto scale_of = [&](int64_t lr, int64_t blk) {
+  auto scale_of = [&](int64_t lr, int blk) {
     return lr < 0 || blk >= blocks
                ? 0.0f
                : load_scalar(a.scales, a.scale_dtype, (e * N + lr) * blocks + blk);
   };
-  auto zp_of = [&](int64_t lr, int64_t blk) {
+  auto zp_of = [&](int64_t lr, int blk) {
     if (lr < 0 || a.zero_points == nullptr || blk >= blocks) return mid;
     const unsigned z =
         a.block_size
@@ -196,44 +150,74 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
             : formats::read_bits(a.zero_points + e * formats::packed_bytes(N, kBits), lr, kBits);
     return static_cast<float>(z);
   };
-
-  float acc[kMC][4], blk[kMC][4];
-#pragma unroll
-  for (int ch = 0; ch < kMC; ++ch) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
-  }
-  const int64_t k_steps = K / 16;
-  const int64_t c0 = s.chunks * warp / kWarps, c1 = s.chunks * (warp + 1) / kWarps;
-  int64_t cur_blk = a.block_size ? (16 * c0 * kSteps) >> shift : 0;
+  int cur_blk = a.block_size ? (16 * c0 * kSteps) >> shift : 0;
   float s0 = scale_of(lr0, cur_blk), s1 = scale_of(lr1, cur_blk);
   float z0 = zp_of(lr0, cur_blk), z1 = zp_of(lr1, cur_blk);
   float ns0 = scale_of(lr0, cur_blk + 1), ns1 = scale_of(lr1, cur_blk + 1);
   float nz0 = zp_of(lr0, cur_blk + 1), nz1 = zp_of(lr1, cur_blk + 1);
-  uint32_t sub0 = pair_of<kBf16>(base + z0), sub1 = pair_of<kBf16>(base + z1);
-  auto flush = [&]() {
+
+  // 3. Stage the routes' rows, four independent 16-byte loads in flight per thread. Tile 0's
+  //    blocks see every activation of their routes: they check them for inf/nan.
+  const bool check = a.error != nullptr && m == 0;
+  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
+  auto nonfinite = [&](uint32_t v) {
+    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
+           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
+  };
+  {
+    const int pieces = K / 8;
+    const int total = cnt * pieces;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+      uint4 v[4];
 #pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
-      if (ch < nch) {
-        acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
-        acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
-        acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
-        acc[ch][3] = fmaf(s1, blk[ch][3], acc[ch][3]);
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (i < total) {
+          const int r = i / pieces;
+          const int p = off + r;
+          const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
+          v[u] = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                      row * a.ldx + (i - r * pieces) * 8));
+        }
+      }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (i < total) {
+          const int r = i / pieces;
+          if (check &&
+              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
+            atomicOr(a.error, 4);
+            atomicMin(a.error + 1, a.permuted_route[off + r] / a.slots);
+          }
+          *reinterpret_cast<uint4*>(xs + r * xs_ld + (i - r * pieces) * 8) = v[u];
+        }
       }
     }
-  };
-  const uint32_t* wbase = a.packed + e * (s.tiles * s.chunks * 128) + m * s.chunks * 128 + lane * 4;
-  unsigned bad = 0;  // kMC > 1: bit ch set when route 8 ch + g holds a non-finite activation
+  }
+  __syncthreads();
 
-  auto process = [&](const uint4& wv, int64_t c) {
+  // 4. The main loop: per K step, decode 4 A registers, one mma with the staged B.
+  const bool has_x = g < cnt;  // absent routes read nothing: their B column is 0
+  const int xoff = g * xs_ld + 4 * t;
+  const int k_steps = K / 16;
+  uint32_t sub0 = pair_of<kBf16>(base + z0), sub1 = pair_of<kBf16>(base + z1);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto flush = [&]() {
+    acc[0] = fmaf(s0, blk[0], acc[0]);
+    acc[1] = fmaf(s0, blk[1], acc[1]);
+    acc[2] = fmaf(s1, blk[2], acc[2]);
+    acc[3] = fmaf(s1, blk[3], acc[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) blk[i] = 0.0f;
+  };
+  auto process = [&](const uint4& wv, int c) {
     const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int sc = 0; sc < kSteps; ++sc) {
-      const int64_t step = c * kSteps + sc;
+      const int step = c * kSteps + sc;
       if (step < k_steps) {
-        const int64_t b = a.block_size ? (16 * step) >> shift : 0;
+        const int b = a.block_size ? (16 * step) >> shift : 0;
         if (b != cur_blk) {  // blocks advance one at a time within a warp's range
           flush();
           cur_blk = b;
@@ -250,30 +234,13 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
           const uint32_t v = w[pair / kPairsPerWord] >> (kBits * (pair % kPairsPerWord));
           af[j] = codes_to_pair<kBits, kBf16>(v, (j & 1) ? sub1 : sub0, (j & 1) ? z1 : z0);
         }
-#pragma unroll
-        for (int ch = 0; ch < kMC; ++ch) {
-          if (ch < nch) {
-            uint2 bv = make_uint2(0u, 0u);
-            if constexpr (kMC == 1) {
-              if (xrow[0]) bv = *reinterpret_cast<const uint2*>(xrow[0] + 16 * step + 4 * t);
-            } else if (xrow[ch]) {
-              bv = __ldg(reinterpret_cast<const uint2*>(xrow[ch] + 16 * step + 4 * t));
-              if (check && (nonfinite(bv.x) || nonfinite(bv.y))) bad |= 1u << ch;
-            }
-            mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
-          }
-        }
+        uint2 bv = make_uint2(0u, 0u);
+        if (has_x) bv = *reinterpret_cast<const uint2*>(xs + xoff + 16 * step);
+        mma16816<kBf16>(blk, af, bv.x, bv.y);
       }
     }
   };
-
-  // A ring of kRing chunk loads in flight per lane.
-  uint4 ring[kRing];
-#pragma unroll
-  for (int i = 0; i < kRing; ++i) {
-    if (c0 + i < c1) ring[i] = load_stream(wbase + (c0 + i) * 128);
-  }
-  for (int64_t c = c0; c < c1; c += kRing) {
+  for (int c = c0; c < c1; c += kRing) {
 #pragma unroll
     for (int i = 0; i < kRing; ++i) {
       if (c + i < c1) {
@@ -284,60 +251,48 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
     }
   }
   flush();
-  if (bad) {
-    for (int ch = 0; ch < nch; ++ch) {
-      if (bad & (1u << ch)) report(8 * ch + g);
-    }
-  }
 
-  // Partial sums of the 4 warps, added in warp order.
+  // 5. The 4 warps' partial sums, added in warp order by warp 0, then the epilogue.
 #pragma unroll
-  for (int ch = 0; ch < kMC; ++ch) {
-    if (ch < nch) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
-    }
-  }
+  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
   __syncthreads();
-  for (int ch = warp; ch < nch; ch += kWarps) {
-    float v[4];
+  if (warp != 0) return;
+  float v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float sum = red[0][ch][i][lane];
+  for (int i = 0; i < 4; ++i) {
+    float sum = red[0][i][lane];
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) sum = sum + red[w][ch][i][lane];
-      v[i] = sum;
+    for (int w = 1; w < kWarps; ++w) sum = sum + red[w][i][lane];
+    v[i] = sum;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = 2 * t + rr;
+    if (r >= cnt) continue;
+    const int p = off + r;
+    if (!a.fc1) {
+      float* y = static_cast<float*>(a.out) + static_cast<int64_t>(p) * a.ldo;
+      if (lr0 >= 0) y[lr0] = v[rr];
+      if (lr1 >= 0) y[lr1] = v[2 + rr];
+      continue;
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int r = 8 * ch + 2 * t + rr;
-      if (r >= cnt) continue;
-      const int p = off + r;
-      if (!a.fc1) {
-        float* y = static_cast<float*>(a.out) + static_cast<int64_t>(p) * a.ldo;
-        if (lr0 >= 0) y[lr0] = v[rr];
-        if (lr1 >= 0) y[lr1] = v[2 + rr];
-        continue;
+    const float scale = a.scale_input ? a.weights[a.permuted_route[p]] : 1.0f;
+    const int64_t fc1_rows = s.map == MmaRowMap::kIdentity ? N : 2 * s.units;
+    auto fc1_value = [&](float dot, int64_t lr) {
+      const float b = a.bias ? load_scalar(a.bias, a.bias_dtype, e * fc1_rows + lr) : 0.0f;
+      return scale * dot + b;
+    };
+    const int64_t o = static_cast<int64_t>(p) * a.ldo;
+    if (s.map != MmaRowMap::kIdentity) {
+      if (lr0 < 0) continue;
+      const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
+      store_act(a.out, kBf16, o + m * 8 + g, gated_act(a.act, gate, lin));
+    } else {
+      if (lr0 >= 0) {
+        store_act(a.out, kBf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
       }
-      const float scale = a.scale_input ? a.weights[a.permuted_route[p]] : 1.0f;
-      const int64_t fc1_rows = s.map == MmaRowMap::kIdentity ? N : 2 * s.units;
-      auto fc1_value = [&](float dot, int64_t lr) {
-        const float b = a.bias ? load_scalar(a.bias, a.bias_dtype, e * fc1_rows + lr) : 0.0f;
-        return scale * dot + b;
-      };
-      const int64_t o = static_cast<int64_t>(p) * a.ldo;
-      if (s.map != MmaRowMap::kIdentity) {
-        const int64_t unit = m * 8 + g;
-        if (lr0 < 0) continue;
-        const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
-        store_act(a.out, kBf16, o + unit, gated_act(a.act, gate, lin));
-      } else {
-        if (lr0 >= 0) {
-          store_act(a.out, kBf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
-        }
-        if (lr1 >= 0) {
-          store_act(a.out, kBf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
-        }
+      if (lr1 >= 0) {
+        store_act(a.out, kBf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
       }
     }
   }
@@ -345,11 +300,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
 
 template <int kBits, bool kBf16>
 Status launch_typed(const DecodeFcArgs& a, dim3 grid, int max_routes, cudaStream_t stream) {
-  // Only the staged variant is built: with more than 8 routes per expert its per-step global
-  // activation loads made the kMC = 8 variant slower than the generic path (measured: 789 us at
-  // 16 tokens for qwen3-30b-a3b INT4), so the dispatch sends those calls to the generic path.
+  // Up to 8 routes per expert: a variant reading activations from L1/L2 step by step for more
+  // routes measured slower than the generic path (789 us at 16 tokens for qwen3-30b-a3b INT4),
+  // so the dispatch sends those calls to the generic path.
   const size_t smem = static_cast<size_t>(8 * (a.shape.k + 8) * 2);
-  auto* kernel = &decode_fc_kernel<kBits, kBf16, 1>;
+  auto* kernel = &decode_fc_kernel<kBits, kBf16>;
   if (smem > 48 * 1024) {
     QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }

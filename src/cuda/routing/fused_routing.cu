@@ -37,8 +37,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int num_e = a.experts;
   for (int e = tid; e < num_e; e += kFusedThreads) s_count[e] = 0;
   if (warp < tokens) {
-    float* x = rows + static_cast<size_t>(warp) * 2 * num_e;
-    route_token_warp(a, warp, x, x + num_e, lane);
+    float* x = rows + static_cast<size_t>(warp) * routing_warp_floats(num_e, a.slots);
+    route_token_warp(a, warp, x, x + num_e, reinterpret_cast<int32_t*>(x + 2 * num_e),
+                     x + 2 * num_e + a.slots, lane);
   }
   __syncthreads();  // also makes the warps' global writes of ids visible to the block
 
@@ -108,8 +109,11 @@ __global__ void __launch_bounds__(kFusedThreads)
 
 Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) {
   const int tokens = static_cast<int>(args.tokens);
-  // At most 8 warps x 2 x 512 floats = 32 KiB: no opt-in beyond the default 48 KiB needed.
-  const size_t smem = static_cast<size_t>(tokens) * 2 * args.num_experts * sizeof(float);
+  // At most 8 warps x (2 x 512 + 2 x 16) floats = 33 KiB: within the default 48 KiB.
+  const size_t smem =
+      static_cast<size_t>(tokens) *
+      routing_warp_floats(args.num_experts, args.routing.top_k + args.routing.num_shared) *
+      sizeof(float);
   const RouteMapsView& m = args.maps;
   fused_routing_kernel<<<1, kFusedThreads, smem, stream>>>(
       token_routing(args), tokens, m.expert_counts, m.expert_offsets, m.permuted_route,

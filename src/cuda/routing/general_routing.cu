@@ -72,8 +72,9 @@ __global__ void route_tokens_kernel(TokenRouting a, int64_t tokens, int warps_pe
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_block + warp;
   if (t >= tokens) return;  // warp-uniform; the kernel has no block barrier
-  float* x = rows + static_cast<size_t>(warp) * 2 * a.experts;
-  route_token_warp(a, t, x, x + a.experts, lane);
+  float* x = rows + static_cast<size_t>(warp) * routing_warp_floats(a.experts, a.slots);
+  route_token_warp(a, t, x, x + a.experts, reinterpret_cast<int32_t*>(x + 2 * a.experts),
+                   x + 2 * a.experts + a.slots, lane);
   const int64_t first = t * a.slots;
   for (int j = lane; j < a.slots; j += kWarpSize) {
     route_ids[first + j] = static_cast<int32_t>(first + j);
@@ -92,7 +93,9 @@ __global__ void scatter_positions_kernel(const int32_t* permuted, int32_t routes
 // opting in to more for a single warp when E needs it.
 Status launch_route_tokens(const DeviceRoutingArgs& args, int32_t* route_ids, cudaStream_t stream) {
   if (args.tokens == 0) return Status::ok();
-  const size_t row_bytes = 2 * static_cast<size_t>(args.num_experts) * sizeof(float);
+  const size_t row_bytes =
+      routing_warp_floats(args.num_experts, args.routing.top_k + args.routing.num_shared) *
+      sizeof(float);
   const int warps = static_cast<int>(
       std::max<size_t>(1, std::min<size_t>(kMaxWarpsPerBlock, kDefaultSmem / row_bytes)));
   const size_t smem = row_bytes * warps;

@@ -9,8 +9,9 @@
 // rounding happens on the same operands.
 //
 // Requires the whole warp (all 32 lanes, warp-uniform arguments). x and work are the warp's
-// 2 E floats of shared memory. The token's ids and weights are written by lane 0 straight to
-// the output arrays; later steps of lane 0 read them back (its own writes).
+// 2 E floats of shared memory, sids and sw its `slots` ids and weights there: lane 0 builds the
+// token's slots in shared memory (it reads them back several times, which from global memory
+// would cost an L2 round trip each) and the warp writes them out once at the end.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -246,13 +247,13 @@ __device__ __forceinline__ void top_k_sigmoid_warp(const RoutingSpec& r, int n, 
 // weight is routed as if its logits were all zero, its weights become NaN and the error word
 // records it (device_routing.h).
 __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t t, float* x,
-                                                 float* work, int lane) {
+                                                 float* work, int32_t* sids, float* sw, int lane) {
   const RoutingSpec& r = a.spec;
   const int num_e = a.experts;
   const int n = num_e - r.num_shared;
   const int64_t row = t * num_e;
-  int32_t* ids = a.ids + t * a.slots;
-  float* w = a.weights + t * a.slots;
+  int32_t* ids = sids;
+  float* w = sw;
 
   bool bad_logit = false;
   bool bad_weight = false;
@@ -311,6 +312,17 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
       for (int j = 0; j < a.slots; ++j) w[j] = num::bits_f32(0x7FC00000u);  // quiet NaN
     }
   }
+  __syncwarp();
+  for (int j = lane; j < a.slots; j += kWarpSize) {
+    a.ids[t * a.slots + j] = ids[j];
+    a.weights[t * a.slots + j] = w[j];
+  }
+}
+
+// Floats of shared memory one routing warp needs: x and work (E each), then its slots' ids and
+// weights.
+__host__ __device__ inline size_t routing_warp_floats(int experts, int slots) {
+  return 2 * static_cast<size_t>(experts) + 2 * static_cast<size_t>(slots);
 }
 
 }  // namespace qmoe::cuda::routing_detail
