@@ -74,5 +74,10 @@ for fmt in "" "--format int8" "--format int2 --block 64"; do
   rc=$?
   step "qmoe bench ${fmt:-int4}" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 done
+# The INT2 decode target's shape (H 2560, I 640, E 512, k 10, block 64).
+build-gpu/tools/qmoe bench --presets qwen3-30b-a3b --shape 2560,640,512,10 --format int2 \
+  --block 64 --tokens 1,8,64 --csv "$dest/bench.csv" >>"$out/bench.txt" 2>&1
+rc=$?
+step "qmoe bench int2 E512" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 cat "$out/bench.txt"
 exit $status

@@ -20,7 +20,7 @@ COLUMNS = ["preset", "format", "dtype", "tokens", "experts_touched", "bytes_touc
            "us_p10", "us_p90", "gbps", "pct_of_read_ceiling", "tflops", "read_ceiling_gbps",
            "error", "backend", "device", "graph", "l2"]
 
-# The smallest preset (bench takes no shape options): Qwen3-30B-A3B, H 2048, I 768, 128 experts,
+# The smallest preset: Qwen3-30B-A3B, H 2048, I 768, 128 experts,
 # top-8, SwiGLU fused into FC1, INT4 in blocks of 128 by default. Synthesizing it takes ~5 s on two
 # cores, so the runs below keep to a few short cases.
 PRESET = "qwen3-30b-a3b"
@@ -85,6 +85,25 @@ def test_bench_cpu_csv(cli, tmp_path, seed):
     _, rows = _rows(out)
     assert len(rows) == 3, text
     assert rows[2]["error"] == "" and rows[2]["check"] == "skipped", rows[2]
+
+
+def test_bench_shape_override(cli, tmp_path, seed):
+    """--shape runs a preset's routing and activation at another size (here the INT2 shape of the
+    decode targets, scaled down in H and I to stay fast on the CPU): E and k are honoured."""
+    out = tmp_path / "bench.csv"
+    r = run_cli(cli, ["bench", "--backend", "cpu", "--presets", PRESET, "--shape", "256,64,512,10",
+                      "--format", "int2", "--block", "64", "--tokens", "1", "--repeat", "1",
+                      "--seed", seed, "--csv", out], timeout=120)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    _, rows = _rows(out)
+    assert len(rows) == 1, rows
+    row = rows[0]
+    assert row["preset"] == PRESET + "@256x64x512k10", row
+    assert int(row["experts_touched"]) == 10, row  # one token, top-10 of 512
+    assert "int2 b64" in row["format"] and row["check"] == "pass", row
+    bad = run_cli(cli, ["bench", "--backend", "cpu", "--shape", "256,64,8,10", "--tokens", "1",
+                        "--csv", tmp_path / "bad.csv"])
+    assert bad.returncode == BAD_USAGE_EXIT and "--shape" in bad.stderr, bad.stderr
 
 
 def test_bench_cuda_csv(cli, tmp_path, seed):

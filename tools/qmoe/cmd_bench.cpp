@@ -35,6 +35,7 @@ double seconds_since(Clock::time_point t0) {
 
 struct BenchArgs {
   std::vector<std::string> presets = {kDefaultPreset};
+  std::vector<int64_t> shape;  // --shape H,I,E,K: the presets' routing and activation at this size
   std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64};
   std::string dtype = "bf16";
   FormatFlags formats;
@@ -215,6 +216,7 @@ void print_row(const BenchContext& ctx, const CaseResult& r) {
 struct PresetCase {
   const Preset* preset;
   LayerSpec spec;
+  std::string name;  // the preset's, with the --shape override when given
 };
 
 // Every preset with the dtype and format flags applied, checked before anything is synthesized.
@@ -235,9 +237,23 @@ Status resolve_presets(const BenchArgs& a, DType dtype, std::vector<PresetCase>*
     }
     LayerSpec spec = p->spec;
     spec.act_dtype = dtype;
+    std::string name = p->name;
+    if (!a.shape.empty()) {
+      if (a.shape.size() != 4 || a.shape[0] < 1 || a.shape[1] < 1 || a.shape[2] < 1 ||
+          a.shape[3] < 1 || a.shape[3] > a.shape[2]) {
+        return Status::invalid("--shape: expected H,I,E,K with positive values and K <= E");
+      }
+      spec.hidden = a.shape[0];
+      spec.inter = a.shape[1];
+      spec.num_experts = a.shape[2];
+      spec.routing.top_k = static_cast<int>(a.shape[3]);
+      spec.routing.num_shared = 0;
+      name += "@" + std::to_string(a.shape[0]) + "x" + std::to_string(a.shape[1]) + "x" +
+              std::to_string(a.shape[2]) + "k" + std::to_string(a.shape[3]);
+    }
     QMOE_RETURN_IF_ERROR(apply_format_flags(a.formats, p->name, &spec));
     QMOE_RETURN_IF_ERROR(check_spec(spec));
-    out->push_back({p, spec});
+    out->push_back({p, spec, name});
   }
   return Status::ok();
 }
@@ -251,7 +267,7 @@ std::string host_device(int threads) {
 Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCase& pc,
                     std::ofstream* csv, bool* any_failed) {
   const LayerSpec& spec = pc.spec;
-  std::printf("\n%s (%s): %s; %s; %s; %s\n", pc.preset->name.c_str(), pc.preset->model.c_str(),
+  std::printf("\n%s (%s): %s; %s; %s; %s\n", pc.name.c_str(), pc.preset->model.c_str(),
               describe_shape(spec).c_str(), describe_routing(spec).c_str(),
               describe_formats(spec).c_str(), dtype_name(spec.act_dtype));
   std::fflush(stdout);
@@ -271,7 +287,7 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
     CaseResult r;
     QMOE_RETURN_IF_ERROR(run_case(ctx, *layer, synth, tokens, &r));
     print_row(ctx, r);
-    *csv << csv_line(csv_row(ctx, pc.preset->name, spec, r)) << '\n';
+    *csv << csv_line(csv_row(ctx, pc.name, spec, r)) << '\n';
     csv->flush();
     if (!*csv) return Status::io_error("--csv: " + a.csv + ": write failed");
     *any_failed = *any_failed || r.failed;
@@ -377,6 +393,11 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                   "comma-separated model shapes: " + preset_names() + ", or all")
       ->delimiter(',')
       ->capture_default_str();
+  cmd->add_option("--shape", a->shape,
+                  "H,I,E,K: run the presets' routing and activation at this hidden size, "
+                  "intermediate size, expert count and top-k (shared experts dropped)")
+      ->delimiter(',')
+      ->expected(4);
   cmd->add_option("--tokens", a->tokens, "comma-separated tokens per call")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))

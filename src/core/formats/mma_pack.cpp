@@ -2,6 +2,8 @@
 #include "core/formats/mma_pack.h"
 
 #include <algorithm>
+#include <thread>
+#include <vector>
 
 #include "core/formats/codec.h"
 
@@ -61,39 +63,63 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
   return s;
 }
 
-void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
-                  std::vector<uint32_t>* out) {
+namespace {
+
+// Packs expert e into dst_e (words_per_expert() words, zeroed).
+void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
   const int b = s.bits;
   const int sc = s.steps_per_chunk;
   const unsigned mid = 1u << (b - 1);
   const int64_t row_bytes = formats::packed_bytes(s.k, b);
-  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
-  for (int64_t e = 0; e < experts; ++e) {
-    uint32_t* dst_e = out->data() + e * s.words_per_expert();
-    for (int64_t m = 0; m < s.tiles; ++m) {
-      int64_t lrow[16];
-      for (int r = 0; r < 16; ++r) lrow[r] = s.logical_row(16 * m + r);
-      for (int64_t c = 0; c < s.chunks; ++c) {
-        uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
-        for (int lane = 0; lane < 32; ++lane) {
-          for (int pair = 0; pair < 4 * sc; ++pair) {
-            const int64_t step = c * sc + pair / 4;
-            for (int half = 0; half < 2; ++half) {
-              int row, kk;
-              fragment_position(lane, pair % 4, half, &row, &kk);
-              const int64_t k = 16 * step + kk;
-              unsigned code = mid;
-              if (lrow[row] >= 0 && k < s.k) {
-                code = formats::read_bits(raw + (e * s.n + lrow[row]) * row_bytes, k, b);
-              }
-              const Slot sl = slot_of(b, pair, half);
-              chunk[lane * 4 + sl.word] |= code << sl.bit;
+  for (int64_t m = 0; m < s.tiles; ++m) {
+    int64_t lrow[16];
+    for (int r = 0; r < 16; ++r) lrow[r] = s.logical_row(16 * m + r);
+    for (int64_t c = 0; c < s.chunks; ++c) {
+      uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int pair = 0; pair < 4 * sc; ++pair) {
+          const int64_t step = c * sc + pair / 4;
+          for (int half = 0; half < 2; ++half) {
+            int row, kk;
+            fragment_position(lane, pair % 4, half, &row, &kk);
+            const int64_t k = 16 * step + kk;
+            unsigned code = mid;
+            if (lrow[row] >= 0 && k < s.k) {
+              code = formats::read_bits(raw + (e * s.n + lrow[row]) * row_bytes, k, b);
             }
+            const Slot sl = slot_of(b, pair, half);
+            chunk[lane * 4 + sl.word] |= code << sl.bit;
           }
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out) {
+  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
+  // Experts are independent and write disjoint ranges: pack them on every core (a layer's
+  // prepare otherwise spends seconds here).
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(experts, static_cast<int64_t>(std::thread::hardware_concurrency())));
+  auto share = [&](int64_t w) {
+    for (int64_t e = w; e < experts; e += threads) {
+      pack_expert(s, raw, e, out->data() + e * s.words_per_expert());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < threads; ++w) {
+    try {
+      pool.emplace_back(share, w);
+    } catch (...) {  // no thread to be had: do this share here
+      share(w);
+    }
+  }
+  share(0);
+  for (std::thread& t : pool) t.join();
 }
 
 unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,
