@@ -1,6 +1,7 @@
-// The decode kernels (integer FC1/FC2 on tensor cores, calls of up to 8 tokens) against the fp64
-// oracle and against the generic path, over widths, zero points, blocks, dtypes, activations,
-// routing options and the edges of their window (8 tokens in, 9 out; 8 routes per expert).
+// The decode kernels (integer FC1/FC2 on tensor cores: the staged kernel up to 8 tokens, the
+// K-sliced one up to 64) against the fp64 oracle and against the generic path, over widths, zero
+// points, blocks, dtypes, activations, routing options and the edges of their windows (8/9,
+// 16/17 and 64/65 tokens; 64 routes on one expert).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -32,7 +33,7 @@ TEST(GpuDecode, IntegerFormatsMatchOracle) {
           s.fc1.zero_points = s.fc2.zero_points = zp;
           s.fc1.scale_dtype = block == 32 ? DType::kBF16 : DType::kF32;
           SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
-          check_gpu_case(s, block == 128 ? 8 : 3);
+          check_gpu_case(s, block == 128 ? 40 : 3);
         }
       }
     }
@@ -67,14 +68,15 @@ TEST(GpuDecode, RoutingOptions) {
     s.act_dtype = DType::kF16;
     s.routing.num_shared = 2;
     check_gpu_case(s, 6, /*router_weights=*/true);
+    check_gpu_case(s, 30, /*router_weights=*/true);
   }
 }
 
-// The window's edges: 8 routes on one expert (E = k = 8: every token picks every expert), 8
-// tokens in, 9 tokens out; many experts with k = 16; K not a multiple of a chunk.
+// The windows' edges with E = k = 8 (every token picks every expert, so an expert has as many
+// routes as there are tokens); many experts with k = 16; K not a multiple of a chunk or slice.
 TEST(GpuDecode, WindowEdgesAndShapes) {
   QMOE_REQUIRE_GPU();
-  for (int64_t tokens : {7, 8, 9}) {
+  for (int64_t tokens : {8, 9, 16, 17, 64, 65}) {
     LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 8, 8);
     s.act_dtype = DType::kBF16;
     SCOPED_TRACE("all experts, tokens " + std::to_string(tokens));
@@ -85,6 +87,7 @@ TEST(GpuDecode, WindowEdgesAndShapes) {
     s.fc1.block_size = s.fc2.block_size = 32;
     s.act_dtype = DType::kBF16;
     check_gpu_case(s, 8);
+    check_gpu_case(s, 64);
   }
   struct Shape {
     WeightFormat f;
@@ -96,7 +99,8 @@ TEST(GpuDecode, WindowEdgesAndShapes) {
     s.fc1.block_size = s.fc2.block_size = 16;
     s.act_dtype = DType::kBF16;
     SCOPED_TRACE(s.fc1.to_string() + " H " + std::to_string(sh.h) + " I " + std::to_string(sh.i));
-    check_gpu_case(s, 9);
+    check_gpu_case(s, 5);
+    check_gpu_case(s, 33);
   }
 }
 
@@ -109,7 +113,7 @@ TEST(GpuDecode, AgreesWithGenericPath) {
   s.fc1.zero_points = s.fc2.zero_points = true;
   TestLayer tl;
   make_layer(s, seed, &tl);
-  for (int64_t tokens : {1, 4, 8}) {
+  for (int64_t tokens : {1, 8, 16, 64}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun fast, generic;

@@ -7,93 +7,17 @@
 #include "core/formats/codec.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
+#include "cuda/decode/decode_common.cuh"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/layer/activation.cuh"
 
 namespace qmoe::cuda {
 namespace {
 
+using namespace decode_detail;
+
 constexpr int kWarps = 4;  // split K
 constexpr int kRing = 4;   // 16-byte weight loads in flight per lane
-
-__device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-template <bool kBf16>
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two codes (bits [0, b) and [16, 16 + b) of v) minus the zero point, as an exact bf16x2/f16x2.
-// sub holds (base + zp) twice, base being the value of the OR-ed exponent: 128 (bf16) or 1024
-// (f16), whose unit in the last place is 1 so that base | q == base + q.
-template <int kBits, bool kBf16>
-__device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, float zp) {
-  constexpr uint32_t mask = (1u << kBits) - 1u;
-  if constexpr (kBits == 8 && kBf16) {
-    // 128 + q needs 9 significant bits: go through fp32, where 2^23 + q is exact.
-    const float lo = __uint_as_float(0x4B000000u | (v & mask)) - (8388608.0f + zp);
-    const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & mask)) - (8388608.0f + zp);
-    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else if constexpr (kBf16) {
-    const uint32_t q = (v & (mask | (mask << 16))) | 0x43004300u;
-    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
-                                     *reinterpret_cast<const __nv_bfloat162*>(&sub));
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else {
-    const uint32_t q = (v & (mask | (mask << 16))) | 0x64006400u;
-    const __half2 r =
-        __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&sub));
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
-
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pair_of(float base_plus_zp) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 r = __float2bfloat162_rn(base_plus_zp);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else {
-    const __half2 r = __float2half2_rn(base_plus_zp);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-}
-
-__device__ __forceinline__ void store_act(void* out, bool bf16, int64_t i, float v) {
-  if (bf16) {
-    static_cast<uint16_t*>(out)[i] = num::f32_to_bf16(v);
-  } else {
-    static_cast<uint16_t*>(out)[i] = num::f32_to_f16(v);
-  }
-}
-
-__device__ __forceinline__ int64_t logical_row(const MmaPackShape& s, int64_t pr) {
-  if (s.map == MmaRowMap::kIdentity) return pr < s.n ? pr : -1;
-  const int64_t unit = (pr / 16) * 8 + (pr % 8);
-  if (unit >= s.units) return -1;
-  const bool lin = (pr % 16) >= 8;
-  if (s.map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
-  return lin ? s.units + unit : unit;
-}
 
 // One block: one 16-row tile of one touched expert, its (up to 8) routes staged in shared memory
 // (row stride K + 8 halves, so the 8 rows of a fragment load fall in different banks); 4 warps
@@ -265,37 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
     for (int w = 1; w < kWarps; ++w) sum = sum + red[w][i][lane];
     v[i] = sum;
   }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = 2 * t + rr;
-    if (r >= cnt) continue;
-    const int p = off + r;
-    if (!a.fc1) {
-      float* y = static_cast<float*>(a.out) + static_cast<int64_t>(p) * a.ldo;
-      if (lr0 >= 0) y[lr0] = v[rr];
-      if (lr1 >= 0) y[lr1] = v[2 + rr];
-      continue;
-    }
-    const float scale = a.scale_input ? a.weights[a.permuted_route[p]] : 1.0f;
-    const int64_t fc1_rows = s.map == MmaRowMap::kIdentity ? N : 2 * s.units;
-    auto fc1_value = [&](float dot, int64_t lr) {
-      const float b = a.bias ? load_scalar(a.bias, a.bias_dtype, e * fc1_rows + lr) : 0.0f;
-      return scale * dot + b;
-    };
-    const int64_t o = static_cast<int64_t>(p) * a.ldo;
-    if (s.map != MmaRowMap::kIdentity) {
-      if (lr0 < 0) continue;
-      const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
-      store_act(a.out, kBf16, o + m * 8 + g, gated_act(a.act, gate, lin));
-    } else {
-      if (lr0 >= 0) {
-        store_act(a.out, kBf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
-      }
-      if (lr1 >= 0) {
-        store_act(a.out, kBf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
-      }
-    }
-  }
+  epilogue(a, e, m, g, lr0, lr1, off, cnt, 2 * t, v, kBf16);
 }
 
 template <int kBits, bool kBf16>
@@ -321,7 +215,7 @@ Status launch_bits(const DecodeFcArgs& a, dim3 grid, int max_routes, cudaStream_
 
 }  // namespace
 
-Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, cudaStream_t stream) {
+Status check_decode_args(const DecodeFcArgs& a) {
   if (a.dtype != DType::kBF16 && a.dtype != DType::kF16) {
     return Status::invalid(std::string("decode dtype: expected bf16 or f16, got ") +
                            dtype_name(a.dtype));
@@ -332,13 +226,19 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, cudaStream_t stre
       (a.scale_input && (a.weights == nullptr || a.permuted_route == nullptr))) {
     return Status::invalid("decode: null weight, scale, activation, output or schedule pointer");
   }
-  if (a.shape.k % 16 != 0 || a.ldx % 4 != 0 || reinterpret_cast<uintptr_t>(a.x) % 8 != 0) {
-    return Status::invalid("decode: K must be a multiple of 16 and activation rows 8-byte aligned");
+  if (a.shape.k % 16 != 0 || a.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+    return Status::invalid(
+        "decode: K must be a multiple of 16 and activation rows 16-byte aligned");
   }
   if (a.max_groups <= 0 || a.max_groups > 65535 || a.shape.tiles <= 0 ||
-      a.shape.tiles > 0x7FFFFFFF) {
-    return Status::invalid("decode: max_groups must be 1..65535 and tiles positive");
+      a.shape.tiles > 0x7FFFFFFF || a.shape.k > (int64_t{1} << 24)) {
+    return Status::invalid("decode: max_groups must be 1..65535, tiles positive, K <= 2^24");
   }
+  return Status::ok();
+}
+
+Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, cudaStream_t stream) {
+  QMOE_RETURN_IF_ERROR(check_decode_args(a));
   if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {  // the staged kernel's 8 columns
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
                            ", got " + std::to_string(max_routes));

@@ -64,8 +64,15 @@ struct DecodeFcArgs {
   int32_t* error = nullptr;
 };
 
+// Calls of 9..64 tokens: decode_tiled.cu's kernel (activations staged a K slice at a time).
+constexpr int kDecodeTiledMaxRoutes = 64;
+
+// The checks both launchers make before any launch.
+Status check_decode_args(const DecodeFcArgs& args);
+
 // max_routes: an upper bound of any expert's routes in this call (the token count serves: a
 // token routes to an expert at most once); it picks the kernel variant.
 Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, cudaStream_t stream);
+Status launch_decode_fc_tiled(const DecodeFcArgs& args, int max_routes, cudaStream_t stream);
 
 }  // namespace qmoe::cuda

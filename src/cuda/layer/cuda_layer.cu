@@ -288,6 +288,12 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   return Status::ok();
 }
 
+// One FC on the decode path: the staged kernel up to 8 routes per expert, the tiled one beyond.
+Status decode_fc(const DecodeFcArgs& d, int tokens, cudaStream_t stream) {
+  return tokens <= kDecodeMaxRoutes ? launch_decode_fc(d, tokens, stream)
+                                    : launch_decode_fc_tiled(d, tokens, stream);
+}
+
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
@@ -319,7 +325,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, static_cast<int>(maps.tokens), stream));
+  QMOE_RETURN_IF_ERROR(decode_fc(d, static_cast<int>(maps.tokens), stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
@@ -337,7 +343,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, static_cast<int>(maps.tokens), stream));
+  QMOE_RETURN_IF_ERROR(decode_fc(d, static_cast<int>(maps.tokens), stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
@@ -473,7 +479,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
 
-  const bool decode = decode_ready_ && tokens <= kDecodeMaxRoutes &&
+  const bool decode = decode_ready_ && tokens <= kDecodeTiledMaxRoutes &&
                       reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0 && !force_generic();
   if (decode) {
     QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, stream, profile));

@@ -1,0 +1,135 @@
+// Device helpers shared by the decode kernels: streaming loads, the m16n8k16 tensor-core step,
+// the code-to-fragment conversion and the packed row map (mma_pack.h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/formats/mma_pack.h"
+#include "core/numeric.h"
+#include "cuda/common/device_numeric.cuh"
+#include "cuda/decode/decode_gemv.h"
+#include "cuda/layer/activation.cuh"
+
+namespace qmoe::cuda::decode_detail {
+
+__device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two codes (bits [0, b) and [16, 16 + b) of v) minus the zero point, as an exact bf16x2/f16x2.
+// sub holds (base + zp) twice, base being the value of the OR-ed exponent: 128 (bf16) or 1024
+// (f16), whose unit in the last place is 1 so that base | q == base + q.
+template <int kBits, bool kBf16>
+__device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, float zp) {
+  constexpr uint32_t mask = (1u << kBits) - 1u;
+  if constexpr (kBits == 8 && kBf16) {
+    // 128 + q needs 9 significant bits: go through fp32, where 2^23 + q is exact.
+    const float lo = __uint_as_float(0x4B000000u | (v & mask)) - (8388608.0f + zp);
+    const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & mask)) - (8388608.0f + zp);
+    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else if constexpr (kBf16) {
+    const uint32_t q = (v & (mask | (mask << 16))) | 0x43004300u;
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&sub));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const uint32_t q = (v & (mask | (mask << 16))) | 0x64006400u;
+    const __half2 r =
+        __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&sub));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pair_of(float base_plus_zp) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 r = __float2bfloat162_rn(base_plus_zp);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 r = __float2half2_rn(base_plus_zp);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+__device__ __forceinline__ void store_act(void* out, bool bf16, int64_t i, float v) {
+  if (bf16) {
+    static_cast<uint16_t*>(out)[i] = num::f32_to_bf16(v);
+  } else {
+    static_cast<uint16_t*>(out)[i] = num::f32_to_f16(v);
+  }
+}
+
+__device__ __forceinline__ int64_t logical_row(const MmaPackShape& s, int64_t pr) {
+  if (s.map == MmaRowMap::kIdentity) return pr < s.n ? pr : -1;
+  const int64_t unit = (pr / 16) * 8 + (pr % 8);
+  if (unit >= s.units) return -1;
+  const bool lin = (pr % 16) >= 8;
+  if (s.map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
+  return lin ? s.units + unit : unit;
+}
+
+// One lane's results of a tile: v[0..1] are row g (logical lr0) for routes r0 and r0 + 1 of the
+// expert, v[2..3] row g + 8 (lr1). FC1: bias, activation (gated units pair the two rows), store in
+// the dtype; FC2: store fp32.
+__device__ __forceinline__ void epilogue(const DecodeFcArgs& a, int64_t e, int m, int g,
+                                         int64_t lr0, int64_t lr1, int off, int cnt, int r0,
+                                         const float v[4], bool bf16) {
+  const MmaPackShape& s = a.shape;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = r0 + rr;
+    if (r >= cnt) continue;
+    const int p = off + r;
+    if (!a.fc1) {
+      float* y = static_cast<float*>(a.out) + static_cast<int64_t>(p) * a.ldo;
+      if (lr0 >= 0) y[lr0] = v[rr];
+      if (lr1 >= 0) y[lr1] = v[2 + rr];
+      continue;
+    }
+    const float scale = a.scale_input ? a.weights[a.permuted_route[p]] : 1.0f;
+    const int64_t fc1_rows = s.map == MmaRowMap::kIdentity ? s.n : 2 * s.units;
+    auto fc1_value = [&](float dot, int64_t lr) {
+      const float b = a.bias ? load_scalar(a.bias, a.bias_dtype, e * fc1_rows + lr) : 0.0f;
+      return scale * dot + b;
+    };
+    const int64_t o = static_cast<int64_t>(p) * a.ldo;
+    if (s.map != MmaRowMap::kIdentity) {
+      if (lr0 < 0) continue;
+      const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
+      store_act(a.out, bf16, o + static_cast<int64_t>(m) * 8 + g, gated_act(a.act, gate, lin));
+    } else {
+      if (lr0 >= 0) store_act(a.out, bf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
+      if (lr1 >= 0) {
+        store_act(a.out, bf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
+      }
+    }
+  }
+}
+
+}  // namespace qmoe::cuda::decode_detail
