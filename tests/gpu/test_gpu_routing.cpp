@@ -435,14 +435,14 @@ TEST(DeviceRouting, GroupedTopKLikeDeepSeekMatchesHost) {
   }
 }
 
-// Where both paths apply (T <= 8), the general path gives the fused path's maps (and the
-// host's); T = 0 gives zero counts and offsets on both.
+// Where both paths apply (T <= kFusedMaxTokens), the general path gives the fused path's maps
+// (and the host's); T = 0 gives zero counts and offsets on both.
 TEST(DeviceRouting, GeneralPathEqualsFusedPathForFewTokens) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   const int64_t experts[] = {8, 64, 512};
-  for (int64_t t = 0; t <= cuda::kFusedMaxTokens; ++t) {
+  for (int64_t t = 0; t <= cuda::kFusedMaxTokens; t += (t < 10 ? 1 : 9)) {
     for (int m = 0; m < 5; ++m) {
       const int shared = static_cast<int>((t + m) % 3);
       const int k = std::uniform_int_distribution<int>(1, cuda::kFusedMaxSlots - shared)(rng);

@@ -119,7 +119,7 @@ class CudaLayer final : public PreparedLayer {
   // 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32:
   //   maps        A(route_maps_bytes(T, slots, E))
   //   plan        A(4 E) + A(4) + A(4 (E + 1))          touched, n_touched, tile_start
-  //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 8 (the fused routing path)
+  //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
   //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
   //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
   //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts

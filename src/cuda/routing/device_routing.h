@@ -4,8 +4,9 @@
 //
 // Two paths, chosen by the token count:
 //   fused   (T <= kFusedMaxTokens, E <= kFusedMaxExperts, top_k + shared <= kFusedMaxSlots): one
-//           block routes every token (a warp per token) and builds counts, offsets, the permuted
-//           route order and its inverse in shared memory. Needs no temporary storage.
+//           block routes every token (up to 32 routing warps, a token at a time each) and builds
+//           counts, offsets, the permuted route order and its inverse in shared memory from
+//           per-expert token masks. Needs no temporary storage.
 //   general (any T): a warp per token writes ids and weights; CUB builds the maps (a histogram for
 //           the counts, an exclusive scan for the offsets, a stable radix sort of (expert, route
 //           id) pairs for the permuted order) and a scatter kernel the inverse. Temporary storage:
@@ -28,7 +29,7 @@
 
 namespace qmoe::cuda {
 
-constexpr int kFusedMaxTokens = 8;
+constexpr int kFusedMaxTokens = 64;
 constexpr int kFusedMaxExperts = 512;
 constexpr int kFusedMaxSlots = 16;
 // Experts the general path supports (its per-warp shared memory holds 2 E floats).
