@@ -18,7 +18,8 @@ BAD_USAGE_EXIT = 2
 
 COLUMNS = ["preset", "format", "dtype", "tokens", "experts_touched", "bytes_touched", "us_median",
            "us_p10", "us_p90", "gbps", "pct_of_read_ceiling", "tflops", "read_ceiling_gbps",
-           "error", "backend", "device", "graph", "l2"]
+           "error", "backend", "device", "graph", "l2", "hidden", "inter", "experts", "top_k",
+           "shared"]
 
 # The smallest preset: Qwen3-30B-A3B, H 2048, I 768, 128 experts,
 # top-8, SwiGLU fused into FC1, INT4 in blocks of 128 by default. Synthesizing it takes ~5 s on two
@@ -101,6 +102,7 @@ def test_bench_shape_override(cli, tmp_path, seed):
     assert row["preset"] == PRESET + "@256x64x512k10", row
     assert int(row["experts_touched"]) == 10, row  # one token, top-10 of 512
     assert "int2 b64" in row["format"] and row["check"] == "pass", row
+    assert (row["hidden"], row["inter"], row["experts"], row["top_k"]) == ("256", "64", "512", "10")
     bad = run_cli(cli, ["bench", "--backend", "cpu", "--shape", "256,64,8,10", "--tokens", "1",
                         "--csv", tmp_path / "bad.csv"])
     assert bad.returncode == BAD_USAGE_EXIT and "--shape" in bad.stderr, bad.stderr

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -131,8 +132,10 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
   if (timing.cold_l2) {
     int l2 = 0;
     QMOE_RETURN_IF_ERROR(l2_bytes(&l2));
-    // Writing twice the L2 evicts every line the previous call left there.
-    QMOE_RETURN_IF_ERROR(flush.allocate(2 * static_cast<size_t>(l2 > 0 ? l2 : 1)));
+    // Writing it evicts every line the previous call left in the L2.
+    // At least 256 MiB (the usual convention), and twice the L2 on larger caches.
+    QMOE_RETURN_IF_ERROR(flush.allocate(
+        std::max<size_t>(size_t{256} << 20, 2 * static_cast<size_t>(l2 > 0 ? l2 : 1))));
   }
 
   Stream stream;

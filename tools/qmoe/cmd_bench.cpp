@@ -57,7 +57,7 @@ struct BenchArgs {
 constexpr const char* kHeader =
     "preset,format,dtype,tokens,experts_touched,bytes_touched,us_median,us_p10,us_p90,gbps,"
     "pct_of_read_ceiling,tflops,read_ceiling_gbps,error,budget,check,backend,device,graph,l2,"
-    "warmup,repeat,seed,read_ceiling_method";
+    "warmup,repeat,seed,read_ceiling_method,hidden,inter,experts,top_k,shared";
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -191,7 +191,12 @@ std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& pre
           std::to_string(ctx.timing.warmup),
           std::to_string(ctx.timing.repeat),
           std::to_string(ctx.seed),
-          ctx.ceiling.method};
+          ctx.ceiling.method,
+          std::to_string(spec.hidden),
+          std::to_string(spec.inter),
+          std::to_string(spec.num_experts),
+          std::to_string(spec.routing.top_k),
+          std::to_string(spec.routing.num_shared)};
 }
 
 void print_table_header() {
