@@ -14,11 +14,14 @@
 namespace qmoe::test {
 namespace {
 
-// Sets QMOE_CUDA_PATH for the scope of one run.
-class PathOverride {
+// Sets an environment variable for the scope of one run.
+class EnvOverride {
  public:
-  explicit PathOverride(const char* v) { setenv("QMOE_CUDA_PATH", v, 1); }
-  ~PathOverride() { unsetenv("QMOE_CUDA_PATH"); }
+  EnvOverride(const char* name, const char* v) : name_(name) { setenv(name, v, 1); }
+  ~EnvOverride() { unsetenv(name_); }
+
+ private:
+  const char* name_;
 };
 
 TEST(GpuDecode, IntegerFormatsMatchOracle) {
@@ -119,7 +122,7 @@ TEST(GpuDecode, AgreesWithGenericPath) {
     GpuRun fast, generic;
     gpu_run(tl, ti, &fast);
     {
-      PathOverride o("generic");
+      EnvOverride o("QMOE_CUDA_PATH", "generic");
       gpu_run(tl, ti, &generic);
     }
     EXPECT_LE(fast.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
@@ -128,6 +131,29 @@ TEST(GpuDecode, AgreesWithGenericPath) {
         relative_norm_error(fast.out_f64.data(), generic.out_f64.data(), fast.out_f64.size());
     EXPECT_LE(d, 2 * gpu_budget(s.act_dtype)) << tokens << " tokens";
     EXPECT_GT(d, 0.0) << "the override did not take the generic path";
+  }
+}
+
+// Programmatic dependent launch changes when kernels start, never what they compute: the bits
+// equal those of plain launches, on both decode kernels and the generic path.
+TEST(GpuDecode, DependentLaunchKeepsTheBits) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 512, 256, 32, 4);
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  for (int64_t tokens : {1, 8, 40, 100}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun with, without;
+    gpu_run(tl, ti, &with);
+    {
+      EnvOverride o("QMOE_PDL", "0");
+      gpu_run(tl, ti, &without);
+    }
+    EXPECT_LE(with.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    EXPECT_EQ(with.out, without.out) << tokens << " tokens";
   }
 }
 

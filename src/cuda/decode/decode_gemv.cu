@@ -7,6 +7,7 @@
 #include "core/formats/codec.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/decode/decode_common.cuh"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/layer/activation.cuh"
@@ -30,6 +31,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
   extern __shared__ __align__(16) uint16_t xs[];  // [8][K + 8]
   __shared__ float red[kWarps][4][32];
 
+  if (a.fc1) {  // the touched list and the maps come from the routing just before
+    pdl_wait();
+    pdl_trigger();
+  }
   const int gi = blockIdx.y;
   if (gi >= *a.n_touched) return;
   const int64_t e = a.touched[gi];
@@ -79,6 +84,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
   float z0 = zp_of(lr0, cur_blk), z1 = zp_of(lr1, cur_blk);
   float ns0 = scale_of(lr0, cur_blk + 1), ns1 = scale_of(lr1, cur_blk + 1);
   float nz0 = zp_of(lr0, cur_blk + 1), nz1 = zp_of(lr1, cur_blk + 1);
+
+  if (!a.fc1) {  // FC2's activations are FC1's output
+    pdl_wait();
+    pdl_trigger();
+  }
 
   // 3. Stage the routes' rows, four independent 16-byte loads in flight per thread. Tile 0's
   //    blocks see every activation of their routes: they check them for inf/nan.
@@ -202,7 +212,7 @@ Status launch_typed(const DecodeFcArgs& a, dim3 grid, int max_routes, cudaStream
   if (smem > 48 * 1024) {
     QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
   return Status::ok();
 }

@@ -53,6 +53,10 @@ struct DecodeFcArgs {
   int max_groups = 0;  // grid: touched indices [0, max_groups)
 
   bool fc1 = true;  // FC1 epilogue (activation) or FC2 (fp32 store)
+  // Launch with programmatic dependent launch (pdl.cuh). FC1 waits for the routing at its start;
+  // FC2 first fetches its weights and scales (the routing is complete once FC1 has started), then
+  // waits for FC1's activations.
+  bool pdl = false;
   ActivationSpec act;
   bool scale_input = false;
   const void* bias = nullptr;  // FC1 bias [E, fc1 rows] in bias_dtype (FC2's bias: finalize)

@@ -12,6 +12,7 @@
 #include "core/formats/codec.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/decode/decode_common.cuh"
 #include "cuda/decode/decode_gemv.h"
 
@@ -32,6 +33,10 @@ __global__ void __launch_bounds__(kTilesPerBlock * 32) decode_tiled_kernel(Decod
   constexpr int kLd = kSlice + 8;                    // halves; +8 spreads the rows over banks
   extern __shared__ __align__(16) uint16_t xs[];     // [8 kMC][kLd]
 
+  if (a.fc1) {  // the touched list and the maps come from the routing just before
+    pdl_wait();
+    pdl_trigger();
+  }
   const int gi = blockIdx.y;
   if (gi >= *a.n_touched) return;
   const int64_t e = a.touched[gi];
@@ -147,6 +152,10 @@ __global__ void __launch_bounds__(kTilesPerBlock * 32) decode_tiled_kernel(Decod
     return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
            (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
   };
+  if (!a.fc1) {  // FC2's activations are FC1's output
+    pdl_wait();
+    pdl_trigger();
+  }
   for (int k0 = 0; k0 < K; k0 += kSlice) {
     __syncthreads();  // every warp is done with the previous slice
     const int pieces = min(kSlice, K - k0) / 8;
@@ -206,7 +215,8 @@ Status launch_mc(const DecodeFcArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + kTilesPerBlock - 1) / kTilesPerBlock),
                   static_cast<unsigned>(a.max_groups));
   const size_t smem = static_cast<size_t>(8 * kMC) * (kSlice + 8) * 2;
-  decode_tiled_kernel<kBits, kBf16, kMC><<<grid, kTilesPerBlock * 32, smem, stream>>>(a);
+  QMOE_CUDA_TRY(launch_maybe_pdl(&decode_tiled_kernel<kBits, kBf16, kMC>, grid,
+                                 dim3(kTilesPerBlock * 32), smem, stream, a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("decode_tiled_kernel");
   return Status::ok();
 }

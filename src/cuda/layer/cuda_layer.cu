@@ -81,6 +81,12 @@ bool force_generic() {
   return v != nullptr && std::string(v) == "generic";
 }
 
+// QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
+bool use_pdl() {
+  const char* v = std::getenv("QMOE_PDL");
+  return v == nullptr || std::string(v) != "0";
+}
+
 class CudaLayer final : public PreparedLayer {
  public:
   CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
@@ -307,6 +313,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.weights = maps.weights;
   d.slots = spec_.slots();
   d.dtype = cdt_;
+  d.pdl = use_pdl();
 
   d.shape = pack1_;
   d.packed = packed1_;
@@ -502,6 +509,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.slots = slots;
   fa.out = out.data;
   fa.out_dtype = out.dtype;
+  fa.pdl = use_pdl();
   QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
     QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));

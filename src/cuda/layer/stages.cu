@@ -4,6 +4,7 @@
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/layer/activation.cuh"
 #include "cuda/layer/stages.h"
 
@@ -153,6 +154,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
     s_expert[j] = a.expert_ids[r];
     s_weight[j] = a.weights[r];
   }
+  pdl_wait();  // FC2's outputs
   __syncthreads();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.hidden) return;
@@ -228,7 +230,8 @@ Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>((a.hidden + 127) / 128), static_cast<unsigned>(a.tokens));
   if (a.slots > 4096) return Status::invalid("finalize: at most 4096 slots per token");
-  finalize_kernel<<<grid, 128, 12 * static_cast<size_t>(a.slots), stream>>>(a);
+  QMOE_CUDA_TRY(launch_maybe_pdl(&finalize_kernel, grid, dim3(128),
+                                 12 * static_cast<size_t>(a.slots), stream, a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("finalize_kernel");
   return Status::ok();
 }

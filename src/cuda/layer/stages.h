@@ -65,6 +65,7 @@ struct FinalizeArgs {
   int slots = 0;
   void* out = nullptr;  // [T, H] in out_dtype
   DType out_dtype = DType::kBF16;
+  bool pdl = false;  // programmatic dependent launch: slots are read before waiting for FC2
 };
 
 // out[t, c] = sum over slots j, in slot order, in fp32 of w_j * (y[pos(t, j), c] + b2[e_j, c]),

@@ -1,0 +1,37 @@
+// Programmatic dependent launch (Hopper): a kernel launched with it may start while the previous
+// kernel on the stream is still running; it must call pdl_wait() before it reads that kernel's
+// results, and calls pdl_trigger() once its own dependents may start. Without the launch
+// attribute both are no-ops, so a kernel runs correctly either way.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace qmoe::cuda {
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ void pdl_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization when pdl is set.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_maybe_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace qmoe::cuda
