@@ -6,17 +6,13 @@
 
 #include <string>
 
+#include "cuda/common/cuda_check.h"
 #include "device_call.h"
 #include "execute.h"
 
 namespace qmoe::cli {
 
 namespace {
-
-Status cuda_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok();
-  return Status::internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 struct Stream {
   cudaStream_t s = nullptr;
@@ -43,23 +39,23 @@ Status time_cuda_runs(PreparedLayer& layer, const RunInputs& in, const MutableTe
   const size_t bytes = call.ws_bytes;
 
   Stream st;
-  QMOE_RETURN_IF_ERROR(
-      cuda_check(cudaStreamCreateWithFlags(&st.s, cudaStreamNonBlocking), "cudaStreamCreate"));
-  QMOE_RETURN_IF_ERROR(cuda_check(cudaEventCreate(&st.start), "cudaEventCreate"));
-  QMOE_RETURN_IF_ERROR(cuda_check(cudaEventCreate(&st.stop), "cudaEventCreate"));
+  QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&st.s, cudaStreamNonBlocking),
+                                         "cudaStreamCreate"));
+  QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&st.start), "cudaEventCreate"));
+  QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&st.stop), "cudaEventCreate"));
   QMOE_RETURN_IF_ERROR(layer.run(din, dout, ws.get(), bytes, st.s, nullptr));
-  QMOE_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(st.s), "warm-up run"));
+  QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st.s), "warm-up run"));
   QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
   // Whole calls first, timed between two events with nothing else in between; then the same
   // number of profiled calls for the per-stage split (a profile waits for its own events).
   for (int r = 0; r < repeat; ++r) {
-    QMOE_RETURN_IF_ERROR(cuda_check(cudaEventRecord(st.start, st.s), "cudaEventRecord"));
+    QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(st.start, st.s), "cudaEventRecord"));
     QMOE_RETURN_IF_ERROR(layer.run(din, dout, ws.get(), bytes, st.s, nullptr));
-    QMOE_RETURN_IF_ERROR(cuda_check(cudaEventRecord(st.stop, st.s), "cudaEventRecord"));
-    QMOE_RETURN_IF_ERROR(cuda_check(cudaEventSynchronize(st.stop), "timed run"));
+    QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(st.stop, st.s), "cudaEventRecord"));
+    QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaEventSynchronize(st.stop), "timed run"));
     float ms = 0;
     QMOE_RETURN_IF_ERROR(
-        cuda_check(cudaEventElapsedTime(&ms, st.start, st.stop), "cudaEventElapsedTime"));
+        cuda::cuda_status(cudaEventElapsedTime(&ms, st.start, st.stop), "cudaEventElapsedTime"));
     runs->ms.push_back(ms);
   }
   for (int r = 0; r < repeat; ++r) {
@@ -67,10 +63,10 @@ Status time_cuda_runs(PreparedLayer& layer, const RunInputs& in, const MutableTe
     QMOE_RETURN_IF_ERROR(layer.run(din, dout, ws.get(), bytes, st.s, &p));
     runs->profiles.push_back(p);
   }
-  QMOE_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(st.s), "timed runs"));
+  QMOE_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st.s), "timed runs"));
   QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
-  return cuda_check(cudaMemcpy(out.data, y.get(), out.bytes(), cudaMemcpyDeviceToHost),
-                    "cudaMemcpy (output)");
+  return cuda::cuda_status(cudaMemcpy(out.data, y.get(), out.bytes(), cudaMemcpyDeviceToHost),
+                           "cudaMemcpy (output)");
 }
 
 }  // namespace qmoe::cli
