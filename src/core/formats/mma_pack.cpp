@@ -30,16 +30,6 @@ void fragment_position(int lane, int j, int half, int* row, int* kk) {
 
 }  // namespace
 
-int64_t MmaPackShape::logical_row(int64_t pr) const {
-  if (map == MmaRowMap::kIdentity) return pr < n ? pr : -1;
-  const int64_t tile = pr / 16, r = pr % 16;
-  const int64_t unit = tile * 8 + (r % 8);
-  if (unit >= units) return -1;
-  const bool lin = r >= 8;
-  if (map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
-  return lin ? units + unit : unit;
-}
-
 bool mma_pack_supported(const FcFormat& f, int64_t k) {
   if (f.info().kind != FormatKind::kInteger) return false;
   const int b = f.bits();

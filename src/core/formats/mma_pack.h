@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/numeric.h"  // QMOE_HD
 #include "qmoe/format.h"
 #include "qmoe/layer.h"
 #include "qmoe/status.h"
@@ -41,9 +42,17 @@ struct MmaPackShape {
   int64_t chunks = 0;       // chunks per tile
   MmaRowMap map = MmaRowMap::kIdentity;
 
-  int64_t words_per_expert() const { return tiles * chunks * 128; }
+  // Host and device (the decode kernels index with these).
+  QMOE_HD int64_t words_per_expert() const { return tiles * chunks * 128; }
   // The logical row of packed row pr, or -1 for padding.
-  int64_t logical_row(int64_t pr) const;
+  QMOE_HD int64_t logical_row(int64_t pr) const {
+    if (map == MmaRowMap::kIdentity) return pr < n ? pr : -1;
+    const int64_t unit = (pr / 16) * 8 + (pr % 8);
+    if (unit >= units) return -1;
+    const bool lin = (pr % 16) >= 8;
+    if (map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
+    return lin ? units + unit : unit;
+  }
 };
 
 // Whether the decode kernels read this FC: integer widths 2, 4 or 8; blocks >= 16 or per channel;

@@ -85,15 +85,6 @@ __device__ __forceinline__ void store_act(void* out, bool bf16, int64_t i, float
   }
 }
 
-__device__ __forceinline__ int64_t logical_row(const MmaPackShape& s, int64_t pr) {
-  if (s.map == MmaRowMap::kIdentity) return pr < s.n ? pr : -1;
-  const int64_t unit = (pr / 16) * 8 + (pr % 8);
-  if (unit >= s.units) return -1;
-  const bool lin = (pr % 16) >= 8;
-  if (s.map == MmaRowMap::kGatedInterleaved) return 2 * unit + (lin ? 1 : 0);
-  return lin ? s.units + unit : unit;
-}
-
 // One lane's results of a tile: v[0..1] are row g (logical lr0) for routes r0 and r0 + 1 of the
 // expert, v[2..3] row g + 8 (lr1). FC1: bias, activation (gated units pair the two rows), store in
 // the dtype; FC2: store fp32.

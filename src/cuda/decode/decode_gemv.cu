@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
   // 1. This warp's weight chunks: the first kRing loads go out now.
   const int c0 = chunks * warp / kWarps, c1 = chunks * (warp + 1) / kWarps;
   const uint32_t* wbase =
-      a.packed + e * (s.tiles * s.chunks * 128) + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
+      a.packed + e * s.words_per_expert() + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
   uint4 ring[kRing];
 #pragma unroll
   for (int i = 0; i < kRing; ++i) {
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_fc_kernel(DecodeFcArgs a) 
   }
 
   // 2. The lane's two A rows and the scales and zero points of its first two blocks.
-  const int64_t lr0 = logical_row(s, 16 * m + g), lr1 = logical_row(s, 16 * m + g + 8);
+  const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
   const int blocks = a.block_size ? K / a.block_size : 1;
   int shift = 0;
   while (a.block_size && (1 << shift) < a.block_size) ++shift;

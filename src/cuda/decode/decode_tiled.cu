@@ -54,15 +54,15 @@ __global__ void __launch_bounds__(kTilesPerBlock * 32) decode_tiled_kernel(Decod
 
   // The first slice's weight chunks go out before anything waits.
   const uint32_t* wbase =
-      a.packed + e * (s.tiles * s.chunks * 128) + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
+      a.packed + e * s.words_per_expert() + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
   uint4 ring[kChunksPerSlice];
 #pragma unroll
   for (int i = 0; i < kChunksPerSlice; ++i) {
     if (active && i < chunks) ring[i] = load_stream(wbase + i * 128);
   }
 
-  const int64_t lr0 = active ? logical_row(s, 16 * m + g) : -1;
-  const int64_t lr1 = active ? logical_row(s, 16 * m + g + 8) : -1;
+  const int64_t lr0 = active ? s.logical_row(16 * m + g) : -1;
+  const int64_t lr1 = active ? s.logical_row(16 * m + g + 8) : -1;
   const int blocks = a.block_size ? K / a.block_size : 1;
   int shift = 0;
   while (a.block_size && (1 << shift) < a.block_size) ++shift;

@@ -17,10 +17,6 @@ namespace {
 using formats::packed_bytes;
 using formats::read_bits;
 
-__device__ __forceinline__ float load_scale(const uint8_t* p, DType t, int64_t i) {
-  return load_scalar(p, t, i);
-}
-
 // Integer formats: w = float(q - zp) * scale (one rounding, as on the host). Blocks are powers of
 // two, so block indices are shifts (block_shift < 0: one scale per row).
 template <int kBits>
@@ -30,7 +26,7 @@ __device__ void decode_int(const DeviceFc& f, int block_shift, int64_t e, int64_
   const uint8_t* codes = f.weight + (e * f.n + n) * packed_bytes(K, kBits);
   const int blocks = block_shift < 0 ? 1 : K >> block_shift;
   const int blk = block_shift < 0 ? 0 : k0 >> block_shift;  // the eight weights share one block
-  const float s = load_scale(f.scales, f.format.scale_dtype, (e * f.n + n) * blocks + blk);
+  const float s = load_scalar(f.scales, f.format.scale_dtype, (e * f.n + n) * blocks + blk);
   int zp = 1 << (kBits - 1);
   if (f.zero_points != nullptr) {
     zp = block_shift >= 0
@@ -66,7 +62,7 @@ __device__ void decode_fp4(const DeviceFc& f, int64_t e, int64_t n, int k0, floa
   const uint32_t word = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
                         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
   const float s =
-      load_scale(f.scales, f.format.scale_dtype, (e * f.n + n) * (K / kBlock) + k0 / kBlock);
+      load_scalar(f.scales, f.format.scale_dtype, (e * f.n + n) * (K / kBlock) + k0 / kBlock);
   const float g = f.global_scale[e];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -91,7 +87,7 @@ __device__ void decode_fp8(const DeviceFc& f, int64_t e, int64_t n, int64_t k0, 
     for (int i = 0; i < 8; ++i) {
       const int64_t k = k0 + i;
       v[i] = k < K ? num::e4m3_to_f32(p[k]) *
-                         load_scale(f.scales, f.format.scale_dtype, first + k / bs)
+                         load_scalar(f.scales, f.format.scale_dtype, first + k / bs)
                    : 0.0f;
     }
   }

@@ -11,10 +11,6 @@
 namespace qmoe::cuda {
 namespace {
 
-__device__ __forceinline__ float load_f(const void* p, DType t, int64_t i) {
-  return load_scalar(p, t, i);
-}
-
 __device__ __forceinline__ void store_f(void* p, DType t, int64_t i, float v) {
   switch (t) {
     case DType::kF16:
@@ -107,11 +103,11 @@ __global__ void activation_kernel(ActivationArgs a) {
   const int64_t I = a.inter;
   // FC1 (and FC3) output n of this route: scale * dot + bias, as the CPU backend computes it.
   auto fc1 = [&](int64_t n) {
-    const float b = a.fc1_bias ? load_f(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + n) : 0.0f;
+    const float b = a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + n) : 0.0f;
     return scale * h[n] + b;
   };
   auto fc3 = [&](int64_t n) {
-    const float b = a.fc3_bias ? load_f(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
+    const float b = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
     return scale * h3[n] + b;
   };
   for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
@@ -172,8 +168,8 @@ __global__ void finalize_kernel(FinalizeArgs a) {
       if (j < a.slots) {
         float x = v[u];
         if (a.fc2_bias) {
-          x = x +
-              load_f(a.fc2_bias, a.bias_dtype, static_cast<int64_t>(s_expert[j]) * a.hidden + c);
+          x = x + load_scalar(a.fc2_bias, a.bias_dtype,
+                              static_cast<int64_t>(s_expert[j]) * a.hidden + c);
         }
         acc = a.scale_input ? acc + x : acc + s_weight[j] * x;
       }
