@@ -45,7 +45,8 @@ void check_roundtrip(WeightFormat wf, int64_t n, int64_t k, MmaRowMap map, int64
 }
 
 TEST(MmaPack, EveryWidthAndRowMap) {
-  for (WeightFormat wf : {WeightFormat::kInt2, WeightFormat::kInt4, WeightFormat::kInt8}) {
+  for (WeightFormat wf :
+       {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
     check_roundtrip(wf, 48, 128, MmaRowMap::kIdentity, 0);
     check_roundtrip(wf, 40, 96, MmaRowMap::kIdentity, 0);  // a partial tile and a partial chunk
     check_roundtrip(wf, 2 * 24, 64, MmaRowMap::kGatedInterleaved, 24);
@@ -55,12 +56,14 @@ TEST(MmaPack, EveryWidthAndRowMap) {
 
 TEST(MmaPack, SupportedFormats) {
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kInt4), 2048));
-  EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kInt3), 2048));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kInt3), 2048));
   EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kNvFp4), 2048));
   FcFormat f = default_fc_format(WeightFormat::kInt8);
   f.block_size = 0;
   EXPECT_TRUE(mma_pack_supported(f, 768));
   EXPECT_FALSE(mma_pack_supported(f, 200));  // K not a multiple of 16
+  f.block_size = 48;                         // scale blocks must be powers of two
+  EXPECT_FALSE(mma_pack_supported(f, 768));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "qmoe/layer.h"
@@ -24,6 +25,9 @@ struct PrepareOptions {
   // CUDA: the most bytes of dequantized weights the generic path holds at once (its experts run
   // in waves beyond that); 0 = 1 GiB. Part of workspace_size(), see docs/cuda-backend.md.
   size_t max_dequant_bytes = 0;
+  // A tune file (qmoe/tuning.h) whose rows for this layer and device replace the backend's
+  // default dispatch; empty: $QMOE_TUNE_FILE when set, else the default.
+  std::string tune_file;
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
@@ -54,6 +58,10 @@ class PreparedLayer {
   // clears them; synchronizes with the device. Always ok on the CPU, which rejects such inputs
   // in run() itself.
   virtual Status take_deferred_error() { return Status::ok(); }
+  // The kernel path a call of `tokens` tokens takes now (qmoe/tuning.h), and every path it could
+  // take (what a tuner times). Empty on backends with one path (the CPU).
+  virtual std::string dispatch_choice(int64_t tokens) const { return ""; }
+  virtual std::vector<std::string> dispatch_candidates(int64_t tokens) const { return {}; }
 };
 
 // Validates (check_layer) and prepares. The weights' memory must outlive the layer.

@@ -10,3 +10,4 @@
 #include "qmoe/routing.h"
 #include "qmoe/status.h"
 #include "qmoe/tensor.h"
+#include "qmoe/tuning.h"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -94,6 +95,18 @@ class GpuBuffer {
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0, canary_ = 0;
+};
+
+// Sets an environment variable for the scope of one run.
+class EnvOverride {
+ public:
+  EnvOverride(const char* name, const char* v) : name_(name) { setenv(name, v, 1); }
+  ~EnvOverride() { unsetenv(name_); }
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
+
+ private:
+  const char* name_;
 };
 
 }  // namespace qmoe::test

@@ -1,7 +1,7 @@
-// The decode kernels (integer FC1/FC2 on tensor cores: the staged kernel up to 8 tokens, the
-// K-sliced one up to 64) against the fp64 oracle and against the generic path, over widths, zero
-// points, blocks, dtypes, activations, routing options and the edges of their windows (8/9,
-// 16/17 and 64/65 tokens; 64 routes on one expert).
+// The decode kernel (integer FC1/FC2 on tensor cores, up to 64 tokens) against the fp64 oracle
+// and against the generic path, over widths (mixed too), zero points, blocks, dtypes, activations,
+// routing options and the edges of its window and its passes (1/8/9/16/17/64/65 tokens; 64 routes
+// on one expert; a K so long that fewer rows fit a pass).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,19 +14,10 @@
 namespace qmoe::test {
 namespace {
 
-// Sets an environment variable for the scope of one run.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, const char* v) : name_(name) { setenv(name, v, 1); }
-  ~EnvOverride() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 TEST(GpuDecode, IntegerFormatsMatchOracle) {
   QMOE_REQUIRE_GPU();
-  for (WeightFormat f : {WeightFormat::kInt2, WeightFormat::kInt4, WeightFormat::kInt8}) {
+  for (WeightFormat f :
+       {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
     for (int block : {0, 16, 32, 128}) {
       for (bool zp : {false, true}) {
         for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -40,6 +31,27 @@ TEST(GpuDecode, IntegerFormatsMatchOracle) {
         }
       }
     }
+  }
+}
+
+TEST(GpuDecode, MixedWidths) {
+  QMOE_REQUIRE_GPU();
+  struct Pair {
+    WeightFormat fc1, fc2;
+    int block1, block2;
+  };
+  for (const Pair& p : {Pair{WeightFormat::kInt3, WeightFormat::kInt8, 32, 0},
+                        Pair{WeightFormat::kInt2, WeightFormat::kInt4, 64, 128},
+                        Pair{WeightFormat::kInt8, WeightFormat::kInt3, 0, 16}}) {
+    LayerSpec s = small_spec(p.fc1, 256, 128, 16, 4);
+    s.fc2 = default_fc_format(p.fc2);
+    s.fc1.block_size = p.block1;
+    s.fc2.block_size = p.block2;
+    s.fc2.zero_points = true;
+    s.act_dtype = DType::kBF16;
+    SCOPED_TRACE(s.fc1.to_string() + " / " + s.fc2.to_string());
+    check_gpu_case(s, 1);
+    check_gpu_case(s, 12);
   }
 }
 
@@ -79,7 +91,7 @@ TEST(GpuDecode, RoutingOptions) {
 // routes as there are tokens); many experts with k = 16; K not a multiple of a chunk or slice.
 TEST(GpuDecode, WindowEdgesAndShapes) {
   QMOE_REQUIRE_GPU();
-  for (int64_t tokens : {8, 9, 16, 17, 64, 65}) {
+  for (int64_t tokens : {1, 8, 9, 16, 17, 64, 65}) {
     LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 8, 8);
     s.act_dtype = DType::kBF16;
     SCOPED_TRACE("all experts, tokens " + std::to_string(tokens));
@@ -92,12 +104,20 @@ TEST(GpuDecode, WindowEdgesAndShapes) {
     check_gpu_case(s, 8);
     check_gpu_case(s, 64);
   }
+  {
+    // K = 8192: fewer than 16 activation rows fit a pass, so 20 routes take two passes.
+    LayerSpec s = small_spec(WeightFormat::kInt4, 8192, 128, 8, 8);
+    s.act_dtype = DType::kBF16;
+    SCOPED_TRACE("H 8192");
+    check_gpu_case(s, 20);
+  }
   struct Shape {
     WeightFormat f;
     int64_t h, i;
   };
-  for (const Shape& sh : {Shape{WeightFormat::kInt4, 208, 80}, Shape{WeightFormat::kInt2, 80, 48},
-                          Shape{WeightFormat::kInt8, 176, 112}}) {
+  for (const Shape& sh :
+       {Shape{WeightFormat::kInt4, 208, 80}, Shape{WeightFormat::kInt2, 80, 48},
+        Shape{WeightFormat::kInt8, 176, 112}, Shape{WeightFormat::kInt3, 240, 96}}) {
     LayerSpec s = small_spec(sh.f, sh.h, sh.i, 8, 2);
     s.fc1.block_size = s.fc2.block_size = 16;
     s.act_dtype = DType::kBF16;

@@ -21,6 +21,7 @@
 #include "host_buffer.h"
 #include "presets.h"
 #include "qmoe/routing.h"
+#include "qmoe/tuning.h"
 #include "synth.h"
 
 namespace qmoe::cli {
@@ -47,6 +48,7 @@ struct BenchArgs {
   bool cold_l2 = false, warm_l2 = false;
   uint64_t seed = 0;
   bool no_graph = false, no_check = false;
+  std::string tune;  // --tune FILE: time every dispatch choice first, store the fastest
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -57,7 +59,7 @@ struct BenchArgs {
 constexpr const char* kHeader =
     "preset,format,dtype,tokens,experts_touched,bytes_touched,us_median,us_p10,us_p90,gbps,"
     "pct_of_read_ceiling,tflops,read_ceiling_gbps,error,budget,check,backend,device,graph,l2,"
-    "warmup,repeat,seed,read_ceiling_method,hidden,inter,experts,top_k,shared";
+    "warmup,repeat,seed,read_ceiling_method,hidden,inter,experts,top_k,shared,path";
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -114,6 +116,7 @@ struct BenchContext {
 };
 
 struct CaseResult {
+  std::string path;  // the backend's dispatch choice ("" where it has one path)
   int64_t tokens = 0, touched = 0;
   double bytes = 0, us_median = 0, us_p10 = 0, us_p90 = 0, gbps = 0, tflops = 0;
   bool checked = false, failed = false;
@@ -142,6 +145,7 @@ Status run_case(const BenchContext& ctx, PreparedLayer& layer, const SyntheticLa
   QMOE_RETURN_IF_ERROR(time_case(ctx, layer, in.inputs, out, &us));
 
   r->tokens = tokens;
+  r->path = layer.dispatch_choice(tokens);
   r->us_median = percentile(us, 0.5);
   r->us_p10 = percentile(us, 0.1);
   r->us_p90 = percentile(us, 0.9);
@@ -196,21 +200,23 @@ std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& pre
           std::to_string(spec.inter),
           std::to_string(spec.num_experts),
           std::to_string(spec.routing.top_k),
-          std::to_string(spec.routing.num_shared)};
+          std::to_string(spec.routing.num_shared),
+          r.path};
 }
 
 void print_table_header() {
-  std::printf("%8s %8s %9s %10s %10s %10s %9s %7s %9s %10s  %s\n", "tokens", "experts", "MB",
-              "us median", "us p10", "us p90", "GB/s", "%ceil", "TFLOP/s", "error", "check");
+  std::printf("%8s %8s %9s %10s %10s %10s %9s %7s %9s %10s  %-7s %s\n", "tokens", "experts", "MB",
+              "us median", "us p10", "us p90", "GB/s", "%ceil", "TFLOP/s", "error", "check",
+              "path");
 }
 
 void print_row(const BenchContext& ctx, const CaseResult& r) {
   const std::string pct = ctx.ceiling.gbps > 0 ? num(r.gbps / ctx.ceiling.gbps * 100, "%.1f") : "-";
   const std::string err = r.checked ? num(r.error, "%.3e") : "-";
-  std::printf("%8lld %8lld %9.2f %10.2f %10.2f %10.2f %9.1f %7s %9.3f %10s  %s\n",
+  std::printf("%8lld %8lld %9.2f %10.2f %10.2f %10.2f %9.1f %7s %9.3f %10s  %-7s %s\n",
               static_cast<long long>(r.tokens), static_cast<long long>(r.touched), r.bytes / 1e6,
               r.us_median, r.us_p10, r.us_p90, r.gbps, pct.c_str(), r.tflops, err.c_str(),
-              r.checked ? (r.failed ? "FAIL" : "pass") : "skipped");
+              r.checked ? (r.failed ? "FAIL" : "pass") : "skipped", r.path.c_str());
   std::fflush(stdout);
 }
 
@@ -269,6 +275,52 @@ std::string host_device(int threads) {
   return "host (" + std::to_string(n) + " thread" + (n == 1 ? "" : "s") + ")";
 }
 
+// Sets QMOE_DISPATCH for one scope (the backends read it on every call).
+class ForcedChoice {
+ public:
+  explicit ForcedChoice(const std::string& c) { setenv("QMOE_DISPATCH", c.c_str(), 1); }
+  ~ForcedChoice() { unsetenv("QMOE_DISPATCH"); }
+  ForcedChoice(const ForcedChoice&) = delete;
+  ForcedChoice& operator=(const ForcedChoice&) = delete;
+};
+
+// --tune: per token count, every dispatch choice the layer offers, timed as the cases are; the
+// fastest median of each becomes a row of the tune file (under this layer's key and device).
+Status tune_preset(const BenchContext& ctx, const BenchArgs& a, PreparedLayer& layer,
+                   const SyntheticLayer& synth) {
+  std::vector<int64_t> tokens = a.tokens;
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  BenchContext quick = ctx;
+  quick.check = false;
+  std::vector<TunedRow> rows;
+  std::printf("tune     %s\n", a.tune.c_str());
+  for (int64_t t : tokens) {
+    const std::vector<std::string> choices = layer.dispatch_candidates(t);
+    if (choices.empty()) continue;
+    std::string best;
+    double best_us = 0;
+    std::printf("  %6lld tokens:", static_cast<long long>(t));
+    for (const std::string& c : choices) {
+      CaseResult r;
+      {
+        ForcedChoice forced(c);
+        QMOE_RETURN_IF_ERROR(run_case(quick, layer, synth, t, &r));
+      }
+      std::printf("  %s %.2f us", c.c_str(), r.us_median);
+      if (best.empty() || r.us_median < best_us) {
+        best = c;
+        best_us = r.us_median;
+      }
+    }
+    std::printf("  -> %s\n", best.c_str());
+    std::fflush(stdout);
+    rows.push_back({t, best});
+  }
+  if (rows.empty()) return Status::ok();
+  return save_tuned_rows(a.tune, tune_key(synth.spec, ctx.device), rows);
+}
+
 Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCase& pc,
                     std::ofstream* csv, bool* any_failed) {
   const LayerSpec& spec = pc.spec;
@@ -285,6 +337,11 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   std::unique_ptr<PreparedLayer> layer;
   t0 = Clock::now();
   QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+  if (!a.tune.empty()) {
+    QMOE_RETURN_IF_ERROR(tune_preset(ctx, a, *layer, synth));
+    po.tune_file = a.tune;  // the timed cases below run the tuned table
+    QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+  }
   std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert\n", synth_s,
               seconds_since(t0) * 1e3, static_cast<double>(expert_bytes(spec)) / 1e6);
   print_table_header();
@@ -430,6 +487,9 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--no-graph", a->no_graph, "time eager run() calls instead of graph replays");
   cmd->add_flag("--no-check", a->no_check, "skip the comparison with the fp64 oracle");
+  cmd->add_option("--tune", a->tune,
+                  "time every dispatch choice per token count first, store the fastest in this "
+                  "tune file (see QMOE_TUNE_FILE), then run the cases with it");
   cmd->callback([a, exit_code] { *exit_code = run_bench(*a); });
 }
 

@@ -33,8 +33,11 @@ void fragment_position(int lane, int j, int half, int* row, int* kk) {
 bool mma_pack_supported(const FcFormat& f, int64_t k) {
   if (f.info().kind != FormatKind::kInteger) return false;
   const int b = f.bits();
-  if (b != 2 && b != 4 && b != 8) return false;
-  if (f.block_size != 0 && f.block_size < 16) return false;
+  if (b != 2 && b != 3 && b != 4 && b != 8) return false;
+  // Scale blocks: per channel, or a power of two of at least one K step (16).
+  if (f.block_size != 0 && (f.block_size < 16 || (f.block_size & (f.block_size - 1)) != 0)) {
+    return false;
+  }
   return k % 16 == 0 && k > 0;
 }
 

@@ -1,9 +1,10 @@
 // The decode kernels' layout of integer weights: codes arranged so that one 16-byte load per lane
 // gives a warp the A fragments of `mma.sync.m16n8k16` for several K steps of a 16-row tile.
 //
-// Per expert: tiles of 16 packed rows x chunks of (16 * SC) k, SC = 16 / bits K steps per chunk
-// (int2: 8, int4: 4, int8: 2). A chunk is 32 lanes x 4 words. Lane L (g = L / 4, t = L % 4) holds
-// in K step s, as 4 pairs j = 0..3 (the A fragment registers in order), the codes
+// Per expert: tiles of 16 packed rows x chunks of (16 * SC) k, SC = 16 / bits (rounded down) K
+// steps per chunk (int2: 8, int3: 5, int4: 4, int8: 2). A chunk is 32 lanes x 4 words. Lane L (g =
+// L / 4, t = L % 4) holds in K step s, as 4 pairs j = 0..3 (the A fragment registers in order), the
+// codes
 //   j = 0: rows g,     k = 16 s + 4 t + {0, 1}      j = 1: rows g + 8, k = 16 s + 4 t + {0, 1}
 //   j = 2: rows g,     k = 16 s + 4 t + {2, 3}      j = 3: rows g + 8, k = 16 s + 4 t + {2, 3}
 // (K is permuted inside each step so that a lane's activations are 4 consecutive values; A and B
@@ -55,8 +56,8 @@ struct MmaPackShape {
   }
 };
 
-// Whether the decode kernels read this FC: integer widths 2, 4 or 8; blocks >= 16 or per channel;
-// K a multiple of 16.
+// Whether the decode kernels read this FC: integer widths 2, 3, 4 or 8; per channel or blocks of a
+// power of two >= 16; K a multiple of 16.
 bool mma_pack_supported(const FcFormat& f, int64_t k);
 
 MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter);

@@ -1,16 +1,18 @@
-// Decode kernels for integer weights (int2, int4, int8; symmetric or with zero points; per channel
-// or blocks >= 16): one FC of every touched expert, each expert's weights read once per call
-// whatever the number of routes that chose it (up to kDecodeMaxRoutes per expert, i.e. calls of
-// up to 8 tokens).
+// The decode kernel for integer weights (int2, int3, int4, int8; symmetric or with zero points; per
+// channel or blocks of 16, 32, ...): one FC of every touched expert, each expert's weights read
+// once per call whatever the number of routes that chose it (calls of up to kDecodeMaxRoutes
+// tokens, so up to that many routes per expert).
 //
-// A block owns one 16-row tile of one expert and stages its routes' activations in shared memory;
-// its 4 warps split K. Each warp streams its part of
+// A block owns one 16-row tile of one expert; its 4 warps split K. Each warp streams its part of
 // the tile's codes with one 16-byte load per lane per chunk (mma_pack.h), turns them into exact
 // (q - zp) bf16/f16 A fragments with a shift, a mask, an OR with a float's exponent bits and one
-// subtraction, and multiplies them with the routes' activations (B, 8 routes per mma) on tensor
-// cores, accumulating in fp32. Scales are applied per block to the fp32 sums, so the weights are
-// never rounded to the activation dtype (summation order differs from the CPU backend: results are
-// within tolerance, not bitwise). The 4 warps' partial sums are added in a fixed order.
+// subtraction, and multiplies them with the routes' activations (B, 8 routes per mma, staged in
+// shared memory) on tensor cores, accumulating in fp32. Scales are applied per block to the fp32
+// sums, so the weights are never rounded to the activation dtype (summation order differs from
+// the CPU backend: results are within tolerance, not bitwise; the order is fixed, so a call is
+// deterministic). Up to 16 routes run in one pass; an expert with more runs several passes over
+// its weights (the later ones mostly from L2). The 4 warps' partial sums are added in a fixed
+// order.
 //   FC1: the epilogue adds the bias, applies the activation (gated units come as (gate, linear)
 //        pairs in one thread, see MmaRowMap) and stores the activation in the dtype.
 //   FC2: stores fp32 results by route position; finalize sums them per token.
@@ -26,9 +28,9 @@
 
 namespace qmoe::cuda {
 
-// Routes per expert (one mma column group of 8): calls of up to 8 tokens, since a token routes to
-// an expert at most once.
-constexpr int kDecodeMaxRoutes = 8;
+// The largest call (in tokens, so in routes per expert: a token routes to an expert at most once)
+// the decode kernel takes; larger calls go down the generic path.
+constexpr int kDecodeMaxRoutes = 64;
 
 struct DecodeFcArgs {
   MmaPackShape shape;
@@ -68,15 +70,21 @@ struct DecodeFcArgs {
   int32_t* error = nullptr;
 };
 
-// Calls of 9..64 tokens: decode_tiled.cu's kernel (activations staged a K slice at a time).
-constexpr int kDecodeTiledMaxRoutes = 64;
-
-// The checks both launchers make before any launch.
+// The checks the launcher makes before any launch.
 Status check_decode_args(const DecodeFcArgs& args);
 
+// Whether an FC of this K, width and scale blocks fits the kernel's shared memory: one activation
+// row, a zero row, the tile's scales and zero points.
+bool decode_fits(int64_t k, int block_size, bool zero_points, int bits);
+
+// Opts every instantiation into the large shared memory; once per device, before any launch (and
+// outside stream capture).
+Status prepare_decode_kernels();
+
 // max_routes: an upper bound of any expert's routes in this call (the token count serves: a
-// token routes to an expert at most once); it picks the kernel variant.
-Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, cudaStream_t stream);
-Status launch_decode_fc_tiled(const DecodeFcArgs& args, int max_routes, cudaStream_t stream);
+// token routes to an expert at most once); it sizes the staged activations. route_groups: mma
+// column groups of 8 routes per pass, 1 or 2 (dispatch.h chooses).
+Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int route_groups,
+                        cudaStream_t stream);
 
 }  // namespace qmoe::cuda

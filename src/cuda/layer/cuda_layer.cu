@@ -19,6 +19,7 @@
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
 #include "cuda/gemm/grouped_gemm.h"
+#include "cuda/layer/dispatch.h"
 #include "cuda/layer/stages.h"
 #include "cuda/routing/device_routing.h"
 #include "qmoe/quantize.h"
@@ -74,13 +75,6 @@ Status check_device_pointer(const void* p, const char* name, size_t align) {
   return Status::ok();
 }
 
-// QMOE_CUDA_PATH=generic sends every call down the generic path (A/B runs against the decode
-// kernels); unset or "auto" lets the dispatch choose.
-bool force_generic() {
-  const char* v = std::getenv("QMOE_CUDA_PATH");
-  return v != nullptr && std::string(v) == "generic";
-}
-
 // QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
 bool use_pdl() {
   const char* v = std::getenv("QMOE_PDL");
@@ -106,6 +100,8 @@ class CudaLayer final : public PreparedLayer {
   }
 
   Status init(const LayerWeights& w);
+  // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
+  Status load_dispatch(const std::string& tune_file);
 
   BackendKind backend() const override { return BackendKind::kCuda; }
   const LayerSpec& spec() const override { return spec_; }
@@ -119,6 +115,18 @@ class CudaLayer final : public PreparedLayer {
              size_t workspace_bytes, void* stream, RunProfile* profile) override;
 
   Status take_deferred_error() override;
+
+  std::string dispatch_choice(int64_t tokens) const override {
+    DispatchChoice c;
+    return dispatch_.choose(tokens, &c).is_ok() ? choice_name(c) : "";
+  }
+  std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
+    std::vector<std::string> names;
+    for (const DispatchChoice& c : cuda::dispatch_candidates(decode_ready_, tokens)) {
+      names.push_back(choice_name(c));
+    }
+    return names;
+  }
 
  private:
   // Byte offsets of one call's buffers in the workspace. With R = T * slots, A() rounding up to
@@ -172,7 +180,7 @@ class CudaLayer final : public PreparedLayer {
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, DeviceFc* out);
   Status pack_for_decode(const LayerWeights& w);
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    cudaStream_t stream, RunProfile* profile);
+                    int route_groups, cudaStream_t stream, RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   Status upload(const TensorView& v, const void** dst);
@@ -190,6 +198,7 @@ class CudaLayer final : public PreparedLayer {
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are integer formats that layout supports.
   bool decode_ready_ = false;
+  DispatchTable dispatch_;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
   const uint32_t* packed2_ = nullptr;
@@ -264,9 +273,12 @@ Status CudaLayer::init(const LayerWeights& w) {
 Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
   if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
-      !mma_pack_supported(spec_.fc2, spec_.inter)) {
+      !mma_pack_supported(spec_.fc2, spec_.inter) ||
+      !decode_fits(spec_.hidden, spec_.fc1.block_size, spec_.fc1.zero_points, spec_.fc1.bits()) ||
+      !decode_fits(spec_.inter, spec_.fc2.block_size, spec_.fc2.zero_points, spec_.fc2.bits())) {
     return Status::ok();
   }
+  QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
   MmaRowMap map1 = MmaRowMap::kIdentity;
   if (spec_.activation.gated()) {
     map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
@@ -294,15 +306,11 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   return Status::ok();
 }
 
-// One FC on the decode path: the staged kernel up to 8 routes per expert, the tiled one beyond.
-Status decode_fc(const DecodeFcArgs& d, int tokens, cudaStream_t stream) {
-  return tokens <= kDecodeMaxRoutes ? launch_decode_fc(d, tokens, stream)
-                                    : launch_decode_fc_tiled(d, tokens, stream);
-}
-
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+                             const RouteMapsView& maps, int route_groups, cudaStream_t stream,
+                             RunProfile* profile) {
+  const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
   d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
   d.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
@@ -332,7 +340,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(decode_fc(d, static_cast<int>(maps.tokens), stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
@@ -350,9 +358,20 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
-  QMOE_RETURN_IF_ERROR(decode_fc(d, static_cast<int>(maps.tokens), stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
+}
+
+Status CudaLayer::load_dispatch(const std::string& tune_file) {
+  dispatch_ = DispatchTable(decode_ready_, spec_.slots(), spec_.num_experts);
+  if (tune_file.empty()) return Status::ok();
+  cudaDeviceProp prop;
+  QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
+  std::vector<TunedRow> rows;
+  bool found = false;
+  QMOE_RETURN_IF_ERROR(load_tuned_rows(tune_file, tune_key(spec_, prop.name), &rows, &found));
+  return found ? dispatch_.apply_tuned(rows) : Status::ok();
 }
 
 Status CudaLayer::take_deferred_error() {
@@ -448,6 +467,8 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
           "while capturing a graph");
     }
   }
+  DispatchChoice choice;  // before any launch: a bad QMOE_DISPATCH value launches nothing
+  QMOE_RETURN_IF_ERROR(dispatch_.choose(tokens, &choice));
   if (tokens == 0) return Status::ok();
 
   char* ws = static_cast<char*>(workspace);
@@ -486,10 +507,10 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
 
-  const bool decode = decode_ready_ && tokens <= kDecodeTiledMaxRoutes &&
-                      reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0 && !force_generic();
+  const bool decode =
+      choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
   } else {
     QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
   }
@@ -636,6 +657,9 @@ Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
       options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
   auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
   QMOE_RETURN_IF_ERROR(layer->init(weights));
+  const char* env_tune = std::getenv("QMOE_TUNE_FILE");
+  QMOE_RETURN_IF_ERROR(layer->load_dispatch(
+      !options.tune_file.empty() ? options.tune_file : (env_tune ? env_tune : "")));
   *out = std::move(layer);
   return Status::ok();
 }

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ unsigned long long s_mask[kFusedMaxExperts];
   __shared__ int32_t s_offset[kFusedMaxExperts];
+  __shared__ int32_t s_ids[kFusedMaxTokens * kFusedMaxSlots];  // the routes' experts
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / kWarpSize;
   const int lane = tid % kWarpSize;
@@ -45,11 +46,14 @@ __global__ void __launch_bounds__(kFusedThreads)
     int32_t* sids = reinterpret_cast<int32_t*>(x + 2 * num_e);
     for (int t = warp; t < tokens; t += routing_warps) {
       route_token_warp(a, t, x, x + num_e, sids, x + 2 * num_e + slots, lane);
-      for (int j = lane; j < slots; j += kWarpSize) atomicOr(&s_mask[sids[j]], 1ull << t);
+      for (int j = lane; j < slots; j += kWarpSize) {
+        s_ids[t * slots + j] = sids[j];
+        atomicOr(&s_mask[sids[j]], 1ull << t);
+      }
       __syncwarp();  // the next token rewrites sids
     }
   }
-  __syncthreads();  // masks complete; the warps' global writes of ids visible to the block
+  __syncthreads();  // masks and ids complete
 
   const int32_t c = tid < num_e ? __popcll(s_mask[tid]) : 0;
   int32_t o = 0;
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   __syncthreads();
   if (tid < routes) {
     const int t = tid / slots;
-    const int32_t id = a.ids[tid];
+    const int32_t id = s_ids[tid];  // not a.ids: a read back from L2 costs a round trip
     const unsigned long long earlier = t == 0 ? 0ull : (~0ull >> (64 - t));
     const int32_t pos = s_offset[id] + __popcll(s_mask[id] & earlier);
     permuted[pos] = tid;
@@ -97,8 +101,15 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
   const size_t smem = static_cast<size_t>(routing_warps) *
                       routing_warp_floats(static_cast<int>(args.num_experts), slots) *
                       sizeof(float);
-  // Up to 32 warps x (2 x 512 + 2 x 16) floats = 132 KiB: beyond 48 KiB needs the opt-in.
-  if (smem > 48 * 1024) {
+  // Up to 32 warps x (2 x 512 + 2 x 16) floats = 132 KiB. Beyond 48 KiB, static and dynamic
+  // together, the kernel needs the opt-in; the static part (masks, offsets, ids, CUB's scan
+  // storage) is read from the compiled kernel once.
+  static const size_t static_bytes = [] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, fused_routing_kernel) == cudaSuccess ? fa.sharedSizeBytes
+                                                                           : size_t{48 * 1024};
+  }();
+  if (smem + static_bytes > 48 * 1024) {
     QMOE_CUDA_TRY(cudaFuncSetAttribute(
         fused_routing_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }

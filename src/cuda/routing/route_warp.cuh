@@ -96,14 +96,27 @@ __device__ __forceinline__ Pick lane_best(const float* v, int n, int lane, Pick 
   return best;
 }
 
-// The best of the 32 lanes' candidates; every lane gets the same (unique) answer.
+// A float's bits as an unsigned key in the same order (-0 counted as +0, which compares equal to
+// it); 0 is below every key of a non-NaN float, so it stands for "no candidate".
+__device__ __forceinline__ unsigned order_key(float v) {
+  unsigned u = num::f32_bits(v);
+  if (u == 0x80000000u) u = 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The best of the 32 lanes' candidates; every lane gets the same (unique) answer. Two warp
+// reductions: the largest value, then among the lanes holding it the index the tie rule prefers
+// (each element index belongs to lane index % 32, which holds its exact bits).
 __device__ __forceinline__ Pick warp_best(Pick p, bool higher_first) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    const Pick o{__shfl_xor_sync(kFullMask, p.v, offset), __shfl_xor_sync(kFullMask, p.i, offset)};
-    if (better(o, p, higher_first)) p = o;
-  }
-  return p;
+  const unsigned key = p.i < 0 ? 0u : order_key(p.v);
+  const unsigned best = __reduce_max_sync(kFullMask, key);
+  if (best == 0u) return Pick{0.0f, -1};
+  const unsigned i =
+      higher_first
+          ? __reduce_max_sync(kFullMask, key == best ? static_cast<unsigned>(p.i) : 0u)
+          : __reduce_min_sync(kFullMask, key == best ? static_cast<unsigned>(p.i) : 0xFFFFFFFFu);
+  const int idx = static_cast<int>(i);
+  return Pick{__shfl_sync(kFullMask, p.v, idx % kWarpSize), idx};
 }
 
 // ids[0, k) = the k best of v[0, n) in rank order (lane 0 writes), like select_top_k(). Pick j
@@ -123,6 +136,9 @@ __device__ __forceinline__ void warp_select_top_k(const float* v, int n, int k, 
 __device__ __forceinline__ float warp_serial_sum(const float* x, int n, int lane) {
   float sum = 0.0f;
   if (lane == 0) {
+    // Unrolled so that the shared-memory loads of a batch go out together; the adds stay in
+    // index order.
+#pragma unroll 16
     for (int e = 0; e < n; ++e) sum = sum + x[e];
   }
   return __shfl_sync(kFullMask, sum, 0);

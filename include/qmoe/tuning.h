@@ -1,0 +1,39 @@
+// Tuned dispatch: a backend may run a call down one of several kernel paths (the CUDA backend:
+// the decode kernel with one or two column groups, or the generic path). Each backend has an
+// analytic default; a tune file records, per layer shape and device, the path measured fastest
+// for each token count, and prepare_layer() applies it (PrepareOptions::tune_file, or the
+// QMOE_TUNE_FILE environment variable). `qmoe bench --tune FILE` measures and writes one.
+//
+// A file is JSON: {"qmoe_tune": 1, "layers": {KEY: [{"max_tokens": 1, "choice": "decode/1"},
+// ...]}}. A row covers calls of more tokens than the previous row's max_tokens, up to its own;
+// calls beyond the last row keep the backend's default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qmoe/layer.h"
+#include "qmoe/status.h"
+
+namespace qmoe {
+
+struct TunedRow {
+  int64_t max_tokens = 0;
+  std::string choice;  // a backend's choice name, e.g. "decode/1", "decode/2", "generic"
+};
+
+// The key a layer's rows are stored under: the device, then everything in the spec that changes
+// the kernels' cost (formats, sizes, dtype, activation layout, routes per token).
+std::string tune_key(const LayerSpec& spec, const std::string& device);
+
+// Reads the rows stored under `key`. A missing file or key is not an error (*found = false); a
+// file that is not a tune file, or rows out of order, is.
+Status load_tuned_rows(const std::string& path, const std::string& key, std::vector<TunedRow>* rows,
+                       bool* found);
+
+// Stores `rows` under `key`, keeping the file's other keys.
+Status save_tuned_rows(const std::string& path, const std::string& key,
+                       const std::vector<TunedRow>& rows);
+
+}  // namespace qmoe

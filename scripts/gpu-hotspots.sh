@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Where a kernel spends its time, per SASS instruction: Nsight Compute's warp-state samples and
+# executed-instruction counts for one launch, summarized as the hottest instructions and the
+# opcode mix. Usage: scripts/gpu-hotspots.sh KERNEL_REGEX TOKENS [LAUNCH_SKIP]. Needs build-gpu.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+kernel="$1"; tokens="$2"; skip="${3:-20}"
+rep="$(mktemp -d)/hot"
+ncu --clock-control none --set full --import-source yes --sampling-interval 0 -k "regex:$kernel" --launch-skip "$skip" \
+  --launch-count 1 -f -o "$rep" build-gpu/tools/qmoe run --tokens "$tokens" --no-check >/dev/null 2>&1
+ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>&1
+python3 - "$rep.csv" "$kernel" "$tokens" <<'PY'
+import csv, sys, collections
+path, kernel, tokens = sys.argv[1:4]
+rows = list(csv.reader(open(path, errors="replace")))
+hdr_i = next((i for i, r in enumerate(rows) if any("Source" == c.strip() for c in r)), None)
+if hdr_i is None:
+    print("no source table; first lines:"); print("\n".join(",".join(r) for r in rows[:15])); sys.exit()
+hdr = rows[hdr_i]
+def col(*names):
+    for n in names:
+        for j, c in enumerate(hdr):
+            if n in c: return j
+    return None
+src, stall, exe = col("Source"), col("Warp Stall Sampling (All"), col("Instructions Executed")
+data = [r for r in rows[hdr_i + 1:] if len(r) == len(hdr)]
+num = lambda r, j: float(r[j].replace(",", "") or 0) if j is not None else 0.0
+tot_s = sum(num(r, stall) for r in data) or 1
+tot_e = sum(num(r, exe) for r in data)
+print(f"== {kernel} at {tokens} tokens: {len(data)} SASS lines, {tot_e:.0f} warp instructions executed, {tot_s:.0f} stall samples")
+print("-- hottest instructions (share of stall samples, executed count, SASS)")
+for r in sorted(data, key=lambda r: -num(r, stall))[:45]:
+    print(f"{100*num(r, stall)/tot_s:6.2f}% {num(r, exe):10.0f}  {r[src].strip()[:110]}")
+ops = collections.Counter()
+for r in data:
+    ops[r[src].strip().split(" ")[0].split(".")[0] if not r[src].strip().startswith("@") else r[src].strip().split(" ")[1].split(".")[0]] += num(r, exe)
+print("-- opcode mix (executed)")
+print("  ".join(f"{k} {v:.0f}" for k, v in ops.most_common(25)))
+PY

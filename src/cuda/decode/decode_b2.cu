@@ -1,0 +1,10 @@
+// The decode kernel's int2 instantiations (a file per width, so that they compile in parallel).
+#include "cuda/decode/decode_kernel.cuh"
+
+namespace qmoe::cuda::decode_detail {
+
+template Status launch_decode_bits<2>(const DecodeFcArgs&, const DecodeGeometry&, size_t, int,
+                                      cudaStream_t);
+template Status prepare_decode_bits<2>();
+
+}  // namespace qmoe::cuda::decode_detail

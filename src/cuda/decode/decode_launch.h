@@ -1,0 +1,43 @@
+// Internal to the decode kernel: what the launcher (decode_gemv.cu) derives once per launch and
+// hands to the per-width instantiation files (decode_b2.cu ... decode_b8.cu), which compile in
+// parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "cuda/decode/decode_gemv.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cuda::decode_detail {
+
+struct DecodeGeometry {
+  int rows_cap = 8;  // activation rows staged per pass
+  int nblk = 1;      // scale blocks per row: K / block_size, 1 per channel
+  int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
+  int shift = 30;    // log2(block_size); 30 per channel (every K in block 0)
+  int kpad = 16;     // K rounded up to whole chunks: the staged rows are zero beyond K
+  int ld = 24;       // staged row stride in halves: kpad + 8 (spreads the rows over the banks)
+  // Steps per scale block inside a chunk, as the kernel's template argument: 1, 2 or 4 when
+  // blocks are shorter than a chunk, 0 when a block spans whole chunks (and per channel), -1 when
+  // blocks do not align with chunks (int3: 5 steps per chunk).
+  int spb = 0;
+};
+
+// The kernel's dynamic shared memory: scales (and zero points), a zero row, rows_cap rows.
+inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
+  return static_cast<size_t>(16) * g.nblk_pad * 4 * (zero_points ? 2 : 1) +
+         static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
+}
+
+// The opt-in shared memory of sm_90 (227 KiB) less the kernel's static reduction buffer.
+constexpr int kMaxDynamicSmem = 227 * 1024 - 8 * 1024;
+
+template <int kBits>
+Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
+                          int route_groups, cudaStream_t stream);
+template <int kBits>
+Status prepare_decode_bits();
+
+}  // namespace qmoe::cuda::decode_detail

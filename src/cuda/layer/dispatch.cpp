@@ -1,0 +1,94 @@
+// The dispatch table (dispatch.h).
+#include "cuda/layer/dispatch.h"
+
+#include <cstdlib>
+
+#include "cuda/decode/decode_gemv.h"
+
+namespace qmoe::cuda {
+
+std::string choice_name(const DispatchChoice& c) {
+  if (c.path == CallPath::kGeneric) return "generic";
+  return "decode/" + std::to_string(c.route_groups);
+}
+
+bool parse_choice(const std::string& name, DispatchChoice* out) {
+  if (name == "generic") {
+    *out = DispatchChoice{CallPath::kGeneric, 1};
+    return true;
+  }
+  if (name == "decode/1" || name == "decode/2") {
+    *out = DispatchChoice{CallPath::kDecode, name.back() - '0'};
+    return true;
+  }
+  return false;
+}
+
+std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens) {
+  std::vector<DispatchChoice> c = {DispatchChoice{CallPath::kGeneric, 1}};
+  if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
+    c.push_back(DispatchChoice{CallPath::kDecode, 1});
+    if (tokens > 8) c.push_back(DispatchChoice{CallPath::kDecode, 2});
+  }
+  return c;
+}
+
+Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
+  std::vector<std::pair<int64_t, DispatchChoice>> t;
+  int64_t prev = 0;
+  for (const TunedRow& r : rows) {
+    DispatchChoice c;
+    if (!parse_choice(r.choice, &c)) {
+      return Status::invalid("tuned dispatch: unknown choice '" + r.choice +
+                             "' (expected generic, decode/1 or decode/2)");
+    }
+    if (r.max_tokens <= prev) {
+      return Status::invalid("tuned dispatch: max_tokens must increase");
+    }
+    prev = r.max_tokens;
+    t.emplace_back(r.max_tokens, c);
+  }
+  tuned_ = std::move(t);
+  return Status::ok();
+}
+
+DispatchChoice DispatchTable::analytic(int64_t tokens) const {
+  if (!decode_supported_ || tokens > kDecodeMaxRoutes) return DispatchChoice{CallPath::kGeneric, 1};
+  const bool crowded = tokens * slots_ > 8 * experts_ && tokens > 8;
+  return DispatchChoice{CallPath::kDecode, crowded ? 2 : 1};
+}
+
+DispatchChoice DispatchTable::feasible(DispatchChoice c, int64_t tokens) const {
+  if (c.path == CallPath::kDecode && (!decode_supported_ || tokens > kDecodeMaxRoutes)) {
+    return DispatchChoice{CallPath::kGeneric, 1};
+  }
+  return c;
+}
+
+DispatchChoice DispatchTable::table_choice(int64_t tokens) const {
+  for (const auto& [max_tokens, c] : tuned_) {
+    if (tokens <= max_tokens) return feasible(c, tokens);
+  }
+  return analytic(tokens);
+}
+
+Status DispatchTable::choose(int64_t tokens, DispatchChoice* out) const {
+  const char* forced = std::getenv("QMOE_DISPATCH");
+  if (forced == nullptr) {
+    const char* old = std::getenv("QMOE_CUDA_PATH");
+    if (old != nullptr && std::string(old) == "generic") forced = "generic";
+  }
+  if (forced == nullptr || *forced == '\0') {
+    *out = table_choice(tokens);
+    return Status::ok();
+  }
+  DispatchChoice c;
+  if (!parse_choice(forced, &c)) {
+    return Status::invalid(
+        std::string("QMOE_DISPATCH: expected generic, decode/1 or decode/2, got '") + forced + "'");
+  }
+  *out = feasible(c, tokens);
+  return Status::ok();
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,71 @@
+// The CUDA backend's one dispatch table: for a prepared layer and a call's token count, which path
+// runs (the decode kernel, with one or two mma column groups per pass, or the generic path).
+//
+//   analytic default  decode up to kDecodeMaxRoutes tokens where the decode kernel takes both FCs,
+//                     generic elsewhere; two column groups (16 routes per pass) only where an
+//                     expert averages more than 8 routes (tokens x slots / experts), since a pass
+//                     of 16 staged rows costs shared memory, hence blocks per SM, on every expert;
+//   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
+//                     row's max_tokens;
+//   QMOE_DISPATCH     generic | decode/1 | decode/2: forces one choice for every call (A/B runs);
+//                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
+// A choice the call cannot take (decode beyond its window or for a layer it does not support)
+// falls back to the generic path, which takes every call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qmoe/status.h"
+#include "qmoe/tuning.h"
+
+namespace qmoe::cuda {
+
+enum class CallPath : uint8_t { kDecode, kGeneric };
+
+struct DispatchChoice {
+  CallPath path = CallPath::kGeneric;
+  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2)
+
+  bool operator==(const DispatchChoice& o) const {
+    return path == o.path && (path == CallPath::kGeneric || route_groups == o.route_groups);
+  }
+};
+
+// "generic", "decode/1", "decode/2".
+std::string choice_name(const DispatchChoice& c);
+bool parse_choice(const std::string& name, DispatchChoice* out);
+
+// Every choice worth timing for a call of `tokens` tokens (the tuner's candidates).
+std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens);
+
+class DispatchTable {
+ public:
+  DispatchTable() = default;
+  DispatchTable(bool decode_supported, int slots, int64_t experts)
+      : decode_supported_(decode_supported), slots_(slots), experts_(experts) {}
+
+  // Tuned rows replace the analytic default up to their last max_tokens; an unknown choice name
+  // is an error naming it.
+  Status apply_tuned(const std::vector<TunedRow>& rows);
+
+  // The table's choice (no environment), then the one a call takes (QMOE_DISPATCH applied; an
+  // unparsable value is an error naming the variable).
+  DispatchChoice table_choice(int64_t tokens) const;
+  Status choose(int64_t tokens, DispatchChoice* out) const;
+
+  bool decode_supported() const { return decode_supported_; }
+
+ private:
+  DispatchChoice analytic(int64_t tokens) const;
+  // What a call of `tokens` can run: decode only inside its window.
+  DispatchChoice feasible(DispatchChoice c, int64_t tokens) const;
+
+  bool decode_supported_ = false;
+  int slots_ = 1;
+  int64_t experts_ = 1;
+  std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
+};
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,160 @@
+// The CUDA backend's dispatch table (src/cuda/layer/dispatch.h): the analytic default, tuned rows,
+// the QMOE_DISPATCH override and its errors; then, on a GPU, every choice against the oracle, the
+// decode kernel's column-group variants bit for bit against each other, and a tune file applied
+// through PrepareOptions.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cuda/decode/decode_gemv.h"
+#include "cuda/layer/dispatch.h"
+#include "gpu_layer_harness.h"
+
+namespace qmoe::test {
+namespace {
+
+using cuda::CallPath;
+using cuda::choice_name;
+using cuda::DispatchChoice;
+using cuda::DispatchTable;
+
+std::string chosen(const DispatchTable& t, int64_t tokens) {
+  DispatchChoice c;
+  const Status s = t.choose(tokens, &c);
+  return s.is_ok() ? choice_name(c) : "error: " + s.message();
+}
+
+TEST(Dispatch, AnalyticDefault) {
+  const DispatchTable t(true, 8, 128);  // 8 routes per token over 128 experts
+  EXPECT_EQ(chosen(t, 1), "decode/1");
+  EXPECT_EQ(chosen(t, 8), "decode/1");
+  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes), "decode/1");  // 4 routes per expert on average
+  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");
+  const DispatchTable crowded(true, 8, 8);  // every token on every expert
+  EXPECT_EQ(chosen(crowded, 8), "decode/1");
+  EXPECT_EQ(chosen(crowded, 9), "decode/2");
+  const DispatchTable none(false, 8, 128);
+  EXPECT_EQ(chosen(none, 1), "generic");
+}
+
+TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
+  DispatchTable t(true, 8, 128);
+  ASSERT_TRUE(t.apply_tuned({{2, "decode/2"}, {16, "generic"}, {100, "decode/1"}}).is_ok());
+  EXPECT_EQ(chosen(t, 1), "decode/2");
+  EXPECT_EQ(chosen(t, 3), "generic");
+  EXPECT_EQ(chosen(t, 16), "generic");
+  EXPECT_EQ(chosen(t, 17), "decode/1");
+  EXPECT_EQ(chosen(t, 65), "generic");  // decode cannot take 65 tokens
+  EXPECT_EQ(chosen(t, 101), "generic");
+  const Status bad = t.apply_tuned({{4, "decode/3"}});
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("decode/3"), std::string::npos);
+  EXPECT_FALSE(t.apply_tuned({{4, "generic"}, {4, "generic"}}).is_ok());
+}
+
+TEST(Dispatch, EnvironmentOverride) {
+  const DispatchTable t(true, 8, 128);
+  {
+    EnvOverride o("QMOE_DISPATCH", "decode/2");
+    EXPECT_EQ(chosen(t, 1), "decode/2");
+    EXPECT_EQ(chosen(t, 65), "generic");
+  }
+  {
+    EnvOverride o("QMOE_CUDA_PATH", "generic");
+    EXPECT_EQ(chosen(t, 1), "generic");
+  }
+  {
+    EnvOverride o("QMOE_DISPATCH", "fast");
+    const std::string r = chosen(t, 1);
+    EXPECT_NE(r.find("QMOE_DISPATCH"), std::string::npos) << r;
+    EXPECT_NE(r.find("fast"), std::string::npos) << r;
+  }
+  EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 2u);   // generic, decode/1
+  EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // and decode/2
+  EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
+}
+
+// Every choice within budget; decode/1 and decode/2 compute each route's column alike, so they
+// agree bit for bit (decode/1 runs more passes past 8 routes).
+TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 8, 8);  // every token on every expert
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  for (int64_t tokens : {1, 8, 12, 40}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun runs[3];
+    const char* names[3] = {"generic", "decode/1", "decode/2"};
+    for (int i = 0; i < 3; ++i) {
+      EnvOverride o("QMOE_DISPATCH", names[i]);
+      gpu_run(tl, ti, &runs[i]);
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_LE(runs[i].error, gpu_budget(s.act_dtype)) << names[i] << ", " << tokens << " tokens";
+    }
+    EXPECT_EQ(runs[1].out, runs[2].out) << tokens << " tokens";
+  }
+}
+
+TEST(GpuDispatch, BadOverrideLaunchesNothing) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = small_spec(WeightFormat::kInt4);
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, fresh_seed(), &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  TestInputs ti;
+  make_inputs(tl.spec, 2, fresh_seed(), false, &ti);
+  DeviceInputs d;
+  ASSERT_TRUE(stage_inputs(ti, &d));
+  GpuBuffer ws, out;
+  const size_t bytes = layer->workspace_size(2);
+  ASSERT_TRUE(ws.allocate(bytes, 0xFF, 1024));
+  ASSERT_TRUE(out.allocate(2 * tl.spec.hidden * 2, 0x7E, 256));
+  MutableTensorView ov(out.get(), tl.spec.act_dtype, {2, tl.spec.hidden});
+  EnvOverride o("QMOE_DISPATCH", "decode/9");
+  const Status st = layer->run(d.in, ov, ws.get(), bytes, nullptr);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("QMOE_DISPATCH"), std::string::npos) << st.message();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<uint8_t> host;
+  ASSERT_TRUE(out.download(&host));
+  for (uint8_t b : host) ASSERT_EQ(b, 0x7E) << "output written despite the error";
+}
+
+TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = small_spec(WeightFormat::kInt4);
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, fresh_seed(), &tl);
+  cudaDeviceProp prop;
+  CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
+  const std::string path =
+      ::testing::TempDir() + "qmoe_dispatch_" + std::to_string(fresh_seed()) + ".json";
+  ASSERT_TRUE(save_tuned_rows(path, tune_key(tl.spec, prop.name), {{4, "generic"}}).is_ok());
+  PrepareOptions opt;
+  opt.tune_file = path;
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, opt, &layer).is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "generic");
+  EXPECT_EQ(layer->dispatch_choice(4), "generic");
+  EXPECT_EQ(layer->dispatch_choice(5), "decode/1");
+  EXPECT_EQ(layer->dispatch_candidates(12).size(), 3u);
+  TestInputs ti;
+  make_inputs(tl.spec, 3, fresh_seed(), false, &ti);
+  GpuRun r;
+  gpu_run(tl, ti, &r, {}, 0xFF, true, layer.get());
+  EXPECT_LE(r.error, gpu_budget(s.act_dtype));
+  std::remove(path.c_str());
+  opt.tune_file = path + ".absent";  // no file: the default
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, opt, &layer).is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "decode/1");
+}
+
+}  // namespace
+}  // namespace qmoe::test
