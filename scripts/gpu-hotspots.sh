@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 kernel="$1"; tokens="$2"; skip="${3:-20}"
 rep="$(mktemp -d)/hot"
-ncu --clock-control none --set full --import-source yes --sampling-interval 0 -k "regex:$kernel" --launch-skip "$skip" \
+ncu --clock-control none --set full --import-source yes -k "regex:$kernel" --launch-skip "$skip" \
   --launch-count 1 -f -o "$rep" build-gpu/tools/qmoe run --tokens "$tokens" --no-check >/dev/null 2>&1
 ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>&1
 python3 - "$rep.csv" "$kernel" "$tokens" <<'PY'

@@ -44,6 +44,14 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 // Two codes (bits [0, b) and [16, 16 + b) of v) minus the zero point, as an exact bf16x2/f16x2.
 // sub holds (base + zp) twice, base being the value of the OR-ed exponent: 128 (bf16) or 1024
 // (f16), whose unit in the last place is 1 so that base | q == base + q.
+// (a & b) | c in one LOP3: written as two C operations with two constants, the compiler emits
+// two instructions (a LOP3 takes one immediate), one per code pair per K step.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 template <int kBits, bool kBf16>
 __device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, float zp) {
   constexpr uint32_t mask = (1u << kBits) - 1u;
@@ -54,12 +62,12 @@ __device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, floa
     const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&r);
   } else if constexpr (kBf16) {
-    const uint32_t q = (v & (mask | (mask << 16))) | 0x43004300u;
+    const uint32_t q = and_or(v, mask | (mask << 16), 0x43004300u);
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
                                      *reinterpret_cast<const __nv_bfloat162*>(&sub));
     return *reinterpret_cast<const uint32_t*>(&r);
   } else {
-    const uint32_t q = (v & (mask | (mask << 16))) | 0x64006400u;
+    const uint32_t q = and_or(v, mask | (mask << 16), 0x64006400u);
     const __half2 r =
         __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&sub));
     return *reinterpret_cast<const uint32_t*>(&r);

@@ -248,12 +248,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         }
       }
     };
+    // The chunk kRing ahead: a running pointer, so the loop does not recompute the expert's and
+    // tile's offsets per chunk. A ring slot is refilled after its chunk is decoded (no copy).
+    const uint32_t* wnext = wbase + (c0 + kRing) * 128;
     for (int c = c0; c < c1; c += kRing) {
 #pragma unroll
       for (int i = 0; i < kRing; ++i) {
         if (c + i < c1) {
-          const uint4 wv = ring[i];
-          if (c + i + kRing < c1) ring[i] = load_stream(wbase + (c + i + kRing) * 128);
           const int kc = kChunkK * (c + i);
           if constexpr (kSpb == 0) {
             if (c + i > c0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
@@ -261,7 +262,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
               load_scale(kc);
             }
           }
-          process(wv, kc);
+          process(ring[i], kc);
+          if (c + i + kRing < c1) ring[i] = load_stream(wnext);
+          wnext += 128;
         }
       }
     }
