@@ -12,6 +12,15 @@
 #define QMOE_HD inline
 #endif
 
+// Keeps a loop rolled in device code: cold loops (one lane over the k picks, say) unrolled with
+// remainders multiply a kernel's code, and a kernel that runs once per layer call fetches all of
+// it into cold instruction caches. Nothing on the host.
+#if defined(__CUDA_ARCH__)
+#define QMOE_NO_UNROLL _Pragma("unroll 1")
+#else
+#define QMOE_NO_UNROLL
+#endif
+
 namespace qmoe {
 namespace num {
 

@@ -80,6 +80,7 @@ QMOE_HD bool ranks_before(float va, int ia, float vb, int ib, bool higher_first)
 // ranked after pick j - 1, so nothing is marked and equal values come out once each.
 QMOE_HD void select_top_k(const float* v, int n, int k, bool higher_first, int32_t* ids) {
   int prev = -1;
+  QMOE_NO_UNROLL
   for (int j = 0; j < k; ++j) {
     int best = -1;
     for (int e = 0; e < n; ++e) {
@@ -94,8 +95,10 @@ QMOE_HD void select_top_k(const float* v, int n, int k, bool higher_first, int32
 // w[0, k) /= their sum (summed in slot order), unless the sum is <= kRenormMinSum.
 QMOE_HD void renormalize(float* w, int k) {
   float sum = 0.0f;
+  QMOE_NO_UNROLL
   for (int j = 0; j < k; ++j) sum = sum + w[j];
   if (!(sum > kRenormMinSum)) return;
+  QMOE_NO_UNROLL
   for (int j = 0; j < k; ++j) w[j] = w[j] / sum;
 }
 
@@ -113,6 +116,7 @@ QMOE_HD void softmax_top_k(const RoutingSpec& r, int n, const float* x, float* p
   }
   for (int e = 0; e < n; ++e) p[e] = p[e] / sum;
   select_top_k(p, n, r.top_k, r.ties == TieBreak::kHigherIndex, ids);
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = p[ids[j]];
   if (r.normalize) renormalize(w, r.top_k);
 }
@@ -122,10 +126,12 @@ QMOE_HD void top_k_softmax(const RoutingSpec& r, int n, const float* x, int32_t*
   select_top_k(x, n, r.top_k, r.ties == TieBreak::kHigherIndex, ids);
   const float m = x[ids[0]];
   float sum = 0.0f;
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) {
     w[j] = exp_f32(x[ids[j]] - m);
     sum = sum + w[j];
   }
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / sum;  // sum >= 1: exp(0) is in it
 }
 
@@ -200,6 +206,7 @@ QMOE_HD void grouped_top_k(const RoutingSpec& r, int n, float* x, const float* b
   // The last of the topk_group best groups; a group is kept iff it ranks no lower than that one.
   int last = -1;
   float last_score = 0.0f;
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.topk_group; ++j) {
     int best = -1;
     float best_score = 0.0f;
@@ -222,19 +229,24 @@ QMOE_HD void grouped_top_k(const RoutingSpec& r, int n, float* x, const float* b
   }
   // c of kept experts is finite (s in [0, 1], bias finite), so the k picks are all kept experts.
   select_top_k(c, n, r.top_k, higher, ids);
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = s[ids[j]];
   if (r.normalize) {
     float sum = 0.0f;
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) sum = sum + w[j];
     const float denom = sum + kGroupedDenomEps;
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / denom;
   }
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = w[j] * r.routed_scaling_factor;
 }
 
 // Llama-4: top-k of x, weight sigmoid(x); renormalized only if asked.
 QMOE_HD void top_k_sigmoid(const RoutingSpec& r, int n, const float* x, int32_t* ids, float* w) {
   select_top_k(x, n, r.top_k, r.ties == TieBreak::kHigherIndex, ids);
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = sigmoid_f32(x[ids[j]]);
   if (r.normalize) renormalize(w, r.top_k);
 }
@@ -262,6 +274,7 @@ QMOE_HD void route_token(const RoutingSpec& r, int num_experts, float* x, const 
       break;
   }
   // Shared experts: always on, weight sigmoid(own logit), outside any normalization.
+  QMOE_NO_UNROLL
   for (int i = 0; i < r.num_shared; ++i) {
     ids[r.top_k + i] = n + i;
     w[r.top_k + i] = sigmoid_f32(x[n + i]);
@@ -273,6 +286,7 @@ QMOE_HD void route_token(const RoutingSpec& r, int num_experts, float* x, const 
 QMOE_HD void finish_gathered_weights(const RoutingSpec& r, float* w) {
   if (r.normalize) renormalize(w, r.top_k);
   if (r.method == RoutingMethod::kGroupedTopK) {
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = w[j] * r.routed_scaling_factor;
   }
 }

@@ -22,6 +22,7 @@ static_assert(kFusedMaxExperts <= kFusedThreads, "one thread per expert");
 static_assert(kFusedMaxTokens * kFusedMaxSlots <= kFusedThreads, "one thread per route");
 static_assert(kFusedMaxTokens <= 64, "token masks are 64-bit");
 
+template <RoutingMethod kMethod>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int routing_warps, int32_t* counts,
                          int32_t* offsets, int32_t* permuted, int32_t* position,
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     float* x = rows + static_cast<size_t>(warp) * routing_warp_floats(num_e, slots);
     int32_t* sids = reinterpret_cast<int32_t*>(x + 2 * num_e);
     for (int t = warp; t < tokens; t += routing_warps) {
-      route_token_warp(a, t, x, x + num_e, sids, x + 2 * num_e + slots, lane);
+      route_token_warp<kMethod>(a, t, x, x + num_e, sids, x + 2 * num_e + slots, lane);
       for (int j = lane; j < slots; j += kWarpSize) {
         s_ids[t * slots + j] = sids[j];
         atomicOr(&s_mask[sids[j]], 1ull << t);
@@ -104,22 +105,25 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
   // Up to 32 warps x (2 x 512 + 2 x 16) floats = 132 KiB. Beyond 48 KiB, static and dynamic
   // together, the kernel needs the opt-in; the static part (masks, offsets, ids, CUB's scan
   // storage) is read from the compiled kernel once.
-  static const size_t static_bytes = [] {
-    cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, fused_routing_kernel) == cudaSuccess ? fa.sharedSizeBytes
-                                                                           : size_t{48 * 1024};
-  }();
-  if (smem + static_bytes > 48 * 1024) {
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(
-        fused_routing_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  const RouteMapsView& m = args.maps;
-  fused_routing_kernel<<<1, kFusedThreads, smem, stream>>>(
-      token_routing(args), tokens, routing_warps, m.expert_counts, m.expert_offsets,
-      m.permuted_route, m.route_position, args.plan_touched, args.plan_n_touched,
-      args.plan_tile_start, args.plan_tile_m);
-  QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
-  return Status::ok();
+  return with_routing_method(args.routing.method, [&](auto method) -> Status {
+    auto* kernel = &fused_routing_kernel<decltype(method)::value>;
+    static const size_t static_bytes = [kernel] {
+      cudaFuncAttributes fa{};
+      return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.sharedSizeBytes
+                                                               : size_t{48 * 1024};
+    }();
+    if (smem + static_bytes > 48 * 1024) {
+      QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+    }
+    const RouteMapsView& m = args.maps;
+    kernel<<<1, kFusedThreads, smem, stream>>>(
+        token_routing(args), tokens, routing_warps, m.expert_counts, m.expert_offsets,
+        m.permuted_route, m.route_position, args.plan_touched, args.plan_n_touched,
+        args.plan_tile_start, args.plan_tile_m);
+    QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
+    return Status::ok();
+  });
 }
 
 }  // namespace qmoe::cuda::routing_detail

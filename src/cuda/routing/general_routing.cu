@@ -65,6 +65,7 @@ Status temp_layout(int64_t tokens, int slots, int64_t experts, TempLayout* l) {
   return Status::ok();
 }
 
+template <RoutingMethod kMethod>
 __global__ void route_tokens_kernel(TokenRouting a, int64_t tokens, int warps_per_block,
                                     int32_t* route_ids) {
   extern __shared__ float rows[];  // [warps_per_block][2 E]
@@ -73,8 +74,8 @@ __global__ void route_tokens_kernel(TokenRouting a, int64_t tokens, int warps_pe
   const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_block + warp;
   if (t >= tokens) return;  // warp-uniform; the kernel has no block barrier
   float* x = rows + static_cast<size_t>(warp) * routing_warp_floats(a.experts, a.slots);
-  route_token_warp(a, t, x, x + a.experts, reinterpret_cast<int32_t*>(x + 2 * a.experts),
-                   x + 2 * a.experts + a.slots, lane);
+  route_token_warp<kMethod>(a, t, x, x + a.experts, reinterpret_cast<int32_t*>(x + 2 * a.experts),
+                            x + 2 * a.experts + a.slots, lane);
   const int64_t first = t * a.slots;
   for (int j = lane; j < a.slots; j += kWarpSize) {
     route_ids[first + j] = static_cast<int32_t>(first + j);
@@ -110,14 +111,19 @@ Status launch_route_tokens(const DeviceRoutingArgs& args, int32_t* route_ids, cu
                                  " bytes of shared memory per token; this device allows " +
                                  std::to_string(optin));
     }
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(
-        route_tokens_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const int64_t blocks = (args.tokens + warps - 1) / warps;
-  route_tokens_kernel<<<static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream>>>(
-      token_routing(args), args.tokens, warps, route_ids);
-  QMOE_CUDA_CHECK_LAUNCH("route_tokens_kernel");
-  return Status::ok();
+  return with_routing_method(args.routing.method, [&](auto method) -> Status {
+    auto* kernel = &route_tokens_kernel<decltype(method)::value>;
+    if (smem > kDefaultSmem) {
+      QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+    }
+    kernel<<<static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream>>>(
+        token_routing(args), args.tokens, warps, route_ids);
+    QMOE_CUDA_CHECK_LAUNCH("route_tokens_kernel");
+    return Status::ok();
+  });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/numeric.h"
 #include "core/routing/route_token.h"
@@ -85,8 +86,10 @@ __device__ __forceinline__ bool better(const Pick& a, const Pick& b, bool higher
 
 // This lane's best element of v[0, n) (indices lane, lane + 32, ...) among those ranked after
 // `after` (all of them when after.i < 0): one step of the host's select_top_k, on a lane's share.
-__device__ __forceinline__ Pick lane_best(const float* v, int n, int lane, Pick after,
-                                          bool higher_first) {
+// Not inlined: it is called from several places per method, and one copy keeps the kernel's code
+// small (see with_routing_method).
+static __device__ __noinline__ Pick lane_best(const float* v, int n, int lane, Pick after,
+                                              bool higher_first) {
   Pick best{0.0f, -1};
   for (int e = lane; e < n; e += kWarpSize) {
     const float ve = v[e];
@@ -125,6 +128,7 @@ __device__ __forceinline__ Pick warp_best(Pick p, bool higher_first) {
 __device__ __forceinline__ void warp_select_top_k(const float* v, int n, int k, bool higher_first,
                                                   int lane, int32_t* ids) {
   Pick mine = lane_best(v, n, lane, Pick{0.0f, -1}, higher_first);
+  QMOE_NO_UNROLL
   for (int j = 0; j < k; ++j) {
     const Pick best = warp_best(mine, higher_first);
     if (lane == 0) ids[j] = best.i;
@@ -136,9 +140,9 @@ __device__ __forceinline__ void warp_select_top_k(const float* v, int n, int k, 
 __device__ __forceinline__ float warp_serial_sum(const float* x, int n, int lane) {
   float sum = 0.0f;
   if (lane == 0) {
-    // Unrolled so that the shared-memory loads of a batch go out together; the adds stay in
-    // index order.
-#pragma unroll 16
+    // Unrolled by 4 so that a batch's shared-memory loads go out together (the adds stay in
+    // index order) without multiplying the kernel's code.
+#pragma unroll 4
     for (int e = 0; e < n; ++e) sum = sum + x[e];
   }
   return __shfl_sync(kFullMask, sum, 0);
@@ -153,10 +157,12 @@ __device__ __forceinline__ void softmax_top_k_warp(const RoutingSpec& r, int n, 
   for (int e = lane; e < n; e += kWarpSize) p[e] = routing::exp_f32(x[e] - m);
   __syncwarp();
   const float sum = warp_serial_sum(p, n, lane);
+  QMOE_NO_UNROLL
   for (int e = lane; e < n; e += kWarpSize) p[e] = p[e] / sum;
   __syncwarp();
   warp_select_top_k(p, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
   if (lane == 0) {
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = p[ids[j]];
     if (r.normalize) routing::renormalize(w, r.top_k);
   }
@@ -168,10 +174,12 @@ __device__ __forceinline__ void top_k_softmax_warp(const RoutingSpec& r, int n, 
   if (lane == 0) {
     const float m = x[ids[0]];
     float sum = 0.0f;
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) {
       w[j] = routing::exp_f32(x[ids[j]] - m);
       sum = sum + w[j];
     }
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / sum;
   }
 }
@@ -220,6 +228,7 @@ __device__ __forceinline__ void grouped_top_k_warp(const RoutingSpec& r, int n, 
   __syncwarp();
   const int size = n / r.n_group;
   Pick last{0.0f, -1};  // the last of the topk_group best groups
+  QMOE_NO_UNROLL
   for (int j = 0; j < r.topk_group; ++j) {
     Pick mine{0.0f, -1};
     for (int g = lane; g < r.n_group; g += kWarpSize) {
@@ -239,13 +248,17 @@ __device__ __forceinline__ void grouped_top_k_warp(const RoutingSpec& r, int n, 
   __syncwarp();
   warp_select_top_k(c, n, r.top_k, higher, lane, ids);
   if (lane == 0) {
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = s[ids[j]];
     if (r.normalize) {
       float sum = 0.0f;
+      QMOE_NO_UNROLL
       for (int j = 0; j < r.top_k; ++j) sum = sum + w[j];
       const float denom = sum + routing::kGroupedDenomEps;
+      QMOE_NO_UNROLL
       for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / denom;
     }
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = w[j] * r.routed_scaling_factor;
   }
 }
@@ -254,6 +267,7 @@ __device__ __forceinline__ void top_k_sigmoid_warp(const RoutingSpec& r, int n, 
                                                    int32_t* ids, float* w, int lane) {
   warp_select_top_k(x, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
   if (lane == 0) {
+    QMOE_NO_UNROLL
     for (int j = 0; j < r.top_k; ++j) w[j] = routing::sigmoid_f32(x[ids[j]]);
     if (r.normalize) routing::renormalize(w, r.top_k);
   }
@@ -262,6 +276,7 @@ __device__ __forceinline__ void top_k_sigmoid_warp(const RoutingSpec& r, int n, 
 // Routes token t: ids and weights of its slots. A token with a non-finite logit or router
 // weight is routed as if its logits were all zero, its weights become NaN and the error word
 // records it (device_routing.h).
+template <RoutingMethod kMethod>
 __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t t, float* x,
                                                  float* work, int32_t* sids, float* sw, int lane) {
   const RoutingSpec& r = a.spec;
@@ -295,43 +310,63 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
   }
   __syncwarp();
 
-  switch (r.method) {
-    case RoutingMethod::kSoftmaxTopK:
-      softmax_top_k_warp(r, n, x, work, ids, w, lane);
-      break;
-    case RoutingMethod::kTopKSoftmax:
-      top_k_softmax_warp(r, n, x, ids, w, lane);
-      break;
-    case RoutingMethod::kSparseMixer:
-      sparse_mixer_warp(r, n, x, work, ids, w, lane);
-      break;
-    case RoutingMethod::kGroupedTopK:
-      grouped_top_k_warp(r, n, x, a.bias, work, ids, w, lane);
-      break;
-    case RoutingMethod::kTopKSigmoid:
-      top_k_sigmoid_warp(r, n, x, ids, w, lane);
-      break;
+  if constexpr (kMethod == RoutingMethod::kSoftmaxTopK) {
+    softmax_top_k_warp(r, n, x, work, ids, w, lane);
+  } else if constexpr (kMethod == RoutingMethod::kTopKSoftmax) {
+    top_k_softmax_warp(r, n, x, ids, w, lane);
+  } else if constexpr (kMethod == RoutingMethod::kSparseMixer) {
+    sparse_mixer_warp(r, n, x, work, ids, w, lane);
+  } else if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
+    grouped_top_k_warp(r, n, x, a.bias, work, ids, w, lane);
+  } else {
+    static_assert(kMethod == RoutingMethod::kTopKSigmoid, "a routing method without a warp path");
+    top_k_sigmoid_warp(r, n, x, ids, w, lane);
   }
   if (lane == 0) {
     // Shared experts: x[n, E) is never overwritten by the methods.
+    QMOE_NO_UNROLL
     for (int i = 0; i < r.num_shared; ++i) {
       ids[r.top_k + i] = n + i;
       w[r.top_k + i] = routing::sigmoid_f32(x[n + i]);
     }
     if (a.router_weights != nullptr) {
+      QMOE_NO_UNROLL
       for (int j = 0; j < r.top_k; ++j) {
         w[j] = load_as_f32(a.router_weights, a.rw_dtype, row + ids[j]);
       }
       routing::finish_gathered_weights(r, w);
     }
     if (bad) {
+      QMOE_NO_UNROLL
       for (int j = 0; j < a.slots; ++j) w[j] = num::bits_f32(0x7FC00000u);  // quiet NaN
     }
   }
   __syncwarp();
+  QMOE_NO_UNROLL
   for (int j = lane; j < a.slots; j += kWarpSize) {
     a.ids[t * a.slots + j] = ids[j];
     a.weights[t * a.slots + j] = w[j];
+  }
+}
+
+// Calls f(std::integral_constant<RoutingMethod, M>{}) for the runtime method m. Each routing
+// kernel is instantiated per method so that it holds one method's code: a decode step runs its
+// routing once, with the kernel's code cold in the instruction caches, and fetching all five
+// methods' code made the one-block fused kernel take ~18 us for one token.
+template <typename F>
+auto with_routing_method(RoutingMethod m, F&& f) {
+  switch (m) {
+    case RoutingMethod::kTopKSoftmax:
+      return f(std::integral_constant<RoutingMethod, RoutingMethod::kTopKSoftmax>{});
+    case RoutingMethod::kSparseMixer:
+      return f(std::integral_constant<RoutingMethod, RoutingMethod::kSparseMixer>{});
+    case RoutingMethod::kGroupedTopK:
+      return f(std::integral_constant<RoutingMethod, RoutingMethod::kGroupedTopK>{});
+    case RoutingMethod::kTopKSigmoid:
+      return f(std::integral_constant<RoutingMethod, RoutingMethod::kTopKSigmoid>{});
+    case RoutingMethod::kSoftmaxTopK:
+    default:
+      return f(std::integral_constant<RoutingMethod, RoutingMethod::kSoftmaxTopK>{});
   }
 }
 
