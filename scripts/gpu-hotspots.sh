@@ -29,8 +29,11 @@ tot_s = sum(num(r, stall) for r in data) or 1
 tot_e = sum(num(r, exe) for r in data)
 print(f"== {kernel} at {tokens} tokens: {len(data)} SASS lines, {tot_e:.0f} warp instructions executed, {tot_s:.0f} stall samples")
 print("-- hottest instructions (share of stall samples, executed count, SASS)")
-for r in sorted(data, key=lambda r: -num(r, stall))[:45]:
+for r in sorted(data, key=lambda r: -num(r, stall))[:30]:
     print(f"{100*num(r, stall)/tot_s:6.2f}% {num(r, exe):10.0f}  {r[src].strip()[:110]}")
+print("-- most executed instructions (executed count, share of stall samples, SASS)")
+for r in sorted(data, key=lambda r: -num(r, exe))[:40]:
+    print(f"{num(r, exe):10.0f} {100*num(r, stall)/tot_s:6.2f}%  {r[src].strip()[:110]}")
 ops = collections.Counter()
 for r in data:
     ops[r[src].strip().split(" ")[0].split(".")[0] if not r[src].strip().startswith("@") else r[src].strip().split(" ")[1].split(".")[0]] += num(r, exe)
