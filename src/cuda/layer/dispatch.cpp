@@ -12,14 +12,30 @@ std::string choice_name(const DispatchChoice& c) {
   return "decode/" + std::to_string(c.route_groups);
 }
 
-bool parse_choice(const std::string& name, DispatchChoice* out) {
-  if (name == "generic") {
-    *out = DispatchChoice{CallPath::kGeneric, 1};
-    return true;
+namespace {
+
+// Every choice there is: parsing and the error messages derive from this list and choice_name().
+constexpr DispatchChoice kChoices[] = {
+    {CallPath::kGeneric, 1}, {CallPath::kDecode, 1}, {CallPath::kDecode, 2}};
+
+// "generic, decode/1 or decode/2".
+std::string choice_list() {
+  std::string list;
+  const size_t n = sizeof(kChoices) / sizeof(kChoices[0]);
+  for (size_t i = 0; i < n; ++i) {
+    list += (i == 0 ? "" : (i + 1 == n ? " or " : ", ")) + choice_name(kChoices[i]);
   }
-  if (name == "decode/1" || name == "decode/2") {
-    *out = DispatchChoice{CallPath::kDecode, name.back() - '0'};
-    return true;
+  return list;
+}
+
+}  // namespace
+
+bool parse_choice(const std::string& name, DispatchChoice* out) {
+  for (const DispatchChoice& c : kChoices) {
+    if (choice_name(c) == name) {
+      *out = c;
+      return true;
+    }
   }
   return false;
 }
@@ -39,8 +55,8 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
   for (const TunedRow& r : rows) {
     DispatchChoice c;
     if (!parse_choice(r.choice, &c)) {
-      return Status::invalid("tuned dispatch: unknown choice '" + r.choice +
-                             "' (expected generic, decode/1 or decode/2)");
+      return Status::invalid("tuned dispatch: unknown choice '" + r.choice + "' (expected " +
+                             choice_list() + ")");
     }
     if (r.max_tokens <= prev) {
       return Status::invalid("tuned dispatch: max_tokens must increase");
@@ -84,8 +100,7 @@ Status DispatchTable::choose(int64_t tokens, DispatchChoice* out) const {
   }
   DispatchChoice c;
   if (!parse_choice(forced, &c)) {
-    return Status::invalid(
-        std::string("QMOE_DISPATCH: expected generic, decode/1 or decode/2, got '") + forced + "'");
+    return Status::invalid("QMOE_DISPATCH: expected " + choice_list() + ", got '" + forced + "'");
   }
   *out = feasible(c, tokens);
   return Status::ok();
