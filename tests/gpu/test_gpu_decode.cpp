@@ -177,6 +177,50 @@ TEST(GpuDecode, DependentLaunchKeepsTheBits) {
   }
 }
 
+// Tiles per block: one (the warps split K) or several (a warp per tile over all of K, its load
+// ring running across tile ends). Every choice matches the oracle, including partial last blocks
+// (tiles not a multiple of the choice), passes of more than 8 routes, scale blocks shorter than a
+// chunk, zero points and int3; a warp-per-tile layout sums in the same order whatever the tiles
+// per block, so those choices agree bit for bit.
+TEST(GpuDecode, TilesPerBlockChoices) {
+  QMOE_REQUIRE_GPU();
+  struct Case {
+    WeightFormat f;
+    int block;
+    bool zp;
+    int64_t h, i, e, k;
+  };
+  for (const Case& c : {Case{WeightFormat::kInt4, 128, true, 1024, 640, 16, 4},
+                        Case{WeightFormat::kInt8, 0, false, 512, 384, 8, 2},
+                        Case{WeightFormat::kInt2, 32, true, 1024, 768, 16, 4},
+                        Case{WeightFormat::kInt3, 64, false, 800, 480, 8, 8}}) {
+    LayerSpec s = small_spec(c.f, c.h, c.i, c.e, c.k);
+    s.fc1.block_size = s.fc2.block_size = c.block;
+    s.fc1.zero_points = s.fc2.zero_points = c.zp;
+    s.fc1.scale_dtype = DType::kBF16;
+    s.act_dtype = DType::kBF16;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    for (int64_t tokens : {1, 8, 24}) {
+      SCOPED_TRACE(s.fc1.to_string() + " tokens " + std::to_string(tokens));
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      std::vector<uint8_t> first;
+      for (int tpb : {1, 4, 8, 16}) {
+        GpuRun r;
+        {
+          EnvOverride o("QMOE_DECODE_TPB", std::to_string(tpb).c_str());
+          gpu_run(tl, ti, &r);
+        }
+        EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << tpb << " tiles per block";
+        if (tpb == 4) first = r.out;
+        if (tpb > 4) EXPECT_EQ(r.out, first) << tpb << " tiles per block differs from 4";
+      }
+    }
+  }
+}
+
 // A non-finite activation on the decode path: reported, and only its token's row is affected.
 TEST(GpuDecode, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();

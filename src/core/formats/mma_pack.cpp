@@ -53,7 +53,54 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
   s.tiles = (packed_rows + 15) / 16;
   const int64_t chunk_k = 16 * s.steps_per_chunk;
   s.chunks = (k + chunk_k - 1) / chunk_k;
+  s.block_size = f.block_size;
+  s.scale_blocks = f.block_size ? (s.chunks * chunk_k + f.block_size - 1) / f.block_size : 1;
   return s;
+}
+
+namespace {
+
+// Calls f(e, pr, b, lr, kb) for every entry of the tile-ordered scale layout: lr is the logical
+// row (-1 for padding), kb the ORT block index (-1 past K's blocks).
+template <typename F>
+void for_each_scale_entry(const MmaPackShape& s, int64_t experts, F&& f) {
+  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t pr = 0; pr < s.tiles * 16; ++pr) {
+      const int64_t lr = s.logical_row(pr);
+      for (int64_t b = 0; b < s.scale_blocks; ++b) f(e, pr, b, lr, b < nblk ? b : -1);
+    }
+  }
+}
+
+}  // namespace
+
+void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_bytes, int64_t experts,
+                     std::vector<uint8_t>* out) {
+  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  out->assign(static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks * elem_bytes), 0u);
+  for_each_scale_entry(s, experts, [&](int64_t e, int64_t pr, int64_t b, int64_t lr, int64_t kb) {
+    if (lr < 0 || kb < 0) return;
+    const uint8_t* src = scales + ((e * s.n + lr) * nblk + kb) * elem_bytes;
+    std::copy(src, src + elem_bytes, out->data() + mma_scale_index(s, e, pr, b) * elem_bytes);
+  });
+}
+
+void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t experts,
+                          std::vector<uint8_t>* out) {
+  const int bits = s.bits;
+  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  out->assign(static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks),
+              static_cast<uint8_t>(1u << (bits - 1)));
+  for_each_scale_entry(s, experts, [&](int64_t e, int64_t pr, int64_t b, int64_t lr, int64_t kb) {
+    if (lr < 0 || kb < 0) return;
+    // Blocks: a row of nblk codes per (expert, row); per channel: a row of N codes per expert.
+    const unsigned q =
+        s.block_size
+            ? formats::read_bits(zp + (e * s.n + lr) * formats::packed_bytes(nblk, bits), kb, bits)
+            : formats::read_bits(zp + e * formats::packed_bytes(s.n, bits), lr, bits);
+    (*out)[static_cast<size_t>(mma_scale_index(s, e, pr, b))] = static_cast<uint8_t>(q);
+  });
 }
 
 namespace {

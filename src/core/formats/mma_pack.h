@@ -42,6 +42,8 @@ struct MmaPackShape {
   int64_t tiles = 0;        // 16-row tiles per expert
   int64_t chunks = 0;       // chunks per tile
   MmaRowMap map = MmaRowMap::kIdentity;
+  int block_size = 0;        // scale block along K; 0 per channel
+  int64_t scale_blocks = 1;  // scale blocks over the padded K (chunks * 16 SC); 1 per channel
 
   // Host and device (the decode kernels index with these).
   QMOE_HD int64_t words_per_expert() const { return tiles * chunks * 128; }
@@ -65,6 +67,21 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
 // Packs the raw ORT codes ([E, N, ceil(K bits / 8)] LSB-first rows) of `experts` experts.
 void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
                   std::vector<uint32_t>* out);
+
+// Scales and zero points in tile order, so that a block copies the scales of consecutive tiles
+// with 16-byte loads and no index arithmetic: entry (e, packed row pr, block b) sits at
+//   ((e * tiles + pr / 16) * 16 + pr % 16) * scale_blocks + b
+// (scale_blocks counts blocks over the padded K, so a tile's run is a multiple of 16 entries).
+// Scales keep their dtype's bytes (elem_bytes each; padding rows and blocks hold 0). Zero points
+// become one byte per entry, the code value (padding holds 2^(bits-1), the symmetric point).
+//   scales: ORT layout [E, N, K / block_size (1 per channel)]; zp: ORT's packed stream.
+void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_bytes, int64_t experts,
+                     std::vector<uint8_t>* out);
+void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t experts,
+                          std::vector<uint8_t>* out);
+QMOE_HD int64_t mma_scale_index(const MmaPackShape& s, int64_t e, int64_t pr, int64_t b) {
+  return ((e * s.tiles + pr / 16) * 16 + pr % 16) * s.scale_blocks + b;
+}
 
 // The code at (expert e, packed row pr, k) of a packed buffer (tests and tools).
 unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,

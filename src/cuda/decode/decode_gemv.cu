@@ -13,28 +13,39 @@ using namespace decode_detail;
 
 namespace {
 
-// The geometry of an FC with rows_cap staged rows (the caller sets rows_cap afterwards).
-DecodeGeometry geometry(const MmaPackShape& s, int block_size) {
+// The geometry of an FC with one tile per block and one staged row (the launcher sets tpb and
+// rows_cap afterwards).
+DecodeGeometry geometry(const MmaPackShape& s) {
   DecodeGeometry g;
   const int chunk_k = 16 * s.steps_per_chunk;
   g.kpad = static_cast<int>(s.chunks) * chunk_k;
   g.ld = g.kpad + 8;
-  g.nblk = block_size ? static_cast<int>(s.k / block_size) : 1;
-  g.nblk_pad = block_size ? (g.kpad + block_size - 1) / block_size : 1;
+  g.nblk = s.block_size ? static_cast<int>(s.k / s.block_size) : 1;
+  g.nblk_pad = static_cast<int>(s.scale_blocks);
   g.shift = 30;
-  if (block_size) {
+  if (s.block_size) {
     g.shift = 0;
-    while ((1 << g.shift) < block_size) ++g.shift;
+    while ((1 << g.shift) < s.block_size) ++g.shift;
   }
   if (s.bits == 3) {
     g.spb = -1;
-  } else if (block_size == 0 || block_size >= chunk_k) {
+  } else if (s.block_size == 0 || s.block_size >= chunk_k) {
     g.spb = 0;
   } else {
-    g.spb = block_size / 16;
+    g.spb = s.block_size / 16;
   }
+  g.tpb = 1;
   g.rows_cap = 1;
   return g;
+}
+
+// Tiles per block when the caller leaves it open: one (the warps split K) while the call's
+// (expert, tile) pairs are few enough that loads in flight, not instructions, bound it; beyond,
+// several, so that a block's prologue and staged activations serve more weights.
+int auto_tiles_per_block(const DecodeFcArgs& a) {
+  const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
+  if (items <= 1600) return 1;
+  return items <= 6400 ? 4 : 8;
 }
 
 }  // namespace
@@ -58,23 +69,17 @@ Status check_decode_args(const DecodeFcArgs& a) {
       a.shape.tiles > 0x7FFFFFFF || a.shape.k > (int64_t{1} << 24)) {
     return Status::invalid("decode: max_groups must be 1..65535, tiles positive, K <= 2^24");
   }
-  if (a.block_size != 0 && (a.block_size < 16 || (a.block_size & (a.block_size - 1)) != 0 ||
-                            a.shape.k % a.block_size != 0)) {
+  const int bs = a.shape.block_size;
+  if (bs != 0 && (bs < 16 || (bs & (bs - 1)) != 0 || a.shape.k % bs != 0)) {
     return Status::invalid(
         "decode: block_size must be 0 (per channel) or a power of two >= 16 dividing K, got " +
-        std::to_string(a.block_size));
+        std::to_string(bs));
   }
   return Status::ok();
 }
 
-bool decode_fits(int64_t k, int block_size, bool zero_points, int bits) {
-  MmaPackShape s;
-  s.bits = bits;
-  s.steps_per_chunk = 16 / bits;
-  s.k = k;
-  s.chunks = (k + 16 * s.steps_per_chunk - 1) / (16 * s.steps_per_chunk);
-  return decode_smem_bytes(geometry(s, block_size), zero_points) <=
-         static_cast<size_t>(kMaxDynamicSmem);
+bool decode_fits(const MmaPackShape& s, bool zero_points) {
+  return decode_smem_bytes(geometry(s), zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
 }
 
 Status prepare_decode_kernels() {
@@ -85,7 +90,7 @@ Status prepare_decode_kernels() {
 }
 
 Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
-                        cudaStream_t stream) {
+                        int tiles_per_block, cudaStream_t stream) {
   QMOE_RETURN_IF_ERROR(check_decode_args(a));
   if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
@@ -95,14 +100,35 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
     return Status::invalid("decode: route_groups must be 1 or 2, got " +
                            std::to_string(route_groups));
   }
-  DecodeGeometry geo = geometry(a.shape, a.block_size);
+  if (tiles_per_block < 0 || (tiles_per_block > 1 && tiles_per_block % 4 != 0)) {
+    return Status::invalid(
+        "decode: tiles_per_block must be 0 (automatic), 1 or a multiple of 4, got " +
+        std::to_string(tiles_per_block));
+  }
+  DecodeGeometry geo = geometry(a.shape);
+  geo.mc = route_groups;
   const bool zp = a.zero_points != nullptr;
   const size_t one_row = decode_smem_bytes(geo, zp);
   if (one_row > static_cast<size_t>(kMaxDynamicSmem)) {
     return Status::invalid("decode: K = " + std::to_string(a.shape.k) +
                            " too large to stage one activation row in shared memory");
   }
-  const int fit = 1 + static_cast<int>((kMaxDynamicSmem - one_row) / (geo.ld * 2));
+  // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
+  // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
+  const int ring = route_groups == 1 ? 6 : 8;
+  int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a);
+  tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
+  if (a.shape.chunks < ring) tpb = 1;
+  while (tpb > 1) {
+    geo.tpb = tpb;
+    geo.rows_cap = std::min(max_routes, 8);
+    if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
+    tpb = tpb > 4 ? tpb / 2 / 4 * 4 : 1;
+  }
+  geo.tpb = tpb;
+  geo.rows_cap = 1;
+  const size_t fixed = decode_smem_bytes(geo, zp);
+  const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = std::min({max_routes, 8 * route_groups, fit});
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {

@@ -3,16 +3,16 @@
 // once per call whatever the number of routes that chose it (calls of up to kDecodeMaxRoutes
 // tokens, so up to that many routes per expert).
 //
-// A block owns one 16-row tile of one expert; its 4 warps split K. Each warp streams its part of
-// the tile's codes with one 16-byte load per lane per chunk (mma_pack.h), turns them into exact
-// (q - zp) bf16/f16 A fragments with a shift, a mask, an OR with a float's exponent bits and one
-// subtraction, and multiplies them with the routes' activations (B, 8 routes per mma, staged in
-// shared memory) on tensor cores, accumulating in fp32. Scales are applied per block to the fp32
-// sums, so the weights are never rounded to the activation dtype (summation order differs from
-// the CPU backend: results are within tolerance, not bitwise; the order is fixed, so a call is
-// deterministic). Up to 16 routes run in one pass; an expert with more runs several passes over
-// its weights (the later ones mostly from L2). The 4 warps' partial sums are added in a fixed
-// order.
+// A block owns one or several consecutive 16-row tiles of one expert (its 4 warps split K of one
+// tile, or each takes a share of the tiles). Each warp streams its part of the codes with one
+// 16-byte load per lane per chunk (mma_pack.h), turns them into exact (q - zp) bf16/f16 A fragments
+// with a shift, a mask, an OR with a float's exponent bits and one subtraction, and multiplies them
+// with the routes' activations (B, 8 routes per mma, staged in shared memory) on tensor cores,
+// accumulating in fp32. Scales are applied per block to the fp32 sums, so the weights are never
+// rounded to the activation dtype (summation order differs from the CPU backend: results are within
+// tolerance, not bitwise; the order is fixed, so a call is deterministic). Up to 16 routes run in
+// one pass; an expert with more runs several passes over its weights (the later ones mostly from
+// L2). The 4 warps' partial sums are added in a fixed order.
 //   FC1: the epilogue adds the bias, applies the activation (gated units come as (gate, linear)
 //        pairs in one thread, see MmaRowMap) and stores the activation in the dtype.
 //   FC2: stores fp32 results by route position; finalize sums them per token.
@@ -35,10 +35,10 @@ constexpr int kDecodeMaxRoutes = 64;
 struct DecodeFcArgs {
   MmaPackShape shape;
   const uint32_t* packed = nullptr;  // [E, words_per_expert]
-  const uint8_t* scales = nullptr;   // ORT layout [E, N, blocks] in scale_dtype
+  // Tile order (mma_pack_scales / mma_pack_zero_points); the shape holds the scale block size.
+  const uint8_t* scales = nullptr;  // in scale_dtype (f32, f16 or bf16)
   DType scale_dtype = DType::kF32;
-  int block_size = 0;                    // 0: per channel
-  const uint8_t* zero_points = nullptr;  // ORT stream, or nullptr (symmetric)
+  const uint8_t* zero_points = nullptr;  // one byte per entry, or nullptr (symmetric)
   DType dtype = DType::kBF16;            // activations: bf16 or f16
 
   // Route p's activation row: x + row * ldx, row = by_token ? permuted_route[p] / slots : p.
@@ -73,9 +73,9 @@ struct DecodeFcArgs {
 // The checks the launcher makes before any launch.
 Status check_decode_args(const DecodeFcArgs& args);
 
-// Whether an FC of this K, width and scale blocks fits the kernel's shared memory: one activation
-// row, a zero row, the tile's scales and zero points.
-bool decode_fits(int64_t k, int block_size, bool zero_points, int bits);
+// Whether an FC of this packed shape fits the kernel's shared memory: one activation row, a zero
+// row, one tile's scales and zero points.
+bool decode_fits(const MmaPackShape& shape, bool zero_points);
 
 // Opts every instantiation into the large shared memory; once per device, before any launch (and
 // outside stream capture).
@@ -83,8 +83,9 @@ Status prepare_decode_kernels();
 
 // max_routes: an upper bound of any expert's routes in this call (the token count serves: a
 // token routes to an expert at most once); it sizes the staged activations. route_groups: mma
-// column groups of 8 routes per pass, 1 or 2 (dispatch.h chooses).
+// column groups of 8 routes per pass, 1 or 2 (dispatch.h chooses). tiles_per_block: 1, a multiple
+// of 4, or 0 for the launcher's choice (a request it cannot honour falls back to fewer).
 Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int route_groups,
-                        cudaStream_t stream);
+                        int tiles_per_block, cudaStream_t stream);
 
 }  // namespace qmoe::cuda

@@ -24,11 +24,60 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kWarps = 4;  // split K inside the block
-constexpr int kScaleBatch = 2;
+constexpr int kWarps = 4;
 
-// Shared memory: scales [16][nblk_pad] and zero points [16][nblk_pad] as fp32, a zero row [ld],
-// the staged activations [rows_cap][ld].
+// Copies the block's tiles' scales (tile-ordered, mma_pack_scales) into shared memory as fp32, and
+// the zero points likewise: a run of n entries from entry `first`, with 16-byte loads (a tile's
+// run is a multiple of 16 entries and 16-byte aligned).
+__device__ __forceinline__ void copy_scales(const DecodeFcArgs& a, int64_t first, int n, float* sc,
+                                            float* zs, int tid) {
+  if (a.scale_dtype == DType::kF32) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.scales) + first / 4;
+#pragma unroll 2
+    for (int i = tid; i < n / 4; i += kWarps * 32) {
+      reinterpret_cast<uint4*>(sc)[i] = __ldg(src + i);
+    }
+  } else {
+    const bool bf16 = a.scale_dtype == DType::kBF16;
+    const uint4* src = reinterpret_cast<const uint4*>(a.scales) + first / 8;
+#pragma unroll 2
+    for (int i = tid; i < n / 8; i += kWarps * 32) {
+      const uint4 v = __ldg(src + i);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint16_t h = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
+        f[j] = bf16 ? __uint_as_float(static_cast<uint32_t>(h) << 16)
+                    : __half2float(__ushort_as_half(h));
+      }
+      reinterpret_cast<float4*>(sc)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+      reinterpret_cast<float4*>(sc)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+  }
+  if (a.zero_points == nullptr) return;
+  const uint4* zsrc = reinterpret_cast<const uint4*>(a.zero_points) + first / 16;
+  for (int i = tid; i < n / 16; i += kWarps * 32) {
+    const uint4 v = __ldg(zsrc + i);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      reinterpret_cast<float4*>(zs)[4 * i + j] =
+          make_float4(static_cast<float>(w[j] & 0xFFu), static_cast<float>((w[j] >> 8) & 0xFFu),
+                      static_cast<float>((w[j] >> 16) & 0xFFu), static_cast<float>(w[j] >> 24));
+    }
+  }
+}
+
+// Shared memory: scales [tiles_per_block * 16][nblk_pad] and zero points (same shape) as fp32, a
+// zero row [ld], the staged activations [rows_cap][ld].
+//
+// A block owns tiles_per_block consecutive 16-row tiles of one expert. With one tile its 4 warps
+// split K and add their partial sums in warp order (the most loads in flight per byte: one-token
+// calls, where the whole layer is a few thousand tiles' worth of latency). With 4 or more, each
+// warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
+// many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
+// load ring follows across tile ends.
 template <int kBits, bool kBf16, int kMC, int kSpb>
 __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
@@ -39,12 +88,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
   // 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each.
   constexpr int kRing = kMC == 1 ? 6 : 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[kWarps - 1][kMC][4][32];
+  __shared__ float red[kWarps][kMC][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem);
-  float* zs = sc + 16 * nbp;
-  uint16_t* zrow = reinterpret_cast<uint16_t*>(zs + (has_zp ? 16 * nbp : 0));
+  float* zs = sc + geo.tpb * 16 * nbp;
+  // Several tiles: each finished tile's sums wait here, [tile][kMC][4][32], for the epilogues after
+  // the warp's stream (run inside it, with the load ring live, they made the kernel spill).
+  float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
+  uint16_t* zrow = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kMC * 128 : 0));
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
 
@@ -57,74 +109,53 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
   const int64_t e = a.touched[gi];
   const int off = a.offsets[e];
   const int cnt = a.offsets[e + 1] - off;
-  const int m = blockIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const MmaPackShape& s = a.shape;
   const int chunks = static_cast<int>(s.chunks);
+  const int m0 = static_cast<int>(blockIdx.x) * geo.tpb;
+  const int ntl = min(geo.tpb, static_cast<int>(s.tiles) - m0);
 
-  // 1. The warp's weight chunks, all of them up to kRing, go out now.
-  const int c0 = chunks * warp / kWarps, c1 = chunks * (warp + 1) / kWarps;
-  const uint32_t* wbase =
-      a.packed + e * s.words_per_expert() + static_cast<int64_t>(m) * chunks * 128 + lane * 4;
+  // The warp's stream: tiles [t0, t1) of the block, chunks [c0, c1) of each; consecutive in
+  // memory either way (split K: one tile).
+  const bool split_k = geo.tpb == 1;
+  int c0 = 0, c1 = chunks, t0 = 0, t1 = ntl;
+  if (split_k) {
+    c0 = chunks * warp / kWarps;
+    c1 = chunks * (warp + 1) / kWarps;
+  } else {
+    const int q = geo.tpb / kWarps;
+    t0 = min(warp * q, ntl);
+    t1 = min(t0 + q, ntl);
+  }
+  const int nw = c1 - c0;
+  const int total = (t1 - t0) * nw;
+  const uint32_t* wstart = a.packed + e * s.words_per_expert() +
+                           (static_cast<int64_t>(m0 + t0) * chunks + c0) * 128 + lane * 4;
+
+  // 1. The warp's first weight chunks, up to kRing, go out now.
   uint4 ring[kRing];
   auto fill_ring = [&]() {
 #pragma unroll
     for (int i = 0; i < kRing; ++i) {
-      if (c0 + i < c1) ring[i] = load_stream(wbase + (c0 + i) * 128);
+      if (i < total) ring[i] = load_stream(wstart + i * 128);
     }
   };
   fill_ring();
 
-  // 2. The zero row, and the tile's scales and zero points (kScaleBatch loads in flight per
-  //    thread; the weight ring is live, so more would spill).
+  // 2. The zero row, and the block's tiles' scales and zero points.
   for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
-  const float mid = static_cast<float>(1 << (kBits - 1));
-  const int nsc = 16 * nbp;
-  for (int i0 = tid; i0 < nsc; i0 += kScaleBatch * kWarps * 32) {
-    float v[kScaleBatch], z[kScaleBatch];
-#pragma unroll
-    for (int u = 0; u < kScaleBatch; ++u) {
-      const int i = i0 + u * kWarps * 32;
-      v[u] = 0.0f;
-      z[u] = mid;
-      if (i < nsc) {
-        const int pr = i / nbp, b = i - pr * nbp;
-        const int64_t lr = s.logical_row(16 * m + pr);
-        if (lr >= 0 && b < geo.nblk) {
-          v[u] = load_scalar(a.scales, a.scale_dtype, (e * s.n + lr) * geo.nblk + b);
-          if (has_zp) {
-            const unsigned q =
-                a.block_size
-                    ? formats::read_bits(
-                          a.zero_points + (e * s.n + lr) * formats::packed_bytes(geo.nblk, kBits),
-                          b, kBits)
-                    : formats::read_bits(a.zero_points + e * formats::packed_bytes(s.n, kBits), lr,
-                                         kBits);
-            z[u] = static_cast<float>(q);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kScaleBatch; ++u) {
-      const int i = i0 + u * kWarps * 32;
-      if (i < nsc) {
-        sc[i] = v[u];
-        if (has_zp) zs[i] = z[u];
-      }
-    }
-  }
+  copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
 
   if (!a.fc1) {  // FC2's activations are FC1's output
     pdl_wait();
     pdl_trigger();
   }
 
-  const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
+  const float mid = static_cast<float>(1 << (kBits - 1));
   const float base = kBf16 ? 128.0f : 1024.0f;
-  const bool check = a.error != nullptr && m == 0;  // tile 0 sees every activation of its routes
+  const bool check = a.error != nullptr && blockIdx.x == 0;  // tile 0 sees every activation
   const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
   auto nonfinite = [&](uint32_t v) {
     return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
@@ -141,8 +172,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
     }
     // 3. Stage the pass's activation rows (zeros past K), two 16-byte loads in flight per thread
     //    (the weight ring is live here: more would spill).
-    const int total = rows * pieces;
-    for (int i0 = tid; i0 < total; i0 += 2 * kWarps * 32) {
+    const int staged = rows * pieces;
+    for (int i0 = tid; i0 < staged; i0 += 2 * kWarps * 32) {
       uint4 v[2];
       int dst[2];
 #pragma unroll
@@ -150,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         const int i = i0 + u * kWarps * 32;
         dst[u] = -1;
         v[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < total) {
+        if (i < staged) {
           const int r = i / pieces, piece = i - r * pieces;
           dst[u] = r * geo.ld + piece * 8;
           if (piece < real_pieces) {
@@ -197,13 +228,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
       }
     };
+    // The current tile's scales and zero points (rows g and g + 8).
+    int tile = t0;
+    int srow = (tile * 16 + g) * nbp;
     auto load_scale = [&](int kp) {  // the block holding K position kp
-      const int b = kp >> geo.shift;
-      s0 = sc[g * nbp + b];
-      s1 = sc[(g + 8) * nbp + b];
+      const int b = srow + (kp >> geo.shift);
+      s0 = sc[b];
+      s1 = sc[8 * nbp + b];
       if (has_zp) {
-        z0 = zs[g * nbp + b];
-        z1 = zs[(g + 8) * nbp + b];
+        z0 = zs[b];
+        z1 = zs[8 * nbp + b];
       }
       sub0 = pair_of<kBf16>(base + z0);
       sub1 = pair_of<kBf16>(base + z1);
@@ -214,7 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
       xr[ch] = (8 * ch + g < rows ? xs + (8 * ch + g) * geo.ld : zrow) + 4 * t;
     }
     int bound = kChunkK * c0;  // kSpb < 0: where the current block ends
-    if (kSpb == 0) load_scale(kChunkK * c0);
+    if (kSpb == 0 && total > 0) load_scale(kChunkK * c0);
     auto process = [&](const uint4& wv, int kc) {
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
@@ -248,38 +282,69 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         }
       }
     };
-    // The chunk kRing ahead: a running pointer, so the loop does not recompute the expert's and
-    // tile's offsets per chunk. A ring slot is refilled after its chunk is decoded (no copy).
-    const uint32_t* wnext = wbase + (c0 + kRing) * 128;
-    for (int c = c0; c < c1; c += kRing) {
+    // The chunk kRing ahead: a running pointer. A ring slot is refilled after its chunk is
+    // decoded (no copy).
+    const uint32_t* wnext = wstart + kRing * 128;
+    int cc = c0;  // the next chunk's index in its tile
+    for (int jb = 0; jb < total; jb += kRing) {
 #pragma unroll
       for (int i = 0; i < kRing; ++i) {
-        if (c + i < c1) {
-          const int kc = kChunkK * (c + i);
+        if (jb + i < total) {
+          const int kc = kChunkK * cc;
           if constexpr (kSpb == 0) {
-            if (c + i > c0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
+            if (jb + i > 0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
               flush();
               load_scale(kc);
             }
           }
           process(ring[i], kc);
-          if (c + i + kRing < c1) ring[i] = load_stream(wnext);
+          if (jb + i + kRing < total) ring[i] = load_stream(wnext);
           wnext += 128;
+          if (++cc == c1 && !split_k) {  // the warp's tile is done: park its sums
+            flush();
+#pragma unroll
+            for (int ch = 0; ch < kMC; ++ch) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                sums[((tile * kMC + ch) * 4 + r) * 32 + lane] = acc[ch][r];
+                acc[ch][r] = 0.0f;
+              }
+            }
+            ++tile;
+            srow += 16 * nbp;
+            cc = c0;
+            bound = 0;
+          }
         }
       }
     }
+    if (!split_k) {  // the epilogues of the warp's tiles (each lane reads what it wrote)
+      for (int tl = t0; tl < t1; ++tl) {
+        const int m = m0 + tl;
+        const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
+#pragma unroll
+        for (int ch = 0; ch < kMC; ++ch) {
+          if (ch >= nch) continue;
+          const float* f = sums + (tl * kMC + ch) * 128 + lane;
+          const float v[4] = {f[0], f[32], f[64], f[96]};
+          epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
+        }
+      }
+      continue;
+    }
     flush();
 
-    // 5. The warps' partial sums, added in warp order by warp 0, then the epilogue.
+    // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
     if (warp > 0) {
 #pragma unroll
       for (int ch = 0; ch < kMC; ++ch) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp - 1][ch][i][lane] = acc[ch][i];
+        for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
       }
     }
     __syncthreads();
     if (warp == 0) {
+      const int64_t lr0 = s.logical_row(16 * m0 + g), lr1 = s.logical_row(16 * m0 + g + 8);
 #pragma unroll
       for (int ch = 0; ch < kMC; ++ch) {
         if (ch >= nch) continue;
@@ -288,10 +353,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         for (int i = 0; i < 4; ++i) {
           float sum = acc[ch][i];
 #pragma unroll
-          for (int w = 0; w < kWarps - 1; ++w) sum = sum + red[w][ch][i][lane];
+          for (int w = 1; w < kWarps; ++w) sum = sum + red[w][ch][i][lane];
           v[i] = sum;
         }
-        epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
+        epilogue(a, e, m0, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
       }
     }
   }
@@ -300,7 +365,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
 template <int kBits, bool kBf16, int kMC, int kSpb>
 Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(a.shape.tiles), static_cast<unsigned>(a.max_groups));
+  const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
+                  static_cast<unsigned>(a.max_groups));
   QMOE_CUDA_TRY(launch_maybe_pdl(&decode_fc_kernel<kBits, kBf16, kMC, kSpb>, grid,
                                  dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");

@@ -13,6 +13,8 @@
 namespace qmoe::cuda::decode_detail {
 
 struct DecodeGeometry {
+  int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
+  int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)
   int rows_cap = 8;  // activation rows staged per pass
   int nblk = 1;      // scale blocks per row: K / block_size, 1 per channel
   int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
@@ -25,14 +27,16 @@ struct DecodeGeometry {
   int spb = 0;
 };
 
-// The kernel's dynamic shared memory: scales (and zero points), a zero row, rows_cap rows.
+// The kernel's dynamic shared memory: its tiles' scales (and zero points), their parked sums, a
+// zero row, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
-  return static_cast<size_t>(16) * g.nblk_pad * 4 * (zero_points ? 2 : 1) +
+  const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * g.mc * 128 * 4 : 0;
+  return static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
          static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
 }
 
 // The opt-in shared memory of sm_90 (227 KiB) less the kernel's static reduction buffer.
-constexpr int kMaxDynamicSmem = 227 * 1024 - 8 * 1024;
+constexpr int kMaxDynamicSmem = 227 * 1024 - 8 * 1024;  // static: red, at most 4 KiB
 
 template <int kBits>
 Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,

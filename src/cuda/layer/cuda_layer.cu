@@ -81,6 +81,13 @@ bool use_pdl() {
   return v == nullptr || std::string(v) != "0";
 }
 
+// QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
+// the launcher chooses.
+int decode_tiles_per_block() {
+  const char* v = std::getenv("QMOE_DECODE_TPB");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
 class CudaLayer final : public PreparedLayer {
  public:
   CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
@@ -202,6 +209,11 @@ class CudaLayer final : public PreparedLayer {
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
   const uint32_t* packed2_ = nullptr;
+  // Their scales and zero points in tile order (mma_pack_scales), as the decode kernel reads them.
+  const uint8_t* tiled_scales1_ = nullptr;
+  const uint8_t* tiled_scales2_ = nullptr;
+  const uint8_t* tiled_zp1_ = nullptr;
+  const uint8_t* tiled_zp2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
   DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
@@ -273,35 +285,54 @@ Status CudaLayer::init(const LayerWeights& w) {
 Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
   if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
-      !mma_pack_supported(spec_.fc2, spec_.inter) ||
-      !decode_fits(spec_.hidden, spec_.fc1.block_size, spec_.fc1.zero_points, spec_.fc1.bits()) ||
-      !decode_fits(spec_.inter, spec_.fc2.block_size, spec_.fc2.zero_points, spec_.fc2.bits())) {
+      !mma_pack_supported(spec_.fc2, spec_.inter)) {
     return Status::ok();
   }
-  QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
   MmaRowMap map1 = MmaRowMap::kIdentity;
   if (spec_.activation.gated()) {
     map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
                                                            : MmaRowMap::kGatedConcatenated;
   }
+  pack1_ = mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter);
+  pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter);
+  if (!decode_fits(pack1_, spec_.fc1.zero_points) || !decode_fits(pack2_, spec_.fc2.zero_points)) {
+    return Status::ok();
+  }
+  QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
   const int64_t E = spec_.num_experts;
-  auto pack = [&](const FcFormat& f, const TensorView& raw, int64_t n, int64_t k, MmaRowMap map,
-                  MmaPackShape* shape, const uint32_t** dst) -> Status {
-    *shape = mma_pack_shape(f, n, k, map, spec_.inter);
-    std::vector<uint8_t> host(raw.bytes());
-    QMOE_CUDA_TRY(cudaMemcpy(host.data(), raw.data, host.size(), cudaMemcpyDefault));
-    std::vector<uint32_t> packed;
-    mma_pack_int(*shape, host.data(), E, &packed);
-    const void* p = nullptr;
-    QMOE_RETURN_IF_ERROR(upload(
-        TensorView(packed.data(), DType::kU8, {static_cast<int64_t>(packed.size() * 4)}), &p));
-    *dst = static_cast<const uint32_t*>(p);
+  auto to_host = [](const TensorView& v, std::vector<uint8_t>* host) -> Status {
+    host->resize(v.bytes());
+    QMOE_CUDA_TRY(cudaMemcpy(host->data(), v.data, host->size(), cudaMemcpyDefault));
     return Status::ok();
   };
-  QMOE_RETURN_IF_ERROR(
-      pack(spec_.fc1, w.fc1.weight, spec_.fc1_rows(), spec_.hidden, map1, &pack1_, &packed1_));
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2.weight, spec_.hidden, spec_.inter,
-                            MmaRowMap::kIdentity, &pack2_, &packed2_));
+  auto upload_bytes = [&](const void* data, size_t bytes, const void** dst) {
+    return upload(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}), dst);
+  };
+  auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
+                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
+    std::vector<uint8_t> host;
+    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
+    std::vector<uint32_t> words;
+    mma_pack_int(shape, host.data(), E, &words);
+    const void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
+    *packed = static_cast<const uint32_t*>(p);
+    std::vector<uint8_t> tiled;
+    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
+    mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
+    *scales = static_cast<const uint8_t*>(p);
+    *zp = nullptr;
+    if (f.zero_points) {
+      QMOE_RETURN_IF_ERROR(to_host(fw.zero_points, &host));
+      mma_pack_zero_points(shape, host.data(), E, &tiled);
+      QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
+      *zp = static_cast<const uint8_t*>(p);
+    }
+    return Status::ok();
+  };
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
   decode_ready_ = true;
   return Status::ok();
 }
@@ -322,13 +353,13 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.slots = spec_.slots();
   d.dtype = cdt_;
   d.pdl = use_pdl();
+  const int tiles_per_block = decode_tiles_per_block();
 
   d.shape = pack1_;
   d.packed = packed1_;
-  d.scales = fc1_.scales;
+  d.scales = tiled_scales1_;
   d.scale_dtype = spec_.fc1.scale_dtype;
-  d.block_size = spec_.fc1.block_size;
-  d.zero_points = fc1_.zero_points;
+  d.zero_points = tiled_zp1_;
   d.x = in.input.data;
   d.ldx = spec_.hidden;
   d.by_token = true;
@@ -340,15 +371,14 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
   d.packed = packed2_;
-  d.scales = fc2_.scales;
+  d.scales = tiled_scales2_;
   d.scale_dtype = spec_.fc2.scale_dtype;
-  d.block_size = spec_.fc2.block_size;
-  d.zero_points = fc2_.zero_points;
+  d.zero_points = tiled_zp2_;
   d.x = ws + l.xa;
   d.ldx = ip_;
   d.by_token = false;
@@ -358,7 +388,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
