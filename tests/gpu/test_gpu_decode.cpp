@@ -193,7 +193,7 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   for (const Case& c : {Case{WeightFormat::kInt4, 128, true, 1024, 640, 16, 4},
                         Case{WeightFormat::kInt8, 0, false, 512, 384, 8, 2},
                         Case{WeightFormat::kInt2, 32, true, 1024, 768, 16, 4},
-                        Case{WeightFormat::kInt3, 64, false, 800, 480, 8, 8}}) {
+                        Case{WeightFormat::kInt3, 64, false, 832, 448, 8, 8}}) {
     LayerSpec s = small_spec(c.f, c.h, c.i, c.e, c.k);
     s.fc1.block_size = s.fc2.block_size = c.block;
     s.fc1.zero_points = s.fc2.zero_points = c.zp;
