@@ -41,11 +41,13 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 
 // Tiles per block when the caller leaves it open: one (the warps split K) while the call's
 // (expert, tile) pairs are few enough that loads in flight, not instructions, bound it; beyond,
-// several, so that a block's prologue and staged activations serve more weights.
+// several, so that a block's prologue and staged activations serve more weights. The switch
+// points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md): one tile wins
+// at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens.
 int auto_tiles_per_block(const DecodeFcArgs& a) {
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
-  if (items <= 1600) return 1;
-  return items <= 6400 ? 4 : 8;
+  if (items <= 1000) return 1;
+  return items <= 8192 ? 4 : 8;
 }
 
 }  // namespace
