@@ -216,14 +216,19 @@ __device__ __forceinline__ void lane_top2(const Value& value, int n, int lane, u
 
 // Whether this lane's key is the largest of the warp's (keys are distinct, so one lane's is). One
 // reduction of the upper halves; only when several lanes share that value (a tie) a second one of
-// the indices.
+// the indices. Both branches on `tied` are warp-uniform (every lane has the same ballot), so all 32
+// lanes reach each full-mask reduction. The second reduction must stay outside `at_top && ...`:
+// there the short circuit skips it on the lanes below the top, and the tied lanes wait in a
+// full-mask reduction the others never join -- on hardware the warp hangs at the first tie.
 __device__ __forceinline__ bool warp_owns_best(uint64_t key) {
   const uint32_t hi = static_cast<uint32_t>(key >> 32);
   const uint32_t top = __reduce_max_sync(kFullMask, hi);
-  const unsigned tied = __ballot_sync(kFullMask, hi == top);
-  if ((tied & (tied - 1)) == 0) return hi == top;
+  const bool at_top = hi == top;
+  const unsigned tied = __ballot_sync(kFullMask, at_top);
+  if ((tied & (tied - 1)) == 0) return at_top;
   const uint32_t lo = static_cast<uint32_t>(key);
-  return hi == top && lo == __reduce_max_sync(kFullMask, hi == top ? lo : 0u);
+  const uint32_t best_lo = __reduce_max_sync(kFullMask, at_top ? lo : 0u);  // every lane
+  return at_top && lo == best_lo;
 }
 
 // The k best of value(0, n) in rank order (k <= n), like select_top_k(): the lane owning pick j
