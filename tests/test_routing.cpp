@@ -577,6 +577,104 @@ TEST(Routing, GroupedTopKNormalizesTinyWeightsWithEpsilon) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The summation order over experts (warp order, route_token.h)
+
+// warp_order_sum() written out as the 32 lanes of a warp run it: lane l's partial over x[l],
+// x[l + 32], ... from +0, then the full xor butterfly, every lane adding its partner's partial.
+// All lanes must end with the same bits.
+float warp_order_sum_by_lanes(const std::vector<float>& x) {
+  float lane[32];
+  for (int l = 0; l < 32; ++l) {
+    lane[l] = 0.0f;
+    for (size_t e = l; e < x.size(); e += 32) lane[l] = lane[l] + x[e];
+  }
+  for (int off = 16; off >= 1; off /= 2) {
+    float next[32];
+    for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ off];
+    std::memcpy(lane, next, sizeof(lane));
+  }
+  for (int l = 1; l < 32; ++l) {
+    EXPECT_EQ(num::f32_bits(lane[l]), num::f32_bits(lane[0])) << "lane " << l;
+  }
+  return lane[0];
+}
+
+float sequential_sum(const std::vector<float>& x) {
+  float sum = 0.0f;
+  for (float v : x) sum = sum + v;
+  return sum;
+}
+
+TEST(RoutingOrder, WarpOrderSumIsLanePartialsThenButterfly) {
+  std::mt19937_64 rng(fresh_seed());
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  int differs = 0, cases = 0;
+  for (int n : {1, 2, 5, 31, 32, 33, 60, 64, 127, 128, 255, 257, 512, 1000, 4096}) {
+    for (int rep = 0; rep < 8; ++rep) {
+      // Softmax-like terms over a wide range, so that the order shows in the last bits.
+      std::vector<float> x(n);
+      for (float& v : x) v = routing::exp_f32(-12.0f * unit(rng));
+      const float got = routing::warp_order_sum(x.data(), n);
+      ASSERT_EQ(num::f32_bits(got), num::f32_bits(warp_order_sum_by_lanes(x))) << "n = " << n;
+      differs += num::f32_bits(got) != num::f32_bits(sequential_sum(x));
+      ++cases;
+    }
+  }
+  // The order is not the sequential one: on these inputs most large sums differ in their bits.
+  EXPECT_GT(differs, cases / 4);
+  // A case worked by hand: 2^24 then 32 ones. Sequentially every 1 is lost to rounding (2^24 + 1
+  // ties to the even 2^24). In warp order lane 0 loses x[32] that way, and at step 16 the 1 of
+  // lane 16; then lane 0 adds the partials 2, 4, 8 and 16 of the other lanes, each exactly:
+  // 2^24 + 30.
+  std::vector<float> x(33, 1.0f);
+  x[0] = 16777216.0f;
+  EXPECT_EQ(sequential_sum(x), 16777216.0f);
+  EXPECT_EQ(routing::warp_order_sum(x.data(), 33), 16777246.0f);
+  EXPECT_EQ(routing::warp_order_sum(x.data(), 0), 0.0f);
+}
+
+// softmax_top_k's denominator and the sparse mixer's sums run in warp order: a token whose
+// weights differ between the two orders gets the warp-order bits from route().
+TEST(RoutingOrder, SoftmaxAndSparseMixerSumInWarpOrder) {
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t e = 128;
+  bool softmax_seen = false, mixer_seen = false;
+  for (int attempt = 0; attempt < 200 && !(softmax_seen && mixer_seen); ++attempt) {
+    const std::vector<float> x = test::gaussian(e, rng(), 2.0f);
+    // softmax_top_k, k = 1: w = p of the maximum = exp(0) / sum = 1 / sum.
+    {
+      const float m = *std::max_element(x.begin(), x.end());
+      std::vector<float> p(e);
+      for (int64_t i = 0; i < e; ++i) p[i] = routing::exp_f32(x[i] - m);
+      const float warp = 1.0f / warp_order_sum_by_lanes(p);
+      const float seq = 1.0f / sequential_sum(p);
+      const Routed got = run_route(make_spec(RoutingMethod::kSoftmaxTopK, e, 1), f32_view(x, 1, e));
+      ASSERT_TRUE(got.status.is_ok()) << got.status.message();
+      EXPECT_EQ(num::f32_bits(got.w[0]), num::f32_bits(warp));
+      softmax_seen = softmax_seen || warp != seq;
+    }
+    // The sparse mixer's first weight: 1 / (sum of the kept terms), eps large enough to keep many.
+    {
+      LayerSpec spec = make_spec(RoutingMethod::kSparseMixer, e, 2);
+      spec.routing.sparse_mixer_eps = 0.5f;
+      const Routed got = run_route(spec, f32_view(x, 1, e));
+      ASSERT_TRUE(got.status.is_ok()) << got.status.message();
+      const float m = x[got.ids[0]];
+      std::vector<float> terms(e);
+      for (int64_t i = 0; i < e; ++i) {
+        terms[i] = routing::sparse_mixer_term(m, x[i], 2.0f * spec.routing.sparse_mixer_eps);
+      }
+      const float warp = 1.0f / warp_order_sum_by_lanes(terms);
+      EXPECT_EQ(num::f32_bits(got.w[0]), num::f32_bits(warp));
+      mixer_seen = mixer_seen || warp != 1.0f / sequential_sum(terms);
+    }
+  }
+  // Otherwise the checks above could not tell the orders apart.
+  EXPECT_TRUE(softmax_seen);
+  EXPECT_TRUE(mixer_seen);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Exact rules
 
 TEST(Routing, EqualLogitsTieToLowerIndexOrHigherWhenAsked) {

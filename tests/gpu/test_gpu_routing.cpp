@@ -39,7 +39,9 @@ constexpr int32_t kNoToken = std::numeric_limits<int32_t>::max();
 // ---------------------------------------------------------------------------------------------
 // Problems
 
-enum class Values { kGaussian, kTieHeavy };
+// kOneLane: Gaussian, with the experts of one warp lane (index % 32 == 3) raised above the rest,
+// so that a token's picks all come from one lane's share.
+enum class Values { kGaussian, kTieHeavy, kOneLane };
 
 struct Problem {
   LayerSpec spec;
@@ -110,7 +112,9 @@ Problem make_problem(const LayerSpec& spec, int64_t tokens, DType dtype, bool wi
   const int64_t n = tokens * spec.num_experts;
   p.logits.resize(std::max<size_t>(4, static_cast<size_t>(n) * dtype_size(dtype)));
   for (int64_t i = 0; i < n; ++i) {
-    store_float(p.logits.data(), dtype, i, ties ? kLogitLevels[level6(rng)] : 2.0f * normal(rng));
+    float v = ties ? kLogitLevels[level6(rng)] : 2.0f * normal(rng);
+    if (values == Values::kOneLane && i % spec.num_experts % 32 == 3) v += 12.0f;
+    store_float(p.logits.data(), dtype, i, v);
   }
   if (with_rw) {
     p.rw.resize(std::max<size_t>(4, static_cast<size_t>(n) * dtype_size(dtype)));
@@ -403,6 +407,35 @@ TEST(DeviceRouting, ExpertCountsAndTopKMatchHost) {
       const LayerSpec s = valid_spec(method, e, 16, 1, TieBreak::kLowerIndex, true, rng);
       const Problem p = make_problem(s, 9, DType::kBF16, false, Values::kGaussian, rng());
       ASSERT_TRUE(matches_host(p)) << "seed " << seed;
+    }
+  }
+}
+
+// Expert counts that leave lanes with unequal shares (E not a multiple of 32, E < 32) and the
+// largest fused one, every method, on both paths; value kinds include picks all from one lane
+// (each lane keeps two candidates and rescans for more) and a sparse mixer that keeps most
+// experts in its sums.
+TEST(DeviceRouting, ExpertCountsOffTheWarpMatchHost) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t experts[] = {1, 5, 33, 60, 257, 300, 512, 1000};
+  const Values values[] = {Values::kGaussian, Values::kTieHeavy, Values::kOneLane};
+  int i = 0;
+  for (int64_t e : experts) {
+    for (RoutingMethod method : kMethods) {
+      if (method == RoutingMethod::kSparseMixer && e < 2) continue;
+      for (int64_t tokens : {1, 9, 70}) {
+        const int shared = e > 2 ? i % 2 : 0;
+        const int k = std::uniform_int_distribution<int>(1, 16)(rng);
+        const TieBreak ties = i % 2 ? TieBreak::kHigherIndex : TieBreak::kLowerIndex;
+        LayerSpec s = valid_spec(method, e, k, shared, ties, (i / 2) % 2 == 0, rng);
+        s.routing.sparse_mixer_eps = i % 3 == 0 ? 0.5f : 0.01f;
+        const Problem p =
+            make_problem(s, tokens, kDtypes[i % 3], i % 5 == 4, values[(i / 3) % 3], rng());
+        ASSERT_TRUE(matches_host(p)) << "seed " << seed;
+        ++i;
+      }
     }
   }
 }

@@ -218,7 +218,7 @@ Status route(const LayerSpec& spec, const RunInputs& in, const TensorView& route
     routing::route_token(r, static_cast<int>(e), x, bias, work, ids, w);
     if (rw.present()) {
       for (int j = 0; j < r.top_k; ++j) w[j] = load_one(rw, t * e + ids[j]);
-      routing::finish_gathered_weights(r, w);
+      routing::finish_slot_weights(r, /*gathered=*/true, w);
     }
   }
   build_expert_maps(maps);

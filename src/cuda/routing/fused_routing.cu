@@ -7,7 +7,7 @@
 // expert (integer atomics, order-free); an expert's count is the mask's popcount, its offset the
 // exclusive block scan of the counts, and route (t, j)'s position offset[id] + popcount(mask[id]
 // & (2^t - 1)) -- the stable counting sort's position.
-#include <cub/block/block_scan.cuh>
+#include <cstdint>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/routing/route_warp.cuh"
@@ -22,6 +22,48 @@ static_assert(kFusedMaxExperts <= kFusedThreads, "one thread per expert");
 static_assert(kFusedMaxTokens * kFusedMaxSlots <= kFusedThreads, "one thread per route");
 static_assert(kFusedMaxTokens <= 64, "token masks are 64-bit");
 
+// One block scan gives the offsets and both plan prefixes: expert e's count, touched flag and
+// tiles packed into one word, [0, 11) count, [11, 21) touched, [21, 32) tiles. No field carries
+// into the next: at most 1024 routes, so at most 1024 tiles (an expert's tiles <= its count), and
+// 512 experts.
+constexpr int kScanWarps = kFusedMaxExperts / kWarpSize;  // the warps of the experts' threads
+constexpr int kTouchedShift = 11;
+constexpr int kTilesShift = 21;
+static_assert(kFusedMaxTokens * kFusedMaxSlots < (1 << kTouchedShift), "routes fit 11 bits");
+static_assert(kFusedMaxExperts < (1 << (kTilesShift - kTouchedShift)), "experts fit 10 bits");
+static_assert(kFusedMaxTokens * kFusedMaxSlots < (1 << (32 - kTilesShift)), "tiles fit 11 bits");
+
+// The exclusive prefix of v over the block's first kScanWarps warps (every thread calls it;
+// the other warps get 0) and, in *total, the sum of all: a shuffle scan per warp, then one warp
+// scans the warps' sums. Two barriers, a few dozen instructions.
+__device__ __forceinline__ uint32_t block_exclusive_scan(uint32_t v, int warp, int lane,
+                                                         uint32_t* s_warp, uint32_t* total) {
+  uint32_t inc = v;
+  if (warp < kScanWarps) {
+#pragma unroll
+    for (int off = 1; off < kWarpSize; off *= 2) {
+      const uint32_t y = __shfl_up_sync(kFullMask, inc, off);
+      if (lane >= off) inc += y;
+    }
+    if (lane == kWarpSize - 1) s_warp[warp] = inc;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t w = lane < kScanWarps ? s_warp[lane] : 0u;
+    uint32_t winc = w;
+#pragma unroll
+    for (int off = 1; off < kWarpSize; off *= 2) {
+      const uint32_t y = __shfl_up_sync(kFullMask, winc, off);
+      if (lane >= off) winc += y;
+    }
+    if (lane < kScanWarps) s_warp[lane] = winc - w;  // exclusive
+    if (lane == kWarpSize - 1) s_warp[kScanWarps] = winc;
+  }
+  __syncthreads();
+  *total = s_warp[kScanWarps];
+  return warp < kScanWarps ? s_warp[warp] + inc - v : 0u;
+}
+
 template <RoutingMethod kMethod>
 __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int routing_warps, int32_t* counts,
@@ -29,8 +71,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                          int32_t* plan_touched, int32_t* plan_n_touched, int32_t* plan_tile_start,
                          int plan_tile_m) {
   extern __shared__ float rows[];  // [routing_warps][routing_warp_floats(E, slots)]
-  using Scan = cub::BlockScan<int32_t, kFusedThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ uint32_t s_warp_scan[kScanWarps + 1];
   __shared__ unsigned long long s_mask[kFusedMaxExperts];
   __shared__ int32_t s_offset[kFusedMaxExperts];
   __shared__ int32_t s_ids[kFusedMaxTokens * kFusedMaxSlots];  // the routes' experts
@@ -47,7 +88,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     int32_t* sids = reinterpret_cast<int32_t*>(x + 2 * num_e);
     for (int t = warp; t < tokens; t += routing_warps) {
       route_token_warp<kMethod>(a, t, x, x + num_e, sids, x + 2 * num_e + slots, lane);
-      for (int j = lane; j < slots; j += kWarpSize) {
+      QMOE_NO_UNROLL  // slots <= 16: one pass
+          for (int j = lane; j < slots; j += kWarpSize) {
         s_ids[t * slots + j] = sids[j];
         atomicOr(&s_mask[sids[j]], 1ull << t);
       }
@@ -57,8 +99,13 @@ __global__ void __launch_bounds__(kFusedThreads)
   __syncthreads();  // masks and ids complete
 
   const int32_t c = tid < num_e ? __popcll(s_mask[tid]) : 0;
-  int32_t o = 0;
-  Scan(scan_storage).ExclusiveSum(c, o);
+  const uint32_t tiles =
+      plan_touched != nullptr ? static_cast<uint32_t>((c + plan_tile_m - 1) / plan_tile_m) : 0u;
+  const uint32_t packed =
+      c > 0 ? static_cast<uint32_t>(c) | (1u << kTouchedShift) | (tiles << kTilesShift) : 0u;
+  uint32_t total = 0;
+  const uint32_t before = block_exclusive_scan(packed, warp, lane, s_warp_scan, &total);
+  const int32_t o = static_cast<int32_t>(before & ((1u << kTouchedShift) - 1));
   if (tid < num_e) {
     s_offset[tid] = o;
     counts[tid] = c;
@@ -67,19 +114,16 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int routes = tokens * slots;
   if (tid == 0) offsets[num_e] = routes;
   if (plan_touched != nullptr) {
-    // The plan: touched flag in the low 16 bits, tiles in the high (at most 512 experts and 1024
-    // routes, so neither field overflows), one scan for both prefixes.
-    const int32_t f = c > 0 ? 1 + (((c + plan_tile_m - 1) / plan_tile_m) << 16) : 0;
-    int32_t fo = 0, total = 0;
-    __syncthreads();  // scan_storage is reused
-    Scan(scan_storage).ExclusiveSum(f, fo, total);
+    const uint32_t touched_mask = (1u << (kTilesShift - kTouchedShift)) - 1;
     if (c > 0) {
-      plan_touched[fo & 0xFFFF] = tid;
-      plan_tile_start[fo & 0xFFFF] = fo >> 16;
+      const uint32_t i = (before >> kTouchedShift) & touched_mask;
+      plan_touched[i] = tid;
+      plan_tile_start[i] = static_cast<int32_t>(before >> kTilesShift);
     }
     if (tid == 0) {
-      *plan_n_touched = total & 0xFFFF;
-      plan_tile_start[total & 0xFFFF] = total >> 16;
+      const uint32_t n_touched = (total >> kTouchedShift) & touched_mask;
+      *plan_n_touched = static_cast<int32_t>(n_touched);
+      plan_tile_start[n_touched] = static_cast<int32_t>(total >> kTilesShift);
     }
   }
   __syncthreads();

@@ -1,19 +1,23 @@
 // Routing one token with one warp, bit for bit equal to routing::route_token() on the host.
 //
-// What is order-independent runs on all 32 lanes: loading and decoding the logits, the
-// element-wise exp / sigmoid, the maxima and the top-k picks. ranks_before() is a strict total
-// order on (value, index), so the best element under it is unique and a shuffle reduction finds
-// exactly the element the host's sequential scan finds. Every floating-point SUM runs on lane 0
-// alone, in the host's order (index order over experts, slot order over the k picks), and every
-// operation after the selection mirrors route_token.h line by line (or calls it), so each
-// rounding happens on the same operands.
+// Lane l owns experts l, l + 32, l + 64, ... and does their element-wise work (decoding, exp,
+// sigmoid, division by a sum). The orders the host fixes are ones a warp follows in parallel:
+//   - sums over the experts run in warp order (routing::warp_order_sum()): each lane adds its own
+//     experts in index order, then an xor butterfly of shuffles combines the 32 partial sums;
+//   - sums over the k selected slots run in slot order: lane j computes slot j's weight, and every
+//     lane adds the slots' weights, gathered by shuffles, in slot order;
+//   - maxima and top-k picks are order-free: ranks_before() is a strict total order on (value,
+//     index), which a 64-bit key encodes (rank_key()), so the best key under a warp reduction is
+//     exactly the element the host's sequential scan finds.
+// Every weight goes through the host's own helpers (slot_weight(), finish_slot_weight(), exp_f32,
+// sigmoid_f32, group_score()), so each rounding happens on the same operands.
 //
 // Requires the whole warp (all 32 lanes, warp-uniform arguments). x and work are the warp's
-// 2 E floats of shared memory, sids and sw its `slots` ids and weights there: lane 0 builds the
-// token's slots in shared memory (it reads them back several times, which from global memory
-// would cost an L2 round trip each) and the warp writes them out once at the end.
+// 2 E floats of shared memory (a row of values a lane owns stays there between passes: E may be
+// up to 16384, more than registers hold), sids and sw its `slots` ids and weights there.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,6 +33,24 @@ namespace qmoe::cuda::routing_detail {
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kWarpSize = 32;
+
+// Calls f(e, own) for a lane's share of items [0, n), e = lane, lane + 32, ..., kUnroll at a
+// time: the shares' shared-memory loads and independent chains (exp, division) overlap, four of
+// them at E = 128. Past the end of the share e is clamped to n - 1 and own is false, so f computes
+// as usual and only its effect is skipped: the loop holds kUnroll copies of f and no remainder
+// copies (the code is fetched cold once per decode step; the compiler's own unrolling of a plain
+// loop left up to 16 copies, or 4 plus 3 for the remainder).
+template <int kUnroll = 4, typename F>
+__device__ __forceinline__ void for_lane_share(int n, int lane, const F& f) {
+  QMOE_NO_UNROLL
+  for (int base = lane; base < n; base += kUnroll * kWarpSize) {
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) {
+      const int e = base + i * kWarpSize;
+      f(min(e, n - 1), e < n);
+    }
+  }
+}
 
 // What the routing kernels read and write, by value in kernel parameters.
 struct TokenRouting {
@@ -61,247 +83,325 @@ inline TokenRouting token_routing(const DeviceRoutingArgs& a) {
   return t;
 }
 
-// Element i of an f32/f16/bf16 array as fp32, decoded exactly as the host's load_row().
-__device__ __forceinline__ float load_as_f32(const void* p, DType t, int64_t i) {
-  if (t == DType::kF16) return num::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  if (t == DType::kBF16) return num::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  return static_cast<const float*>(p)[i];
+// The bits of element i of an f32/f16/bf16 array as loaded (16-bit types zero-extended), and
+// as fp32. Equal to the host's load_row() for every finite value (f16 to f32 is exact, in
+// hardware as in num::f16_to_f32); a non-finite value stays non-finite, which is all the
+// non-finite rule looks at. Loading and decoding apart lets a batch of loads go out without a
+// branch between them.
+__device__ __forceinline__ int dtype_bytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// Row `row` of a [T, E] array of type t.
+__device__ __forceinline__ const void* row_of(const void* p, DType t, int64_t row, int experts) {
+  return static_cast<const char*>(p) + row * experts * dtype_bytes(t);
+}
+
+__device__ __forceinline__ uint32_t load_bits(const void* p, DType t, int i) {
+  const int size = dtype_bytes(t);
+  const char* q = static_cast<const char*>(p) + static_cast<unsigned>(i) * size;
+  return size == 4 ? __ldg(reinterpret_cast<const unsigned*>(q))
+                   : __ldg(reinterpret_cast<const unsigned short*>(q));
+}
+
+__device__ __forceinline__ float decode_f32(uint32_t bits, DType t) {
+  if (t == DType::kF16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  return num::bits_f32(t == DType::kBF16 ? bits << 16 : bits);
+}
+
+__device__ __forceinline__ float load_as_f32(const void* p, DType t, int i) {
+  return decode_f32(load_bits(p, t, i), t);
 }
 
 __device__ __forceinline__ bool is_finite_f32(float v) {
   return (num::f32_bits(v) & 0x7F800000u) != 0x7F800000u;
 }
 
-// A candidate (value, index); index < 0 means none, ranked below everything.
-struct Pick {
-  float v;
-  int i;
-};
+// Loads a lane's share of row elements [0, count) of src, storing them to dst[e] when dst is set;
+// returns whether any is non-finite. Up to kLoadBatch loads per lane go out before the first is
+// used, so E <= 32 kLoadBatch costs one memory round trip. The breaks are warp-uniform; a lane
+// past the end loads element count - 1 again rather than branching around the load.
+constexpr int kLoadBatch = 16;
 
-__device__ __forceinline__ bool better(const Pick& a, const Pick& b, bool higher_first) {
-  if (a.i < 0) return false;
-  if (b.i < 0) return true;
-  return routing::ranks_before(a.v, a.i, b.v, b.i, higher_first);
-}
-
-// This lane's best element of v[0, n) (indices lane, lane + 32, ...) among those ranked after
-// `after` (all of them when after.i < 0): one step of the host's select_top_k, on a lane's share.
-// Not inlined: it is called from several places per method, and one copy keeps the kernel's code
-// small (see with_routing_method).
-static __device__ __noinline__ Pick lane_best(const float* v, int n, int lane, Pick after,
-                                              bool higher_first) {
-  Pick best{0.0f, -1};
-  for (int e = lane; e < n; e += kWarpSize) {
-    const float ve = v[e];
-    if (after.i >= 0 && !routing::ranks_before(after.v, after.i, ve, e, higher_first)) continue;
-    if (best.i < 0 || routing::ranks_before(ve, e, best.v, best.i, higher_first)) best = {ve, e};
+__device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst,
+                                         int lane) {
+  bool bad = false;
+  QMOE_NO_UNROLL
+  for (int base = 0; base < count; base += kWarpSize * kLoadBatch) {
+    uint32_t bits[kLoadBatch];
+#pragma unroll
+    for (int i = 0; i < kLoadBatch; ++i) {
+      if (base + i * kWarpSize >= count) break;
+      bits[i] = load_bits(src, t, min(base + i * kWarpSize + lane, count - 1));
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadBatch; ++i) {
+      if (base + i * kWarpSize >= count) break;
+      const int e = base + i * kWarpSize + lane;
+      const float v = decode_f32(bits[i], t);
+      if (e < count) {
+        bad = bad || !is_finite_f32(v);
+        if (dst != nullptr) dst[e] = v;
+      }
+    }
   }
-  return best;
+  return bad;
 }
 
-// A float's bits as an unsigned key in the same order (-0 counted as +0, which compares equal to
-// it); 0 is below every key of a non-NaN float, so it stands for "no candidate".
-__device__ __forceinline__ unsigned order_key(float v) {
-  unsigned u = num::f32_bits(v);
-  if (u == 0x80000000u) u = 0u;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+// ---- sums and maxima ----
+
+// The warp's 32 partial sums combined as routing::warp_order_sum() combines them: at step off,
+// lane l adds lane (l ^ off)'s partial to its own; every lane ends with the same bits.
+__device__ __forceinline__ float warp_sum(float partial) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) {
+    partial = partial + __shfl_xor_sync(kFullMask, partial, off);
+  }
+  return partial;
 }
 
-// The best of the 32 lanes' candidates; every lane gets the same (unique) answer. Two warp
-// reductions: the largest value, then among the lanes holding it the index the tie rule prefers
-// (each element index belongs to lane index % 32, which holds its exact bits).
-__device__ __forceinline__ Pick warp_best(Pick p, bool higher_first) {
-  const unsigned key = p.i < 0 ? 0u : order_key(p.v);
-  const unsigned best = __reduce_max_sync(kFullMask, key);
-  if (best == 0u) return Pick{0.0f, -1};
-  const unsigned i =
-      higher_first
-          ? __reduce_max_sync(kFullMask, key == best ? static_cast<unsigned>(p.i) : 0u)
-          : __reduce_min_sync(kFullMask, key == best ? static_cast<unsigned>(p.i) : 0xFFFFFFFFu);
-  const int idx = static_cast<int>(i);
-  return Pick{__shfl_sync(kFullMask, p.v, idx % kWarpSize), idx};
+// A float's bits as an unsigned key in the same order, -0 counted as +0 (which compares equal to
+// it): v + 0 turns -0 into +0 and leaves every other value as it is. Every non-NaN float has a
+// key > 0, so 0 stands for "none".
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t u = num::f32_bits(v + 0.0f);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
 }
 
-// ids[0, k) = the k best of v[0, n) in rank order (lane 0 writes), like select_top_k(). Pick j
-// is the best ranked after pick j - 1; a lane's own best stays valid until it is picked, so
-// only the lane that owned the pick rescans its share.
-__device__ __forceinline__ void warp_select_top_k(const float* v, int n, int k, bool higher_first,
-                                                  int lane, int32_t* ids) {
-  Pick mine = lane_best(v, n, lane, Pick{0.0f, -1}, higher_first);
+__device__ __forceinline__ float from_order_key(uint32_t key) {
+  return num::bits_f32(key ^ ((key & 0x80000000u) ? 0x80000000u : 0xFFFFFFFFu));
+}
+
+// The largest of x[0, n), n >= 1. A maximum of zero may come back as either zero where the
+// host's running max, which keeps the first of equal values, has the other. Harmless: softmax
+// only uses m in x - m, which then differs only for x = -0 (-0 - +0 = -0, -0 - -0 = +0), and
+// exp_f32 maps both zeros to 1.
+__device__ __forceinline__ float warp_max(const float* x, int n, int lane) {
+  float m = num::bits_f32(0xFF800000u);  // -inf: a lane past n adds nothing
+  for_lane_share(n, lane, [&](int e, bool) { m = fmaxf(m, x[e]); });  // a repeat changes nothing
+  return from_order_key(__reduce_max_sync(kFullMask, order_key(m)));
+}
+
+// ---- top-k ----
+
+// (v, i) as one unsigned key that orders like ranks_before(): v's order key above, the index
+// below (as is when higher indices rank first, complemented when lower ones do). Keys are > 0.
+__device__ __forceinline__ uint64_t rank_key(float v, int i, bool higher_first) {
+  const uint32_t lo = higher_first ? static_cast<uint32_t>(i) : ~static_cast<uint32_t>(i);
+  return (static_cast<uint64_t>(order_key(v)) << 32) | lo;
+}
+
+__device__ __forceinline__ int32_t rank_key_index(uint64_t key, bool higher_first) {
+  const uint32_t lo = static_cast<uint32_t>(key);
+  return static_cast<int32_t>(higher_first ? lo : ~lo);
+}
+
+// The two largest keys below `bound` of the lane's items value(lane), value(lane + 32), ... < n
+// (0 where there are fewer). Value: RowValues or GroupScores.
+template <typename Value>
+__device__ __forceinline__ void lane_top2(const Value& value, int n, int lane, uint64_t bound,
+                                          bool higher_first, uint64_t* first, uint64_t* second) {
+  uint64_t a = 0, b = 0;
+  for_lane_share<Value::kUnroll>(n, lane, [&](int i, bool own) {
+    const uint64_t key = rank_key(value(i), i, higher_first);
+    if (!own || key >= bound) return;
+    if (key > a) {
+      b = a;
+      a = key;
+    } else if (key > b) {
+      b = key;
+    }
+  });
+  *first = a;
+  *second = b;
+}
+
+// Whether this lane's key is the largest of the warp's (keys are distinct, so one lane's is). One
+// reduction of the upper halves; only when several lanes share that value (a tie) a second one of
+// the indices. Both branches on `tied` are warp-uniform (every lane has the same ballot), so all 32
+// lanes reach each full-mask reduction. The second reduction must stay outside `at_top && ...`:
+// there the short circuit skips it on the lanes below the top, and the tied lanes wait in a
+// full-mask reduction the others never join -- on hardware the warp hangs at the first tie.
+__device__ __forceinline__ bool warp_owns_best(uint64_t key) {
+  const uint32_t hi = static_cast<uint32_t>(key >> 32);
+  const uint32_t top = __reduce_max_sync(kFullMask, hi);
+  const bool at_top = hi == top;
+  const unsigned tied = __ballot_sync(kFullMask, at_top);
+  if ((tied & (tied - 1)) == 0) return at_top;
+  const uint32_t lo = static_cast<uint32_t>(key);
+  const uint32_t best_lo = __reduce_max_sync(kFullMask, at_top ? lo : 0u);  // every lane
+  return at_top && lo == best_lo;
+}
+
+// The k best of value(0, n) in rank order (k <= n), like select_top_k(): the lane owning pick j
+// stores its index to ids[j] when ids is set. Each lane keeps its two best unpicked keys and
+// rescans its share only after both are picked, so a pick mostly costs one reduction and a ballot.
+// Returns the key of the lane's last pick (~0 when it made none): the lane's picked items are
+// exactly those of its items whose keys are >= that.
+template <typename Value>
+__device__ __forceinline__ uint64_t warp_select(const Value& value, int n, int k, bool higher_first,
+                                                int lane, int32_t* ids) {
+  uint64_t bound = ~0ull;          // the lane's last pick; its items ranked after it are unpicked
+  uint64_t first = 0, second = 0;  // its best and second best unpicked keys
+  bool rescan = true;              // both must be found again below bound
+  bool spare = false;              // second holds a key not yet promoted to first
   QMOE_NO_UNROLL
   for (int j = 0; j < k; ++j) {
-    const Pick best = warp_best(mine, higher_first);
-    if (lane == 0) ids[j] = best.i;
-    if (j + 1 < k && mine.i == best.i) mine = lane_best(v, n, lane, best, higher_first);
-  }
-}
-
-// x[0, n) in index order, summed by lane 0 and broadcast: the host's sequential sum.
-__device__ __forceinline__ float warp_serial_sum(const float* x, int n, int lane) {
-  float sum = 0.0f;
-  if (lane == 0) {
-    // Unrolled by 4 so that a batch's shared-memory loads go out together (the adds stay in
-    // index order) without multiplying the kernel's code.
-#pragma unroll 4
-    for (int e = 0; e < n; ++e) sum = sum + x[e];
-  }
-  return __shfl_sync(kFullMask, sum, 0);
-}
-
-// ---- the methods; n = E - num_shared routed experts, x = logits, work = E floats ----
-
-__device__ __forceinline__ void softmax_top_k_warp(const RoutingSpec& r, int n, const float* x,
-                                                   float* p, int32_t* ids, float* w, int lane) {
-  // The host's max keeps the first of equal maxima: the lower-index-first best has its bits.
-  const float m = warp_best(lane_best(x, n, lane, Pick{0.0f, -1}, false), false).v;
-  for (int e = lane; e < n; e += kWarpSize) p[e] = routing::exp_f32(x[e] - m);
-  __syncwarp();
-  const float sum = warp_serial_sum(p, n, lane);
-  QMOE_NO_UNROLL
-  for (int e = lane; e < n; e += kWarpSize) p[e] = p[e] / sum;
-  __syncwarp();
-  warp_select_top_k(p, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
-  if (lane == 0) {
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) w[j] = p[ids[j]];
-    if (r.normalize) routing::renormalize(w, r.top_k);
-  }
-}
-
-__device__ __forceinline__ void top_k_softmax_warp(const RoutingSpec& r, int n, const float* x,
-                                                   int32_t* ids, float* w, int lane) {
-  warp_select_top_k(x, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
-  if (lane == 0) {
-    const float m = x[ids[0]];
-    float sum = 0.0f;
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) {
-      w[j] = routing::exp_f32(x[ids[j]] - m);
-      sum = sum + w[j];
+    if (rescan) {
+      lane_top2(value, n, lane, bound, higher_first, &first, &second);
+      rescan = false;
+      spare = true;
     }
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / sum;
+    if (warp_owns_best(first)) {
+      if (ids != nullptr) ids[j] = rank_key_index(first, higher_first);
+      bound = first;
+      first = second;
+      rescan = !spare;
+      spare = false;
+    }
   }
+  return bound;
 }
 
-// Each pass writes exp(x_e - m) of the kept entries and +0 for the others into work, and lane 0
-// sums them in index order: adding +0 to a sum that starts at +0 and only grows changes no bit,
-// so this equals the host's sum over the kept entries alone.
-__device__ __forceinline__ void sparse_mixer_warp(const RoutingSpec& r, int n, const float* x,
-                                                  float* work, int32_t* ids, float* w, int lane) {
-  const bool higher = r.ties == TieBreak::kHigherIndex;
+// A shared-memory row as value(i), for warp_select(); kUnroll: how far lane_top2() unrolls its
+// scan (for_lane_share()).
+struct RowValues {
+  static constexpr int kUnroll = 4;
+  const float* v;
+  __device__ float operator()(int i) const { return v[i]; }
+};
+
+// DeepSeek's groups as value(g): group_score() of group g, a loop of its own, so not unrolled.
+struct GroupScores {
+  static constexpr int kUnroll = 1;
+  const float* c;
+  int size;
+  __device__ float operator()(int g) const { return routing::group_score(c, g * size, size); }
+};
+
+// ---- the methods; n = E - num_shared routed experts, x = logits, work = E floats. Each writes
+// the picks to ids and returns the row routing::slot_weight() takes the slots' values from, as
+// the host's methods do.
+
+__device__ __forceinline__ const float* softmax_top_k_warp(const RoutingSpec& r, int n,
+                                                           const float* x, float* p, int32_t* ids,
+                                                           int lane) {
+  const float m = warp_max(x, n, lane);
+  float partial = 0.0f;
+  for_lane_share(n, lane, [&](int e, bool own) {
+    const float pe = routing::exp_f32(x[e] - m);
+    if (!own) return;
+    p[e] = pe;
+    partial = partial + pe;
+  });
+  const float sum = warp_sum(partial);
+  for_lane_share(n, lane, [&](int e, bool own) {
+    const float q = p[e] / sum;
+    if (own) p[e] = q;
+  });
+  // A lane ranks only its own experts, which it wrote itself: no barrier before the selection.
+  warp_select(RowValues{p}, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
+  return p;
+}
+
+// Top-k softmax and top-k sigmoid: the selection alone; slot_weight() does the rest.
+__device__ __forceinline__ const float* top_k_of_logits_warp(const RoutingSpec& r, int n,
+                                                             const float* x, int32_t* ids,
+                                                             int lane) {
+  warp_select(RowValues{x}, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
+  return x;
+}
+
+// Each pass sums the lanes' sparse_mixer_term()s in warp order; the pass's weight goes to
+// work[pick], the row slot_weight() reads.
+__device__ __forceinline__ const float* sparse_mixer_warp(const RoutingSpec& r, int n,
+                                                          const float* x, float* work, int32_t* ids,
+                                                          int lane) {
   const float two_eps = 2.0f * r.sparse_mixer_eps;
-  Pick mine = lane_best(x, n, lane, Pick{0.0f, -1}, higher);
-  const Pick first = warp_best(mine, higher);
-  if (mine.i == first.i) mine = lane_best(x, n, lane, first, higher);
-  const Pick second = warp_best(mine, higher);
-  if (lane == 0) {
-    ids[0] = first.i;
-    ids[1] = second.i;
-  }
+  warp_select(RowValues{x}, n, 2, r.ties == TieBreak::kHigherIndex, lane, ids);
+  __syncwarp();
+  const int first = ids[0];
+  QMOE_NO_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const Pick pick = j == 0 ? first : second;
-    const float m = pick.v;
-    for (int e = lane; e < n; e += kWarpSize) {
-      const bool skip = (j == 1 && e == first.i) || routing::sparse_mixer_masked(m, x[e], two_eps);
-      work[e] = skip ? 0.0f : routing::exp_f32(x[e] - m);
-    }
-    __syncwarp();
-    const float sum = warp_serial_sum(work, n, lane);
-    if (lane == 0) w[j] = routing::exp_f32(x[pick.i] - m) / sum;
-    __syncwarp();  // work is rewritten by the next pass
+    const int pick = ids[j];
+    const float m = x[pick];
+    float partial = 0.0f;
+    for_lane_share(n, lane, [&](int e, bool own) {
+      const float term = routing::sparse_mixer_term(m, x[e], two_eps);
+      if (!own) return;
+      partial = partial + (j == 1 && e == first ? 0.0f : term);  // x'[i1] = -inf adds +0
+    });
+    const float w = routing::exp_f32(x[pick] - m) / warp_sum(partial);
+    if (lane == 0) work[pick] = w;
   }
+  return work;
 }
 
-// s overwrites x[0, n), c fills work[0, n). A lane owns groups lane, lane + 32, ... and scores
-// them with the host's group_score(), so a group's score has the host's bits.
-__device__ __forceinline__ void grouped_top_k_warp(const RoutingSpec& r, int n, float* x,
-                                                   const float* bias, float* work, int32_t* ids,
-                                                   float* w, int lane) {
+// s overwrites x[0, n), c fills work[0, n). Groups are ranked like experts, with group_score()
+// as their value; a lane owns groups lane, lane + 32, ... and masks the experts of those it did
+// not pick (the picked ones are exactly those whose keys reach its last pick).
+__device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r, int n, float* x,
+                                                           const float* bias, float* work,
+                                                           int32_t* ids, int lane) {
   const bool higher = r.ties == TieBreak::kHigherIndex;
   float* s = x;
   float* c = work;
-  for (int e = lane; e < n; e += kWarpSize) {
-    s[e] = routing::sigmoid_f32(x[e]);
-    c[e] = s[e] + bias[e];
-  }
+  load_row(bias, DType::kF32, n, c, lane);
+  for_lane_share(n, lane, [&](int e, bool own) {
+    const float se = routing::sigmoid_f32(x[e]);
+    if (!own) return;
+    s[e] = se;
+    c[e] = se + c[e];
+  });
   __syncwarp();
   const int size = n / r.n_group;
-  Pick last{0.0f, -1};  // the last of the topk_group best groups
-  QMOE_NO_UNROLL
-  for (int j = 0; j < r.topk_group; ++j) {
-    Pick mine{0.0f, -1};
-    for (int g = lane; g < r.n_group; g += kWarpSize) {
-      const Pick cand{routing::group_score(c, g * size, size), g};
-      if (last.i >= 0 && !routing::ranks_before(last.v, last.i, cand.v, g, higher)) continue;
-      if (better(cand, mine, higher)) mine = cand;
-    }
-    last = warp_best(mine, higher);
-  }
-  // A lane masks only its own groups, which no other lane reads.
+  const GroupScores score{c, size};
+  const uint64_t kept_from = warp_select(score, r.n_group, r.topk_group, higher, lane, nullptr);
   for (int g = lane; g < r.n_group; g += kWarpSize) {
-    if (g == last.i) continue;
-    const float sg = routing::group_score(c, g * size, size);
-    if (routing::ranks_before(sg, g, last.v, last.i, higher)) continue;
+    // With at most 32 groups a lane owns one: it is kept iff the lane picked.
+    const bool kept = kept_from != ~0ull &&
+                      (r.n_group <= kWarpSize || rank_key(score(g), g, higher) >= kept_from);
+    if (kept) continue;
     for (int e = g * size; e < (g + 1) * size; ++e) c[e] = num::bits_f32(0xFF800000u);  // -inf
   }
   __syncwarp();
-  warp_select_top_k(c, n, r.top_k, higher, lane, ids);
-  if (lane == 0) {
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) w[j] = s[ids[j]];
-    if (r.normalize) {
-      float sum = 0.0f;
-      QMOE_NO_UNROLL
-      for (int j = 0; j < r.top_k; ++j) sum = sum + w[j];
-      const float denom = sum + routing::kGroupedDenomEps;
-      QMOE_NO_UNROLL
-      for (int j = 0; j < r.top_k; ++j) w[j] = w[j] / denom;
-    }
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) w[j] = w[j] * r.routed_scaling_factor;
-  }
+  warp_select(RowValues{c}, n, r.top_k, higher, lane, ids);
+  return s;
 }
 
-__device__ __forceinline__ void top_k_sigmoid_warp(const RoutingSpec& r, int n, const float* x,
-                                                   int32_t* ids, float* w, int lane) {
-  warp_select_top_k(x, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
-  if (lane == 0) {
-    QMOE_NO_UNROLL
-    for (int j = 0; j < r.top_k; ++j) w[j] = routing::sigmoid_f32(x[ids[j]]);
-    if (r.normalize) routing::renormalize(w, r.top_k);
-  }
-}
-
-// Routes token t: ids and weights of its slots. A token with a non-finite logit or router
-// weight is routed as if its logits were all zero, its weights become NaN and the error word
-// records it (device_routing.h).
+// Routes token t: ids and weights of its slots, to sids / sw and to the output. A token with a
+// non-finite logit or router weight is routed as if its logits were all zero, its weights become
+// NaN and the error word records it (device_routing.h).
 template <RoutingMethod kMethod>
 __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t t, float* x,
                                                  float* work, int32_t* sids, float* sw, int lane) {
-  const RoutingSpec& r = a.spec;
+  // The method as a constant, so that the shared helpers' switches on it fold to this method's
+  // arithmetic (a kernel holds one method's code: with_routing_method()).
+  RoutingSpec r = a.spec;
+  r.method = kMethod;
   const int num_e = a.experts;
   const int n = num_e - r.num_shared;
-  const int64_t row = t * num_e;
-  int32_t* ids = sids;
-  float* w = sw;
+  const int k = r.top_k;
+  const void* logits = row_of(a.logits, a.logits_dtype, t, num_e);
+  const bool gathered = a.router_weights != nullptr;
+  const void* rw = gathered ? row_of(a.router_weights, a.rw_dtype, t, num_e) : nullptr;
 
   bool bad_logit = false;
   bool bad_weight = false;
-  for (int e = lane; e < num_e; e += kWarpSize) {
-    const float v = load_as_f32(a.logits, a.logits_dtype, row + e);
-    bad_logit = bad_logit || !is_finite_f32(v);
-    x[e] = v;
-  }
-  if (a.router_weights != nullptr) {
-    for (int e = lane; e < num_e; e += kWarpSize) {
-      bad_weight = bad_weight || !is_finite_f32(load_as_f32(a.router_weights, a.rw_dtype, row + e));
+  // The logits into x, then (only checked) the router weights: one copy of the loads' code.
+  QMOE_NO_UNROLL
+  for (int pass = 0; pass < (gathered ? 2 : 1); ++pass) {
+    const bool bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype,
+                              num_e, pass == 0 ? x : nullptr, lane);
+    if (pass == 0) {
+      bad_logit = bad;
+    } else {
+      bad_weight = bad;
     }
   }
   bad_logit = __any_sync(kFullMask, bad_logit);
   bad_weight = __any_sync(kFullMask, bad_weight);
   const bool bad = bad_logit || bad_weight;
   if (bad) {
+    QMOE_NO_UNROLL
     for (int e = lane; e < num_e; e += kWarpSize) x[e] = 0.0f;
     if (lane == 0) {
       atomicOr(a.error, (bad_logit ? kErrorLogits : 0) | (bad_weight ? kErrorRouterWeights : 0));
@@ -310,42 +410,66 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
   }
   __syncwarp();
 
+  const float* values;
   if constexpr (kMethod == RoutingMethod::kSoftmaxTopK) {
-    softmax_top_k_warp(r, n, x, work, ids, w, lane);
-  } else if constexpr (kMethod == RoutingMethod::kTopKSoftmax) {
-    top_k_softmax_warp(r, n, x, ids, w, lane);
+    values = softmax_top_k_warp(r, n, x, work, sids, lane);
   } else if constexpr (kMethod == RoutingMethod::kSparseMixer) {
-    sparse_mixer_warp(r, n, x, work, ids, w, lane);
+    values = sparse_mixer_warp(r, n, x, work, sids, lane);
   } else if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
-    grouped_top_k_warp(r, n, x, a.bias, work, ids, w, lane);
+    values = grouped_top_k_warp(r, n, x, a.bias, work, sids, lane);
   } else {
-    static_assert(kMethod == RoutingMethod::kTopKSigmoid, "a routing method without a warp path");
-    top_k_sigmoid_warp(r, n, x, ids, w, lane);
-  }
-  if (lane == 0) {
-    // Shared experts: x[n, E) is never overwritten by the methods.
-    QMOE_NO_UNROLL
-    for (int i = 0; i < r.num_shared; ++i) {
-      ids[r.top_k + i] = n + i;
-      w[r.top_k + i] = routing::sigmoid_f32(x[n + i]);
-    }
-    if (a.router_weights != nullptr) {
-      QMOE_NO_UNROLL
-      for (int j = 0; j < r.top_k; ++j) {
-        w[j] = load_as_f32(a.router_weights, a.rw_dtype, row + ids[j]);
-      }
-      routing::finish_gathered_weights(r, w);
-    }
-    if (bad) {
-      QMOE_NO_UNROLL
-      for (int j = 0; j < a.slots; ++j) w[j] = num::bits_f32(0x7FC00000u);  // quiet NaN
-    }
+    static_assert(kMethod == RoutingMethod::kTopKSoftmax || kMethod == RoutingMethod::kTopKSigmoid,
+                  "a routing method without a warp path");
+    values = top_k_of_logits_warp(r, n, x, sids, lane);
   }
   __syncwarp();
+
+  // Slot j's weight on lane j % 32 (sw[j] keeps it), and the k weights' sum in slot order: every
+  // lane adds them as shuffled from their lanes, four at a time. A batch may run past slot k - 1
+  // into lanes holding +0: a sum that starts at +0 is never -0, so adding +0 changes no bit.
+  float sum = 0.0f;
+  QMOE_NO_UNROLL
+  for (int c = 0; c < k; c += kWarpSize) {
+    const int j = c + lane;
+    float w = 0.0f;
+    if (j < k) {
+      const int id = sids[j];
+      w = gathered ? load_as_f32(rw, a.rw_dtype, id)
+                   : routing::slot_weight(r, values[id], values[sids[0]]);
+      sw[j] = w;
+    }
+    const int count = min(kWarpSize, k - c);
+    QMOE_NO_UNROLL
+    for (int i = 0; i < count; i += 4) {
+      const float w0 = __shfl_sync(kFullMask, w, i);
+      const float w1 = __shfl_sync(kFullMask, w, i + 1);
+      const float w2 = __shfl_sync(kFullMask, w, i + 2);
+      const float w3 = __shfl_sync(kFullMask, w, i + 3);
+      sum = sum + w0;
+      sum = sum + w1;
+      sum = sum + w2;
+      sum = sum + w3;
+    }
+  }
+  // Each lane finishes its own slots (the shared experts too) and writes them out; sids and sw
+  // keep them for the caller.
   QMOE_NO_UNROLL
   for (int j = lane; j < a.slots; j += kWarpSize) {
-    a.ids[t * a.slots + j] = ids[j];
-    a.weights[t * a.slots + j] = w[j];
+    int32_t id;
+    float w;
+    if (j < k) {
+      id = sids[j];
+      w = routing::finish_slot_weight(r, gathered, sw[j], sum);
+    } else {
+      // Shared experts: x[n, E) is never overwritten by the methods.
+      id = n + (j - k);
+      w = routing::sigmoid_f32(x[id]);
+    }
+    if (bad) w = num::bits_f32(0x7FC00000u);  // quiet NaN
+    if (j >= k) sids[j] = id;
+    sw[j] = w;
+    a.ids[t * a.slots + j] = id;
+    a.weights[t * a.slots + j] = w;
   }
 }
 
