@@ -31,6 +31,8 @@ struct PrepareOptions {
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
+// Where FC2 does the combine itself (the CUDA decode path's fused combine), fc2_us includes it
+// and combine_us is about 0.
 struct RunProfile {
   double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }

@@ -221,6 +221,43 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
+// FC2 with the combine fused (the last block of each column of tiles sums the tokens' slots) gives
+// the finalize kernel's bits, with and without an FC2 bias, for both combine modes, one or several
+// tiles per block, several passes, and repeated calls (the arrival counters start at zero each
+// call).
+TEST(GpuDecode, FusedCombineKeepsTheBits) {
+  QMOE_REQUIRE_GPU();
+  for (bool scale_input : {false, true}) {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 16, 4);
+    s.act_dtype = DType::kBF16;
+    s.has_fc2_bias = !scale_input;
+    if (scale_input) s.routing.combine = CombineMode::kScaleInput;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    for (int64_t tokens : {1, 3, 8, 24, 64}) {
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      for (const char* tpb : {"1", "4", "8"}) {
+        SCOPED_TRACE(std::string(scale_input ? "scale input" : "fc2 bias") + ", tokens " +
+                     std::to_string(tokens) + ", tiles per block " + tpb);
+        EnvOverride knob("QMOE_DECODE_TPB", tpb);
+        GpuRun fused, plain;
+        {
+          EnvOverride o("QMOE_FUSED_COMBINE", "1");
+          gpu_run(tl, ti, &fused);
+        }
+        {
+          EnvOverride o("QMOE_FUSED_COMBINE", "0");
+          gpu_run(tl, ti, &plain);
+        }
+        EXPECT_LE(fused.error, gpu_budget(s.act_dtype));
+        EXPECT_EQ(fused.out, plain.out);
+      }
+    }
+  }
+}
+
 // A non-finite activation on the decode path: reported, and only its token's row is affected.
 TEST(GpuDecode, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();

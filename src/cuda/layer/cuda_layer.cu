@@ -81,6 +81,16 @@ bool use_pdl() {
   return v == nullptr || std::string(v) != "0";
 }
 
+// Whether the decode path's FC2 sums the tokens' slots itself (DecodeFcArgs::fuse_combine)
+// instead of a finalize kernel: QMOE_FUSED_COMBINE=0|1 forces it (A/B runs); by default up to 8
+// tokens, where the last block of a column of tiles has at most 8 x 16 x tiles-per-block columns
+// to sum and the launch it saves is a large share of the step.
+bool fuse_combine(int64_t tokens) {
+  const char* v = std::getenv("QMOE_FUSED_COMBINE");
+  if (v != nullptr) return std::string(v) != "0";
+  return tokens <= 8;
+}
+
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
 // the launcher chooses.
 int decode_tiles_per_block() {
@@ -144,11 +154,12 @@ class CudaLayer final : public PreparedLayer {
   //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
   //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
   //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
+  //   done        A(4 ceil(H / 16))                     FC2 tile counters (decode layers only)
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
   // slots than it can touch experts, so decode shapes get a small scratch.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        total;
+        done, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -180,6 +191,7 @@ class CudaLayer final : public PreparedLayer {
     l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
     l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
     l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 ? l->slots_in_scratch : 0));
+    l->done = take(decode_ready_ ? 4 * static_cast<size_t>(pack2_.tiles) : 0);
     l->total = off;
     return Status::ok();
   }
@@ -187,7 +199,8 @@ class CudaLayer final : public PreparedLayer {
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, DeviceFc* out);
   Status pack_for_decode(const LayerWeights& w);
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    int route_groups, cudaStream_t stream, RunProfile* profile);
+                    const FinalizeArgs* combine, int route_groups, cudaStream_t stream,
+                    RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   Status upload(const TensorView& v, const void** dst);
@@ -339,8 +352,8 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, int route_groups, cudaStream_t stream,
-                             RunProfile* profile) {
+                             const RouteMapsView& maps, const FinalizeArgs* combine,
+                             int route_groups, cudaStream_t stream, RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
   d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
@@ -371,7 +384,14 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
+  int32_t* done = reinterpret_cast<int32_t*>(ws + l.done);
+  if (combine != nullptr) {
+    d.zero = done;
+    d.n_zero = static_cast<int>(pack2_.tiles);
+  }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
+  d.zero = nullptr;
+  d.n_zero = 0;
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
@@ -388,6 +408,11 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
+  if (combine != nullptr) {
+    d.fuse_combine = true;
+    d.combine = *combine;
+    d.done = done;
+  }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
@@ -539,15 +564,9 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
 
   const bool decode =
       choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
-  if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
-  } else {
-    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
-  }
-  float* y = reinterpret_cast<float*>(ws + l.hy);
   const bool scale_input = spec_.routing.combine == CombineMode::kScaleInput;
   FinalizeArgs fa;
-  fa.y = y;
+  fa.y = reinterpret_cast<float*>(ws + l.hy);
   fa.ldy = hp_;
   fa.fc2_bias = fc2_.bias;
   fa.bias_dtype = fc2_.bias_dtype;
@@ -561,7 +580,14 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out = out.data;
   fa.out_dtype = out.dtype;
   fa.pdl = use_pdl();
-  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  const bool combined = decode && fuse_combine(tokens);
+  if (decode) {
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, combined ? &fa : nullptr, choice.route_groups,
+                                    stream, profile));
+  } else {
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
+  }
+  if (!combined) QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
     QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
     QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));

@@ -6,24 +6,11 @@
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/layer/activation.cuh"
+#include "cuda/layer/combine.cuh"
 #include "cuda/layer/stages.h"
 
 namespace qmoe::cuda {
 namespace {
-
-__device__ __forceinline__ void store_f(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = num::f32_to_f16(v);
-      break;
-    case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = num::f32_to_bf16(v);
-      break;
-    default:
-      static_cast<float*>(p)[i] = v;
-      break;
-  }
-}
 
 __device__ __forceinline__ void record_error(int32_t* error, int32_t bit, int64_t token) {
   atomicOr(error, bit);
@@ -131,7 +118,7 @@ __global__ void activation_kernel(ActivationArgs a) {
         v = gated_act(a.act, gate, lin);
       }
     }
-    store_f(a.out, a.out_dtype, p * a.ld + i, v);
+    store_out(a.out, a.out_dtype, p * a.ld + i, v);
   }
 }
 
@@ -154,28 +141,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   __syncthreads();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.hidden) return;
-  float acc = 0.0f;
-  for (int j0 = 0; j0 < a.slots; j0 += 4) {
-    float v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int j = j0 + u;
-      v[u] = j < a.slots ? a.y[static_cast<int64_t>(s_pos[j]) * a.ldy + c] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int j = j0 + u;
-      if (j < a.slots) {
-        float x = v[u];
-        if (a.fc2_bias) {
-          x = x + load_scalar(a.fc2_bias, a.bias_dtype,
-                              static_cast<int64_t>(s_expert[j]) * a.hidden + c);
-        }
-        acc = a.scale_input ? acc + x : acc + s_weight[j] * x;
-      }
-    }
-  }
-  store_f(a.out, a.out_dtype, t * a.hidden + c, acc);
+  store_out(a.out, a.out_dtype, t * a.hidden + c, combine_column(a, s_pos, s_expert, s_weight, c));
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+// The weighted combine of a token's FC2 outputs, shared by the finalize kernel and the decode
+// kernel's fused combine (decode_kernel.cuh), so both give the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "core/numeric.h"
+#include "cuda/common/device_numeric.cuh"
+#include "cuda/layer/stages.h"
+
+namespace qmoe::cuda {
+
+__device__ __forceinline__ void store_out(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = num::f32_to_f16(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = num::f32_to_bf16(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
+  }
+}
+
+// Column c of one token: sum over its slots j, in slot order, in fp32, of w_j * (y[pos_j, c] +
+// b2[e_j, c]) (without w_j for kScaleInput). pos, expert and w are the token's slots. y is read
+// through L2 (ld.global.cg): in the fused combine other blocks wrote it during this kernel.
+__device__ __forceinline__ float combine_column(const FinalizeArgs& a, const int32_t* pos,
+                                                const int32_t* expert, const float* w, int64_t c) {
+  float acc = 0.0f;
+  for (int j0 = 0; j0 < a.slots; j0 += 4) {
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // four loads in flight, then the adds in order
+      const int j = j0 + u;
+      v[u] = j < a.slots ? __ldcg(a.y + static_cast<int64_t>(pos[j]) * a.ldy + c) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int j = j0 + u;
+      if (j < a.slots) {
+        float x = v[u];
+        if (a.fc2_bias) {
+          x = x +
+              load_scalar(a.fc2_bias, a.bias_dtype, static_cast<int64_t>(expert[j]) * a.hidden + c);
+        }
+        acc = a.scale_input ? acc + x : acc + w[j] * x;
+      }
+    }
+  }
+  return acc;
+}
+
+}  // namespace qmoe::cuda
