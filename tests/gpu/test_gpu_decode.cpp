@@ -221,6 +221,31 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
+// The CUDA-core form (QMOE_DISPATCH=decode/cc: one route per pass, FMAs instead of mma) against
+// the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
+// dtypes, one tile per block and several, and experts with several routes (several passes).
+TEST(GpuDecode, CudaCoreFormMatchesOracle) {
+  QMOE_REQUIRE_GPU();
+  EnvOverride path("QMOE_DISPATCH", "decode/cc");
+  for (WeightFormat f :
+       {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (int block : {0, 32}) {
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        LayerSpec s = small_spec(f, 512, 256, 16, 4);
+        s.act_dtype = dt;
+        s.fc1.block_size = s.fc2.block_size = block;
+        s.fc1.zero_points = s.fc2.zero_points = block == 32;
+        SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
+        for (const char* tpb : {"1", "4"}) {
+          EnvOverride knob("QMOE_DECODE_TPB", tpb);
+          check_gpu_case(s, 1);
+          check_gpu_case(s, 7);
+        }
+      }
+    }
+  }
+}
+
 // FC2 with the combine fused (the last block of each column of tiles sums the tokens' slots) gives
 // the finalize kernel's bits, with and without an FC2 bias, for both combine modes, one or several
 // tiles per block, several passes, and repeated calls (the arrival counters start at zero each

@@ -70,13 +70,14 @@ TEST(Dispatch, EnvironmentOverride) {
     EXPECT_NE(r.find("QMOE_DISPATCH"), std::string::npos) << r;
     EXPECT_NE(r.find("fast"), std::string::npos) << r;
   }
-  EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 2u);   // generic, decode/1
-  EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // and decode/2
+  EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 3u);   // generic, decode/1, decode/cc
+  EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // generic, decode/1, decode/2
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
 }
 
 // Every choice within budget; decode/1 and decode/2 compute each route's column alike, so they
-// agree bit for bit (decode/1 runs more passes past 8 routes).
+// agree bit for bit (decode/1 runs more passes past 8 routes). decode/cc (CUDA cores, a pass per
+// route) sums in another order: within budget only.
 TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -87,9 +88,9 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
   for (int64_t tokens : {1, 8, 12, 40}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    GpuRun runs[3];
-    const char* names[3] = {"generic", "decode/1", "decode/2"};
-    for (int i = 0; i < 3; ++i) {
+    GpuRun runs[4];
+    const char* names[4] = {"generic", "decode/1", "decode/2", "decode/cc"};
+    for (int i = 0; i < 4; ++i) {
       EnvOverride o("QMOE_DISPATCH", names[i]);
       gpu_run(tl, ti, &runs[i]);
       if (::testing::Test::HasFatalFailure()) return;

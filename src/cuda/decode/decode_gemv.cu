@@ -98,8 +98,8 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
                            ", got " + std::to_string(max_routes));
   }
-  if (route_groups != 1 && route_groups != 2) {
-    return Status::invalid("decode: route_groups must be 1 or 2, got " +
+  if (route_groups < 0 || route_groups > 2) {
+    return Status::invalid("decode: route_groups must be 0 (CUDA cores), 1 or 2, got " +
                            std::to_string(route_groups));
   }
   if (tiles_per_block < 0 || (tiles_per_block > 1 && tiles_per_block % 4 != 0)) {
@@ -117,7 +117,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   }
   // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
-  const int ring = route_groups == 1 ? 6 : 8;
+  const int ring = route_groups == 2 ? 8 : 6;
   int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a);
   tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
   if (a.shape.chunks < ring) tpb = 1;
@@ -131,7 +131,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   geo.rows_cap = 1;
   const size_t fixed = decode_smem_bytes(geo, zp);
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
-  geo.rows_cap = std::min({max_routes, 8 * route_groups, fit});
+  geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {
     case 2:

@@ -103,17 +103,22 @@ __device__ __forceinline__ void fused_combine(const DecodeFcArgs& a, int r0, int
 // warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
+// kMC: mma column groups of 8 routes per pass (1 or 2), or 0 for the CUDA-core form: one route per
+// pass, the codes and the route's activations turned into fp32 and multiplied with FMAs (no
+// columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
+// the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
 template <int kBits, bool kBf16, int kMC, int kSpb>
-__global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
+__global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
+  constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
   // 16-byte weight loads in flight per lane. One column group runs 6 blocks per SM (80 registers:
   // 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each.
-  constexpr int kRing = kMC == 1 ? 6 : 8;
+  constexpr int kRing = kMC == 2 ? 8 : 6;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[kWarps][kMC][4][32];  // split K: warps 1.. hand warp 0 their partial sums
+  __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem);
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
   // Several tiles: each finished tile's sums wait here, [tile][kMC][4][32], for the epilogues after
   // the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
-  uint16_t* zrow = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kMC * 128 : 0));
+  uint16_t* zrow = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kCols * 128 : 0));
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
 
@@ -237,9 +242,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
 
     // 4. The K loop: per step, 4 A registers from the codes, one mma per 8 routes.
     const int nch = (rows + 7) / 8;
-    float acc[kMC][4], blk[kMC][4];
+    float acc[kCols][4], blk[kCols][4];
 #pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
+    for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
     }
@@ -247,13 +252,23 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
     uint32_t sub0 = 0, sub1 = 0;
     auto flush = [&]() {
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
+      for (int ch = 0; ch < kCols; ++ch) {
         acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
         acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
         acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
         acc[ch][3] = fmaf(s1, blk[ch][3], acc[ch][3]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
+      }
+    };
+    // The CUDA-core form: a lane's sums cover its 4 of each step's 16 K; the 4 lanes of a row group
+    // add theirs (butterfly, so all four hold the same bits).
+    auto lanes_sum = [&]() {
+      if constexpr (kMC == 0) {
+        acc[0][0] = acc[0][0] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][0], 1);
+        acc[0][2] = acc[0][2] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][2], 1);
+        acc[0][0] = acc[0][0] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][0], 2);
+        acc[0][2] = acc[0][2] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][2], 2);
       }
     };
     // The current tile's scales and zero points (rows g and g + 8).
@@ -270,10 +285,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
       sub0 = pair_of<kBf16>(base + z0);
       sub1 = pair_of<kBf16>(base + z1);
     };
-    const uint16_t* xr[kMC];
+    const uint16_t* xr[kCols];
 #pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
-      xr[ch] = (8 * ch + g < rows ? xs + (8 * ch + g) * geo.ld : zrow) + 4 * t;
+    for (int ch = 0; ch < kCols; ++ch) {
+      // Lane g reads route g's row (an mma column); the CUDA-core form reads the pass's one route.
+      const int r = kMC == 0 ? 0 : 8 * ch + g;
+      xr[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t;
     }
     int bound = kChunkK * c0;  // kSpb < 0: where the current block ends
     if (kSpb == 0 && total > 0) load_scale(kChunkK * c0);
@@ -301,11 +318,29 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
           const uint32_t v = w[pair / kPairsPerWord] >> (kBits * (pair % kPairsPerWord));
           af[j] = codes_to_pair<kBits, kBf16>(v, (j & 1) ? sub1 : sub0, (j & 1) ? z1 : z0);
         }
+        if constexpr (kMC == 0) {
+          // Row g: a0 . x[0, 2) + a2 . x[2, 4); row g + 8: a1 and a3 likewise.
+          const uint2 bv = *reinterpret_cast<const uint2*>(xr[0] + kp);
+          float x[4], w8[8];
+          unpack_pair<kBf16>(bv.x, x[0], x[1]);
+          unpack_pair<kBf16>(bv.y, x[2], x[3]);
 #pragma unroll
-        for (int ch = 0; ch < kMC; ++ch) {
-          if (kMC == 1 || ch < nch) {
-            const uint2 bv = *reinterpret_cast<const uint2*>(xr[ch] + kp);
-            mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
+          for (int j = 0; j < 4; ++j) unpack_pair<kBf16>(af[j], w8[2 * j], w8[2 * j + 1]);
+          blk[0][0] = fmaf(w8[0], x[0], blk[0][0]);
+          blk[0][0] = fmaf(w8[1], x[1], blk[0][0]);
+          blk[0][0] = fmaf(w8[4], x[2], blk[0][0]);
+          blk[0][0] = fmaf(w8[5], x[3], blk[0][0]);
+          blk[0][2] = fmaf(w8[2], x[0], blk[0][2]);
+          blk[0][2] = fmaf(w8[3], x[1], blk[0][2]);
+          blk[0][2] = fmaf(w8[6], x[2], blk[0][2]);
+          blk[0][2] = fmaf(w8[7], x[3], blk[0][2]);
+        } else {
+#pragma unroll
+          for (int ch = 0; ch < kCols; ++ch) {
+            if (kMC == 1 || ch < nch) {
+              const uint2 bv = *reinterpret_cast<const uint2*>(xr[ch] + kp);
+              mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
+            }
           }
         }
       }
@@ -330,11 +365,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
           wnext += 128;
           if (++cc == c1 && !split_k) {  // the warp's tile is done: park its sums
             flush();
+            lanes_sum();
 #pragma unroll
-            for (int ch = 0; ch < kMC; ++ch) {
+            for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
               for (int r = 0; r < 4; ++r) {
-                sums[((tile * kMC + ch) * 4 + r) * 32 + lane] = acc[ch][r];
+                sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
                 acc[ch][r] = 0.0f;
               }
             }
@@ -351,9 +387,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
         const int m = m0 + tl;
         const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
 #pragma unroll
-        for (int ch = 0; ch < kMC; ++ch) {
+        for (int ch = 0; ch < kCols; ++ch) {
           if (ch >= nch) continue;
-          const float* f = sums + (tl * kMC + ch) * 128 + lane;
+          const float* f = sums + (tl * kCols + ch) * 128 + lane;
           const float v[4] = {f[0], f[32], f[64], f[96]};
           epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
         }
@@ -361,11 +397,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
       continue;
     }
     flush();
+    lanes_sum();
 
     // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
     if (warp > 0) {
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
+      for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
       }
@@ -374,7 +411,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 1 ? 6 : 4)
     if (warp == 0) {
       const int64_t lr0 = s.logical_row(16 * m0 + g), lr1 = s.logical_row(16 * m0 + g + 8);
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
+      for (int ch = 0; ch < kCols; ++ch) {
         if (ch >= nch) continue;
         float v[4];
 #pragma unroll
@@ -443,6 +480,10 @@ template <int kBits>
 Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                           int route_groups, cudaStream_t stream) {
   const bool bf16 = a.dtype == DType::kBF16;
+  if (route_groups == 0) {
+    return bf16 ? launch_spb<kBits, true, 0>(a, geo, smem, stream)
+                : launch_spb<kBits, false, 0>(a, geo, smem, stream);
+  }
   if (route_groups == 1) {
     return bf16 ? launch_spb<kBits, true, 1>(a, geo, smem, stream)
                 : launch_spb<kBits, false, 1>(a, geo, smem, stream);
@@ -472,6 +513,8 @@ Status opt_in_all_spb() {
 
 template <int kBits>
 Status prepare_decode_bits() {
+  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 0>()));
+  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, false, 0>()));
   QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 1>()));
   QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 2>()));
   QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, false, 1>()));

@@ -9,16 +9,19 @@ namespace qmoe::cuda {
 
 std::string choice_name(const DispatchChoice& c) {
   if (c.path == CallPath::kGeneric) return "generic";
+  if (c.route_groups == 0) return "decode/cc";
   return "decode/" + std::to_string(c.route_groups);
 }
 
 namespace {
 
 // Every choice there is: parsing and the error messages derive from this list and choice_name().
-constexpr DispatchChoice kChoices[] = {
-    {CallPath::kGeneric, 1}, {CallPath::kDecode, 1}, {CallPath::kDecode, 2}};
+constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric, 1},
+                                       {CallPath::kDecode, 1},
+                                       {CallPath::kDecode, 2},
+                                       {CallPath::kDecode, 0}};
 
-// "generic, decode/1 or decode/2".
+// "generic, decode/1, decode/2 or decode/cc".
 std::string choice_list() {
   std::string list;
   const size_t n = sizeof(kChoices) / sizeof(kChoices[0]);
@@ -45,6 +48,8 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
   if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
     c.push_back(DispatchChoice{CallPath::kDecode, 1});
     if (tokens > 8) c.push_back(DispatchChoice{CallPath::kDecode, 2});
+    // CUDA cores, one route per pass: a candidate where experts mostly have one route.
+    if (tokens <= 8) c.push_back(DispatchChoice{CallPath::kDecode, 0});
   }
   return c;
 }

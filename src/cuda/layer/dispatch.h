@@ -7,7 +7,10 @@
 //                     of 16 staged rows costs shared memory, hence blocks per SM, on every expert;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
-//   QMOE_DISPATCH     generic | decode/1 | decode/2: forces one choice for every call (A/B runs);
+//   decode/cc         the decode kernel on CUDA cores, one route per pass (an expert with r routes
+//                     reads its weights r times, all but the first from L2): a tuner candidate up
+//                     to 8 tokens, not the analytic default until measurements say where it wins;
+//   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc: forces one choice (A/B runs);
 //                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
 // A choice the call cannot take (decode beyond its window or for a layer it does not support)
 // falls back to the generic path, which takes every call.
@@ -26,14 +29,14 @@ enum class CallPath : uint8_t { kDecode, kGeneric };
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
-  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2)
+  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2); 0: CUDA cores
 
   bool operator==(const DispatchChoice& o) const {
     return path == o.path && (path == CallPath::kGeneric || route_groups == o.route_groups);
   }
 };
 
-// "generic", "decode/1", "decode/2".
+// "generic", "decode/1", "decode/2", "decode/cc".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 
