@@ -35,6 +35,7 @@ struct PrepareOptions {
 // and combine_us is about 0.
 struct RunProfile {
   double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
+  bool combine_fused = false;  // FC2 did the combine (no separate combine stage ran)
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
 };
 

@@ -227,14 +227,25 @@ TEST(GpuDecode, TilesPerBlockChoices) {
 TEST(GpuDecode, CudaCoreFormMatchesOracle) {
   QMOE_REQUIRE_GPU();
   EnvOverride path("QMOE_DISPATCH", "decode/cc");
+  {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 768, 16, 4);
+    s.act_dtype = DType::kBF16;
+    TestLayer tl;
+    make_layer(s, fresh_seed(), &tl);
+    std::unique_ptr<PreparedLayer> layer;
+    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+    ASSERT_EQ(layer->dispatch_choice(7), "decode/cc");
+  }
+  // K of 1024 and 768: at least 6 chunks in both FCs for every width, so 4 tiles per block are
+  // honoured; blocks of 16 and 64 give 1, 2 and 4 K steps per scale block inside a chunk.
   for (WeightFormat f :
        {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
-    for (int block : {0, 32}) {
+    for (int block : {0, 16, 64}) {
       for (DType dt : {DType::kBF16, DType::kF16}) {
-        LayerSpec s = small_spec(f, 512, 256, 16, 4);
+        LayerSpec s = small_spec(f, 1024, 768, 16, 4);
         s.act_dtype = dt;
         s.fc1.block_size = s.fc2.block_size = block;
-        s.fc1.zero_points = s.fc2.zero_points = block == 32;
+        s.fc1.zero_points = s.fc2.zero_points = block == 16;
         SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
         for (const char* tpb : {"1", "4"}) {
           EnvOverride knob("QMOE_DECODE_TPB", tpb);
@@ -246,20 +257,47 @@ TEST(GpuDecode, CudaCoreFormMatchesOracle) {
   }
 }
 
+// Whether a call of `tokens` on a prepared `tl` fused the combine into FC2 (from its profile).
+bool combine_was_fused(const TestLayer& tl, int64_t tokens) {
+  std::unique_ptr<PreparedLayer> layer;
+  EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  if (!layer) return false;
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, fresh_seed(), false, &ti);
+  DeviceInputs d;
+  EXPECT_TRUE(stage_inputs(ti, &d));
+  GpuBuffer ws, out;
+  EXPECT_TRUE(ws.allocate(layer->workspace_size(tokens)));
+  EXPECT_TRUE(out.allocate(tokens * tl.spec.hidden * 2));
+  MutableTensorView ov(out.get(), tl.spec.act_dtype, {tokens, tl.spec.hidden});
+  RunProfile prof;
+  EXPECT_TRUE(layer->run(d.in, ov, ws.get(), ws.bytes(), nullptr, &prof).is_ok());
+  return prof.combine_fused;
+}
+
 // FC2 with the combine fused (the last block of each column of tiles sums the tokens' slots) gives
 // the finalize kernel's bits, with and without an FC2 bias, for both combine modes, one or several
-// tiles per block, several passes, and repeated calls (the arrival counters start at zero each
-// call).
+// tiles per block (65 tiles of FC2: a partial last column), and several passes. The workspace
+// comes poisoned, so the counters must be zeroed by the call itself; GpuContract's graph replay
+// test covers repeated calls on one workspace.
 TEST(GpuDecode, FusedCombineKeepsTheBits) {
   QMOE_REQUIRE_GPU();
   for (bool scale_input : {false, true}) {
-    LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 16, 4);
+    LayerSpec s = small_spec(WeightFormat::kInt4, 1040, 512, 16, 4);
     s.act_dtype = DType::kBF16;
     s.has_fc2_bias = !scale_input;
     if (scale_input) s.routing.combine = CombineMode::kScaleInput;
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);
+    {
+      EnvOverride o("QMOE_FUSED_COMBINE", "1");
+      EXPECT_TRUE(combine_was_fused(tl, 3)) << "the knob did not reach the decode path";
+    }
+    {
+      EnvOverride o("QMOE_FUSED_COMBINE", "0");
+      EXPECT_FALSE(combine_was_fused(tl, 3));
+    }
     for (int64_t tokens : {1, 3, 8, 24, 64}) {
       TestInputs ti;
       make_inputs(tl.spec, tokens, seed + tokens, false, &ti);

@@ -71,6 +71,16 @@ Status check_decode_args(const DecodeFcArgs& a) {
       a.shape.tiles > 0x7FFFFFFF || a.shape.k > (int64_t{1} << 24)) {
     return Status::invalid("decode: max_groups must be 1..65535, tiles positive, K <= 2^24");
   }
+  if (a.fuse_combine &&
+      (a.fc1 || a.done == nullptr || a.combine.y != a.out || a.combine.ldy != a.ldo ||
+       a.combine.hidden != a.shape.n || a.combine.out == nullptr || a.combine.tokens < 1)) {
+    return Status::invalid(
+        "decode: the fused combine needs FC2, its counters, combine.y == out, combine.ldy == ldo, "
+        "combine.hidden == N and an output");
+  }
+  if (a.zero != nullptr && (!a.fc1 || a.n_zero < 0)) {
+    return Status::invalid("decode: counters are zeroed by FC1");
+  }
   const int bs = a.shape.block_size;
   if (bs != 0 && (bs < 16 || (bs & (bs - 1)) != 0 || a.shape.k % bs != 0)) {
     return Status::invalid(
@@ -108,7 +118,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
         std::to_string(tiles_per_block));
   }
   DecodeGeometry geo = geometry(a.shape);
-  geo.mc = route_groups;
+  geo.mc = std::max(route_groups, 1);  // the kernel's accumulator groups (CUDA cores: one)
   const bool zp = a.zero_points != nullptr;
   const size_t one_row = decode_smem_bytes(geo, zp);
   if (one_row > static_cast<size_t>(kMaxDynamicSmem)) {
@@ -123,7 +133,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   if (a.shape.chunks < ring) tpb = 1;
   while (tpb > 1) {
     geo.tpb = tpb;
-    geo.rows_cap = std::min(max_routes, 8);
+    geo.rows_cap = route_groups == 0 ? 1 : std::min(max_routes, 8);
     if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
     tpb = tpb > 4 ? tpb / 2 / 4 * 4 : 1;
   }

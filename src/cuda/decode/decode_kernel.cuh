@@ -73,17 +73,20 @@ __device__ __forceinline__ void copy_scales(const DecodeFcArgs& a, int64_t first
 // The fused combine's end of an FC2 block (see DecodeFcArgs::fuse_combine): rows [r0, r0 + nr)
 // of the output are this block's column of tiles. The fences order this block's y stores before
 // its count, and the other blocks' stores before the last block's reads.
-__device__ __forceinline__ void fused_combine(const DecodeFcArgs& a, int r0, int nr, int tid) {
+// Not inlined, and given only what it needs, so that its code and registers stay out of the K
+// loop's allocation in every instantiation.
+static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t* done,
+                                                  const int32_t* n_touched, int r0, int nr,
+                                                  int tid) {
   __shared__ int last;
   __syncthreads();  // every warp's epilogue stores are issued
   if (tid == 0) {
     __threadfence();
-    last = atomicAdd(a.done + blockIdx.x, 1) == *a.n_touched - 1;
+    last = atomicAdd(done + blockIdx.x, 1) == *n_touched - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const FinalizeArgs& c = a.combine;
   const int64_t n = c.tokens * nr;
   for (int64_t i = tid; i < n; i += kWarps * 32) {
     const int64_t tk = i / nr;
@@ -123,8 +126,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem);
   float* zs = sc + geo.tpb * 16 * nbp;
-  // Several tiles: each finished tile's sums wait here, [tile][kMC][4][32], for the epilogues after
-  // the warp's stream (run inside it, with the load ring live, they made the kernel spill).
+  // Several tiles: each finished tile's sums wait here, [tile][kCols][4][32], for the epilogues
+  // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
   uint16_t* zrow = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kCols * 128 : 0));
   uint16_t* xs = zrow + geo.ld;
@@ -425,8 +428,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       }
     }
   }
-  if (a.fuse_combine)
-    fused_combine(a, m0 * 16, min(ntl * 16, static_cast<int>(s.n) - m0 * 16), tid);
+  if (a.fuse_combine) {
+    fused_combine(a.combine, a.done, a.n_touched, m0 * 16,
+                  min(ntl * 16, static_cast<int>(s.n) - m0 * 16), tid);
+  }
 }
 
 template <int kBits, bool kBf16, int kMC, int kSpb>

@@ -599,6 +599,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     profile->fc1_us = 1000.0 * ms[1];
     profile->fc2_us = 1000.0 * ms[2];
     profile->combine_us = 1000.0 * ms[3];
+    profile->combine_fused = combined;
   }
   return Status::ok();
 }
