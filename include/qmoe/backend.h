@@ -64,6 +64,10 @@ class PreparedLayer {
   // The kernel path a call of `tokens` tokens takes now (qmoe/tuning.h), and every path it could
   // take (what a tuner times). Empty on backends with one path (the CPU).
   virtual std::string dispatch_choice(int64_t tokens) const { return ""; }
+  // Replaces the dispatch table with the default plus the rows of `tune_file` for this layer and
+  // device (as PrepareOptions::tune_file does at prepare; empty path or no rows: the default).
+  // On error the table is unchanged. A no-op on backends with one path.
+  virtual Status apply_tune_file(const std::string& tune_file) { return Status::ok(); }
   virtual std::vector<std::string> dispatch_candidates(int64_t tokens) const { return {}; }
 };
 

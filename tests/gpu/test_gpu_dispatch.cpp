@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "cuda/decode/decode_gemv.h"
@@ -127,17 +128,31 @@ TEST(GpuDispatch, BadOverrideLaunchesNothing) {
   for (uint8_t b : host) ASSERT_EQ(b, 0x7E) << "output written despite the error";
 }
 
-TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
-  QMOE_REQUIRE_GPU();
+// A small int4 bf16 layer, a fresh temporary tune-file path, and the tune key of the layer on
+// device 0.
+struct TuneFixture {
+  TestLayer tl;
+  std::string path;
+  std::string key;
+};
+void tune_fixture(TuneFixture* f) {
   LayerSpec s = small_spec(WeightFormat::kInt4);
   s.act_dtype = DType::kBF16;
-  TestLayer tl;
-  make_layer(s, fresh_seed(), &tl);
+  make_layer(s, fresh_seed(), &f->tl);
   cudaDeviceProp prop;
   CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
-  const std::string path =
-      ::testing::TempDir() + "qmoe_dispatch_" + std::to_string(fresh_seed()) + ".json";
-  ASSERT_TRUE(save_tuned_rows(path, tune_key(tl.spec, prop.name), {{4, "generic"}}).is_ok());
+  f->path = ::testing::TempDir() + "qmoe_dispatch_" + std::to_string(fresh_seed()) + ".json";
+  f->key = tune_key(f->tl.spec, prop.name);
+}
+
+TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
+  QMOE_REQUIRE_GPU();
+  TuneFixture f;
+  tune_fixture(&f);
+  const TestLayer& tl = f.tl;
+  const LayerSpec& s = tl.spec;
+  const std::string& path = f.path;
+  ASSERT_TRUE(save_tuned_rows(path, f.key, {{4, "generic"}}).is_ok());
   PrepareOptions opt;
   opt.tune_file = path;
   std::unique_ptr<PreparedLayer> layer;
@@ -155,6 +170,31 @@ TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
   opt.tune_file = path + ".absent";  // no file: the default
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, opt, &layer).is_ok());
   EXPECT_EQ(layer->dispatch_choice(1), "decode/1");
+}
+
+// A prepared layer takes a tune file later (qmoe bench --tune), and keeps its table when the file
+// is malformed.
+TEST(GpuDispatch, TuneFileAppliesToPreparedLayer) {
+  QMOE_REQUIRE_GPU();
+  TuneFixture f;
+  tune_fixture(&f);
+  const std::string& path = f.path;
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, f.tl.spec, f.tl.weights, {}, &layer).is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "decode/1");
+  ASSERT_TRUE(save_tuned_rows(path, f.key, {{2, "generic"}}).is_ok());
+  ASSERT_TRUE(layer->apply_tune_file(path).is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "generic");
+  EXPECT_EQ(layer->dispatch_choice(3), "decode/1");
+  {
+    std::ofstream bad(path);
+    bad << "{ not json";
+  }
+  EXPECT_FALSE(layer->apply_tune_file(path).is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "generic") << "a failed load changed the table";
+  ASSERT_TRUE(layer->apply_tune_file("").is_ok());
+  EXPECT_EQ(layer->dispatch_choice(1), "decode/1");
+  std::remove(path.c_str());
 }
 
 }  // namespace

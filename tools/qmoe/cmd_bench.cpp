@@ -339,8 +339,7 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
   if (!a.tune.empty()) {
     QMOE_RETURN_IF_ERROR(tune_preset(ctx, a, *layer, synth));
-    po.tune_file = a.tune;  // the timed cases below run the tuned table
-    QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+    QMOE_RETURN_IF_ERROR(layer->apply_tune_file(a.tune));  // the cases below run the tuned table
   }
   std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert\n", synth_s,
               seconds_since(t0) * 1e3, static_cast<double>(expert_bytes(spec)) / 1e6);

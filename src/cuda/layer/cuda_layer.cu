@@ -137,6 +137,7 @@ class CudaLayer final : public PreparedLayer {
     DispatchChoice c;
     return dispatch_.choose(tokens, &c).is_ok() ? choice_name(c) : "";
   }
+  Status apply_tune_file(const std::string& tune_file) override { return load_dispatch(tune_file); }
   std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
     std::vector<std::string> names;
     for (const DispatchChoice& c : cuda::dispatch_candidates(decode_ready_, tokens)) {
@@ -419,14 +420,17 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
 }
 
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
-  dispatch_ = DispatchTable(decode_ready_, spec_.slots(), spec_.num_experts);
-  if (tune_file.empty()) return Status::ok();
-  cudaDeviceProp prop;
-  QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
-  std::vector<TunedRow> rows;
-  bool found = false;
-  QMOE_RETURN_IF_ERROR(load_tuned_rows(tune_file, tune_key(spec_, prop.name), &rows, &found));
-  return found ? dispatch_.apply_tuned(rows) : Status::ok();
+  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts);
+  if (!tune_file.empty()) {
+    cudaDeviceProp prop;
+    QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
+    std::vector<TunedRow> rows;
+    bool found = false;
+    QMOE_RETURN_IF_ERROR(load_tuned_rows(tune_file, tune_key(spec_, prop.name), &rows, &found));
+    if (found) QMOE_RETURN_IF_ERROR(table.apply_tuned(rows));
+  }
+  dispatch_ = table;  // only once the file has been read whole
+  return Status::ok();
 }
 
 Status CudaLayer::take_deferred_error() {
