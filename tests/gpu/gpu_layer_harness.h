@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -102,6 +103,14 @@ inline void gpu_run(const TestLayer& tl, const TestInputs& ti, GpuRun* res,
   st = reference_forward(tl.spec, tl.weights, ti.in, &ref);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   res->error = relative_norm_error(res->out_f64.data(), ref.data(), ref.size());
+}
+
+// gpu_run with the environment variable `name` set to `value` for the call (the knobs the CUDA
+// backend reads per call: QMOE_DISPATCH, QMOE_PDL, QMOE_DECODE_TPB, ...).
+inline void gpu_run_with(const char* name, const std::string& value, const TestLayer& tl,
+                         const TestInputs& ti, GpuRun* res) {
+  EnvOverride o(name, value.c_str());
+  gpu_run(tl, ti, res);
 }
 
 // A fresh random layer and inputs, run on the GPU, within the dtype's budget.

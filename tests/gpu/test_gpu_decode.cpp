@@ -141,10 +141,7 @@ TEST(GpuDecode, AgreesWithGenericPath) {
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun fast, generic;
     gpu_run(tl, ti, &fast);
-    {
-      EnvOverride o("QMOE_CUDA_PATH", "generic");
-      gpu_run(tl, ti, &generic);
-    }
+    gpu_run_with("QMOE_CUDA_PATH", "generic", tl, ti, &generic);
     EXPECT_LE(fast.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
     EXPECT_LE(generic.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
     const double d =
@@ -168,10 +165,7 @@ TEST(GpuDecode, DependentLaunchKeepsTheBits) {
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun with, without;
     gpu_run(tl, ti, &with);
-    {
-      EnvOverride o("QMOE_PDL", "0");
-      gpu_run(tl, ti, &without);
-    }
+    gpu_run_with("QMOE_PDL", "0", tl, ti, &without);
     EXPECT_LE(with.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
     EXPECT_EQ(with.out, without.out) << tokens << " tokens";
   }
@@ -209,10 +203,7 @@ TEST(GpuDecode, TilesPerBlockChoices) {
       std::vector<uint8_t> first;
       for (int tpb : {1, 4, 8, 16}) {
         GpuRun r;
-        {
-          EnvOverride o("QMOE_DECODE_TPB", std::to_string(tpb).c_str());
-          gpu_run(tl, ti, &r);
-        }
+        gpu_run_with("QMOE_DECODE_TPB", std::to_string(tpb), tl, ti, &r);
         EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << tpb << " tiles per block";
         if (tpb == 4) first = r.out;
         if (tpb > 4) EXPECT_EQ(r.out, first) << tpb << " tiles per block differs from 4";
@@ -306,14 +297,8 @@ TEST(GpuDecode, FusedCombineKeepsTheBits) {
                      std::to_string(tokens) + ", tiles per block " + tpb);
         EnvOverride knob("QMOE_DECODE_TPB", tpb);
         GpuRun fused, plain;
-        {
-          EnvOverride o("QMOE_FUSED_COMBINE", "1");
-          gpu_run(tl, ti, &fused);
-        }
-        {
-          EnvOverride o("QMOE_FUSED_COMBINE", "0");
-          gpu_run(tl, ti, &plain);
-        }
+        gpu_run_with("QMOE_FUSED_COMBINE", "1", tl, ti, &fused);
+        gpu_run_with("QMOE_FUSED_COMBINE", "0", tl, ti, &plain);
         EXPECT_LE(fused.error, gpu_budget(s.act_dtype));
         EXPECT_EQ(fused.out, plain.out);
       }

@@ -92,8 +92,7 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
     GpuRun runs[4];
     const char* names[4] = {"generic", "decode/1", "decode/2", "decode/cc"};
     for (int i = 0; i < 4; ++i) {
-      EnvOverride o("QMOE_DISPATCH", names[i]);
-      gpu_run(tl, ti, &runs[i]);
+      gpu_run_with("QMOE_DISPATCH", names[i], tl, ti, &runs[i]);
       if (::testing::Test::HasFatalFailure()) return;
       EXPECT_LE(runs[i].error, gpu_budget(s.act_dtype)) << names[i] << ", " << tokens << " tokens";
     }

@@ -120,8 +120,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   DecodeGeometry geo = geometry(a.shape);
   geo.mc = std::max(route_groups, 1);  // the kernel's accumulator groups (CUDA cores: one)
   const bool zp = a.zero_points != nullptr;
-  const size_t one_row = decode_smem_bytes(geo, zp);
-  if (one_row > static_cast<size_t>(kMaxDynamicSmem)) {
+  if (!decode_fits(a.shape, zp)) {
     return Status::invalid("decode: K = " + std::to_string(a.shape.k) +
                            " too large to stage one activation row in shared memory");
   }
