@@ -201,8 +201,11 @@ __device__ __forceinline__ void lane_top2(const Value& value, int n, int lane, u
                                           bool higher_first, uint64_t* first, uint64_t* second) {
   uint64_t a = 0, b = 0;
   for_lane_share<Value::kUnroll>(n, lane, [&](int i, bool own) {
+    // Only own items are read: the clamped index of a lane past the end is another lane's item,
+    // which that lane may be writing now (softmax_top_k_warp() has no barrier before this).
+    if (!own) return;
     const uint64_t key = rank_key(value(i), i, higher_first);
-    if (!own || key >= bound) return;
+    if (key >= bound) return;
     if (key > a) {
       b = a;
       a = key;
@@ -294,8 +297,7 @@ __device__ __forceinline__ const float* softmax_top_k_warp(const RoutingSpec& r,
   });
   const float sum = warp_sum(partial);
   for_lane_share(n, lane, [&](int e, bool own) {
-    const float q = p[e] / sum;
-    if (own) p[e] = q;
+    if (own) p[e] = p[e] / sum;  // never the clamped index: another lane writes that one
   });
   // A lane ranks only its own experts, which it wrote itself: no barrier before the selection.
   warp_select(RowValues{p}, n, r.top_k, r.ties == TieBreak::kHigherIndex, lane, ids);
@@ -346,8 +348,8 @@ __device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r,
   float* c = work;
   load_row(bias, DType::kF32, n, c, lane);
   for_lane_share(n, lane, [&](int e, bool own) {
+    if (!own) return;  // s is x: the clamped index is another lane's, which it overwrites now
     const float se = routing::sigmoid_f32(x[e]);
-    if (!own) return;
     s[e] = se;
     c[e] = se + c[e];
   });
