@@ -276,6 +276,7 @@ TEST(GpuDecode, FusedCombineKeepsTheBits) {
   for (bool scale_input : {false, true}) {
     LayerSpec s = small_spec(WeightFormat::kInt4, 1040, 512, 16, 4);
     s.act_dtype = DType::kBF16;
+    s.fc1.block_size = s.fc2.block_size = 16;  // divides K = 1040
     s.has_fc2_bias = !scale_input;
     if (scale_input) s.routing.combine = CombineMode::kScaleInput;
     const uint64_t seed = fresh_seed();
