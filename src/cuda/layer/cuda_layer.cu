@@ -82,13 +82,14 @@ bool use_pdl() {
 }
 
 // Whether the decode path's FC2 sums the tokens' slots itself (DecodeFcArgs::fuse_combine)
-// instead of a finalize kernel: QMOE_FUSED_COMBINE=0|1 forces it (A/B runs); by default up to 8
-// tokens, where the last block of a column of tiles has at most 8 x 16 x tiles-per-block columns
-// to sum and the launch it saves is a large share of the step.
-bool fuse_combine(int64_t tokens) {
+// instead of a finalize kernel: QMOE_FUSED_COMBINE=0|1 forces it (A/B runs). Off by default: on
+// the H200 the fused form lost at every token count it serves (qwen3-30b-a3b INT4, graph replays:
+// 31.7 vs 30.5 us at 1 token, 83.2 vs 76.7 us at 8; INT2 E512: 45.8 vs 43.0 us at 1 token). With
+// PDL the finalize launch overlaps FC2's tail, while the fused form serializes a fence, a counter
+// atomic and the column sums behind FC2's last block.
+bool fuse_combine(int64_t /*tokens*/) {
   const char* v = std::getenv("QMOE_FUSED_COMBINE");
-  if (v != nullptr) return std::string(v) != "0";
-  return tokens <= 8;
+  return v != nullptr && std::string(v) != "0";
 }
 
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
