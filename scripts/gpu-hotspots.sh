@@ -34,6 +34,14 @@ for r in sorted(data, key=lambda r: -num(r, stall))[:30]:
 print("-- most executed instructions (executed count, share of stall samples, SASS)")
 for r in sorted(data, key=lambda r: -num(r, exe))[:40]:
     print(f"{num(r, exe):10.0f} {100*num(r, stall)/tot_s:6.2f}%  {r[src].strip()[:110]}")
+print("-- executed by code region (64 SASS lines each, in code order; regions over 1% of the total)")
+for b in range(0, len(data), 64):
+    part = data[b:b + 64]
+    n = sum(num(r, exe) for r in part)
+    if n > 0.01 * tot_e:
+        sm = sum(num(r, stall) for r in part)
+        ops_b = collections.Counter(r[src].strip().lstrip("@!P0123456789 ").split(" ")[0].split(".")[0] for r in part if num(r, exe) > 0)
+        print(f"  lines {b:5d}-{b + 63:5d}: {100 * n / tot_e:5.1f}% executed, {100 * sm / tot_s:5.1f}% stalls; " + " ".join(f"{k}:{v}" for k, v in ops_b.most_common(6)))
 ops = collections.Counter()
 for r in data:
     ops[r[src].strip().split(" ")[0].split(".")[0] if not r[src].strip().startswith("@") else r[src].strip().split(" ")[1].split(".")[0]] += num(r, exe)
