@@ -40,8 +40,9 @@ inline float load_float(const void* data, DType t, int64_t i) {
   }
 }
 
-// Stores v into element i of an f32/f16/bf16 tensor (rounding to nearest even).
-inline void store_float(void* data, DType t, int64_t i, float v) {
+// Stores v into element i of an f32/f16/bf16 tensor (rounding to nearest even). Host and device:
+// the CUDA kernels store their outputs with it too.
+QMOE_HD void store_float(void* data, DType t, int64_t i, float v) {
   switch (t) {
     case DType::kF32:
       static_cast<float*>(data)[i] = v;

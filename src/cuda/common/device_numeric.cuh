@@ -1,9 +1,11 @@
-// Device loads of narrow scalars decoded exactly to fp32 (the host's num:: conversions).
+// Device loads of narrow scalars decoded exactly to fp32 (the host's num:: conversions). Stores
+// use tensor_check.h's store_float, which host and device share.
 #pragma once
 
 #include <cstdint>
 
 #include "core/numeric.h"
+#include "core/tensor_check.h"
 #include "qmoe/tensor.h"
 
 namespace qmoe::cuda {

@@ -98,14 +98,6 @@ __device__ __forceinline__ uint32_t pair_of(float base_plus_zp) {
   }
 }
 
-__device__ __forceinline__ void store_act(void* out, bool bf16, int64_t i, float v) {
-  if (bf16) {
-    static_cast<uint16_t*>(out)[i] = num::f32_to_bf16(v);
-  } else {
-    static_cast<uint16_t*>(out)[i] = num::f32_to_f16(v);
-  }
-}
-
 // One lane's results of a tile: v[0..1] are row g (logical lr0) for routes r0 and r0 + 1 of the
 // expert, v[2..3] row g + 8 (lr1). FC1: bias, activation (gated units pair the two rows), store in
 // the dtype; FC2: store fp32.
@@ -113,6 +105,7 @@ __device__ __forceinline__ void epilogue(const DecodeFcArgs& a, int64_t e, int m
                                          int64_t lr0, int64_t lr1, int off, int cnt, int r0,
                                          const float v[4], bool bf16) {
   const MmaPackShape& s = a.shape;
+  const DType act_dtype = bf16 ? DType::kBF16 : DType::kF16;  // a constant in each kernel
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = r0 + rr;
@@ -134,11 +127,14 @@ __device__ __forceinline__ void epilogue(const DecodeFcArgs& a, int64_t e, int m
     if (s.map != MmaRowMap::kIdentity) {
       if (lr0 < 0) continue;
       const float gate = fc1_value(v[rr], lr0), lin = fc1_value(v[2 + rr], lr1);
-      store_act(a.out, bf16, o + static_cast<int64_t>(m) * 8 + g, gated_act(a.act, gate, lin));
+      store_float(a.out, act_dtype, o + static_cast<int64_t>(m) * 8 + g,
+                  gated_act(a.act, gate, lin));
     } else {
-      if (lr0 >= 0) store_act(a.out, bf16, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
+      if (lr0 >= 0) {
+        store_float(a.out, act_dtype, o + lr0, scalar_act(a.act.kind, fc1_value(v[rr], lr0)));
+      }
       if (lr1 >= 0) {
-        store_act(a.out, bf16, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
+        store_float(a.out, act_dtype, o + lr1, scalar_act(a.act.kind, fc1_value(v[2 + rr], lr1)));
       }
     }
   }

@@ -92,8 +92,8 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
     const int64_t tk = i / nr;
     const int64_t col = r0 + (i - tk * nr);
     const int64_t s0 = tk * c.slots;
-    store_out(c.out, c.out_dtype, tk * c.hidden + col,
-              combine_column(c, c.route_position + s0, c.expert_ids + s0, c.weights + s0, col));
+    store_float(c.out, c.out_dtype, tk * c.hidden + col,
+                combine_column(c, c.route_position + s0, c.expert_ids + s0, c.weights + s0, col));
   }
 }
 

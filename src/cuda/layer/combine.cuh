@@ -4,25 +4,10 @@
 
 #include <cstdint>
 
-#include "core/numeric.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/layer/stages.h"
 
 namespace qmoe::cuda {
-
-__device__ __forceinline__ void store_out(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = num::f32_to_f16(v);
-      break;
-    case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = num::f32_to_bf16(v);
-      break;
-    default:
-      static_cast<float*>(p)[i] = v;
-      break;
-  }
-}
 
 // Column c of one token: sum over its slots j, in slot order, in fp32, of w_j * (y[pos_j, c] +
 // b2[e_j, c]) (without w_j for kScaleInput). pos, expert and w are the token's slots. y is read

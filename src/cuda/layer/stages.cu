@@ -118,7 +118,7 @@ __global__ void activation_kernel(ActivationArgs a) {
         v = gated_act(a.act, gate, lin);
       }
     }
-    store_out(a.out, a.out_dtype, p * a.ld + i, v);
+    store_float(a.out, a.out_dtype, p * a.ld + i, v);
   }
 }
 
@@ -141,7 +141,8 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   __syncthreads();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.hidden) return;
-  store_out(a.out, a.out_dtype, t * a.hidden + c, combine_column(a, s_pos, s_expert, s_weight, c));
+  store_float(a.out, a.out_dtype, t * a.hidden + c,
+              combine_column(a, s_pos, s_expert, s_weight, c));
 }
 
 }  // namespace
