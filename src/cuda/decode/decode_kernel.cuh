@@ -117,9 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
-  // 16-byte weight loads in flight per lane. One column group runs 6 blocks per SM (80 registers:
-  // 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each.
-  constexpr int kRing = kMC == 2 ? 8 : 6;
+  constexpr int kRing = decode_ring(kMC);  // 16-byte weight loads in flight per lane
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;

@@ -12,6 +12,11 @@
 
 namespace qmoe::cuda::decode_detail {
 
+// 16-byte weight loads in flight per lane (the kernel's ring): one column group runs 6 blocks per
+// SM (80 registers: 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each. The
+// launcher needs it too: several tiles per block only when a warp's stream is at least a ring.
+constexpr int decode_ring(int mma_column_groups) { return mma_column_groups == 2 ? 8 : 6; }
+
 struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
   int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)

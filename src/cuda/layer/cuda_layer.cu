@@ -87,7 +87,7 @@ bool use_pdl() {
 // 31.7 vs 30.5 us at 1 token, 83.2 vs 76.7 us at 8; INT2 E512: 45.8 vs 43.0 us at 1 token). With
 // PDL the finalize launch overlaps FC2's tail, while the fused form serializes a fence, a counter
 // atomic and the column sums behind FC2's last block.
-bool fuse_combine(int64_t /*tokens*/) {
+bool fuse_combine() {
   const char* v = std::getenv("QMOE_FUSED_COMBINE");
   return v != nullptr && std::string(v) != "0";
 }
@@ -585,7 +585,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out = out.data;
   fa.out_dtype = out.dtype;
   fa.pdl = use_pdl();
-  const bool combined = decode && fuse_combine(tokens);
+  const bool combined = decode && fuse_combine();
   if (decode) {
     QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, combined ? &fa : nullptr, choice.route_groups,
                                     stream, profile));

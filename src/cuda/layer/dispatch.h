@@ -9,7 +9,8 @@
 //                     row's max_tokens;
 //   decode/cc         the decode kernel on CUDA cores, one route per pass (an expert with r routes
 //                     reads its weights r times, all but the first from L2): a tuner candidate up
-//                     to 8 tokens, not the analytic default until measurements say where it wins;
+//                     to 8 tokens, never the analytic default (it lost to decode/1 at every count
+//                     measured on an H200, docs/cuda-backend.md);
 //   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc: forces one choice (A/B runs);
 //                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
 // A choice the call cannot take (decode beyond its window or for a layer it does not support)
