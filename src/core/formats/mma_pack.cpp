@@ -64,7 +64,7 @@ namespace {
 // row (-1 for padding), kb the ORT block index (-1 past K's blocks).
 template <typename F>
 void for_each_scale_entry(const MmaPackShape& s, int64_t experts, F&& f) {
-  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  const int64_t nblk = s.k_blocks();
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t pr = 0; pr < s.tiles * 16; ++pr) {
       const int64_t lr = s.logical_row(pr);
@@ -77,7 +77,7 @@ void for_each_scale_entry(const MmaPackShape& s, int64_t experts, F&& f) {
 
 void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_bytes, int64_t experts,
                      std::vector<uint8_t>* out) {
-  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  const int64_t nblk = s.k_blocks();
   out->assign(static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks * elem_bytes), 0u);
   for_each_scale_entry(s, experts, [&](int64_t e, int64_t pr, int64_t b, int64_t lr, int64_t kb) {
     if (lr < 0 || kb < 0) return;
@@ -89,7 +89,7 @@ void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_byte
 void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t experts,
                           std::vector<uint8_t>* out) {
   const int bits = s.bits;
-  const int64_t nblk = s.block_size ? s.k / s.block_size : 1;
+  const int64_t nblk = s.k_blocks();
   out->assign(static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks),
               static_cast<uint8_t>(1u << (bits - 1)));
   for_each_scale_entry(s, experts, [&](int64_t e, int64_t pr, int64_t b, int64_t lr, int64_t kb) {

@@ -47,6 +47,8 @@ struct MmaPackShape {
 
   // Host and device (the decode kernels index with these).
   QMOE_HD int64_t words_per_expert() const { return tiles * chunks * 128; }
+  // ORT's scale blocks along K (the unpadded K): K / block_size, 1 per channel.
+  QMOE_HD int64_t k_blocks() const { return block_size ? k / block_size : 1; }
   // The logical row of packed row pr, or -1 for padding.
   QMOE_HD int64_t logical_row(int64_t pr) const {
     if (map == MmaRowMap::kIdentity) return pr < n ? pr : -1;

@@ -20,7 +20,6 @@ DecodeGeometry geometry(const MmaPackShape& s) {
   const int chunk_k = 16 * s.steps_per_chunk;
   g.kpad = static_cast<int>(s.chunks) * chunk_k;
   g.ld = g.kpad + 8;
-  g.nblk = s.block_size ? static_cast<int>(s.k / s.block_size) : 1;
   g.nblk_pad = static_cast<int>(s.scale_blocks);
   g.shift = 30;
   if (s.block_size) {

@@ -21,7 +21,6 @@ struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
   int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)
   int rows_cap = 8;  // activation rows staged per pass
-  int nblk = 1;      // scale blocks per row: K / block_size, 1 per channel
   int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
   int shift = 30;    // log2(block_size); 30 per channel (every K in block 0)
   int kpad = 16;     // K rounded up to whole chunks: the staged rows are zero beyond K
