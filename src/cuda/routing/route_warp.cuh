@@ -37,9 +37,11 @@ constexpr int kWarpSize = 32;
 // Calls f(e, own) for a lane's share of items [0, n), e = lane, lane + 32, ..., kUnroll at a
 // time: the shares' shared-memory loads and independent chains (exp, division) overlap, four of
 // them at E = 128. Past the end of the share e is clamped to n - 1 and own is false, so f computes
-// as usual and only its effect is skipped: the loop holds kUnroll copies of f and no remainder
-// copies (the code is fetched cold once per decode step; the compiler's own unrolling of a plain
-// loop left up to 16 copies, or 4 plus 3 for the remainder).
+// as usual and only its effect is skipped. n - 1 is another lane's item: f may read it where the
+// row is read-only (the logits), but must return first where lanes write the row it reads (a
+// method's shared-memory rows), or the read races with that lane's write. The loop holds kUnroll
+// copies of f and no remainder copies (the code is fetched cold once per decode step; the
+// compiler's own unrolling of a plain loop left up to 16 copies, or 4 plus 3 for the remainder).
 template <int kUnroll = 4, typename F>
 __device__ __forceinline__ void for_lane_share(int n, int lane, const F& f) {
   QMOE_NO_UNROLL
