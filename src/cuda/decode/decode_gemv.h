@@ -60,6 +60,9 @@ struct DecodeFcArgs {
   // FC2 first fetches its weights and scales (the routing is complete once FC1 has started), then
   // waits for FC1's activations.
   bool pdl = false;
+  // Stage the activation rows with cp.async (every piece in flight at once, no registers held) or
+  // with loads into registers, two per thread at a time (QMOE_DECODE_STAGE=regs, A/B runs).
+  bool stage_async = true;
   ActivationSpec act;
   bool scale_input = false;
   const void* bias = nullptr;  // FC1 bias [E, fc1 rows] in bias_dtype (FC2's bias: finalize)

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
   constexpr int kRing = decode_ring(kMC);  // 16-byte weight loads in flight per lane
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
+  __shared__ int s_row[kMaxRowsPerPass];       // the pass's activation rows in x
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem);
@@ -204,42 +205,73 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       __syncthreads();
       fill_ring();
     }
-    // 3. Stage the pass's activation rows (zeros past K), two 16-byte loads in flight per thread
-    //    (the weight ring is live here: more would spill).
-    const int staged = rows * pieces;
-    for (int i0 = tid; i0 < staged; i0 += 2 * kWarps * 32) {
-      uint4 v[2];
-      int dst[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int i = i0 + u * kWarps * 32;
-        dst[u] = -1;
-        v[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < staged) {
-          const int r = i / pieces, piece = i - r * pieces;
-          dst[u] = r * geo.ld + piece * 8;
-          if (piece < real_pieces) {
-            const int p = off + p0 + r;
-            const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
-            v[u] = __ldg(
-                reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx) +
-                piece);
+    // 3. Stage the pass's activation rows (zeros past K). With cp.async every piece of every row
+    //    is in flight at once and holds no register while the weight ring is live; the rows'
+    //    indices come first, one thread each. Through registers, two 16-byte loads are in flight
+    //    per thread (more would spill next to the ring).
+    if (a.stage_async) {
+      if (tid < rows) {
+        const int p = off + p0 + tid;
+        s_row[tid] = a.by_token ? a.permuted_route[p] / a.slots : p;
+      }
+      __syncthreads();
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t* src =
+            static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(s_row[r]) * a.ldx;
+        const uint32_t dst = smem_u32(xs + r * geo.ld);
+        for (int piece = tid; piece < pieces; piece += kWarps * 32) {
+          const bool real = piece < real_pieces;
+          cp_async_16(dst + piece * 16, real ? src + piece * 8 : src, real ? 16 : 0);
+        }
+      }
+      cp_async_wait_all();
+      __syncthreads();
+      if (check) {  // the error word names the first token with a non-finite activation
+        for (int i = tid; i < rows * real_pieces; i += kWarps * 32) {
+          const int r = i / real_pieces, piece = i - r * real_pieces;
+          const uint4 v = *reinterpret_cast<const uint4*>(xs + r * geo.ld + piece * 8);
+          if (nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w)) {
+            atomicOr(a.error, 4);
+            atomicMin(a.error + 1, a.permuted_route[off + p0 + r] / a.slots);
           }
         }
       }
+    } else {
+      const int staged = rows * pieces;
+      for (int i0 = tid; i0 < staged; i0 += 2 * kWarps * 32) {
+        uint4 v[2];
+        int dst[2];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        if (dst[u] < 0) continue;
-        if (check &&
-            (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
-          const int r = (i0 + u * kWarps * 32) / pieces;
-          atomicOr(a.error, 4);
-          atomicMin(a.error + 1, a.permuted_route[off + p0 + r] / a.slots);
+        for (int u = 0; u < 2; ++u) {
+          const int i = i0 + u * kWarps * 32;
+          dst[u] = -1;
+          v[u] = make_uint4(0u, 0u, 0u, 0u);
+          if (i < staged) {
+            const int r = i / pieces, piece = i - r * pieces;
+            dst[u] = r * geo.ld + piece * 8;
+            if (piece < real_pieces) {
+              const int p = off + p0 + r;
+              const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
+              v[u] = __ldg(
+                  reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx) +
+                  piece);
+            }
+          }
         }
-        *reinterpret_cast<uint4*>(xs + dst[u]) = v[u];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (dst[u] < 0) continue;
+          if (check &&
+              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
+            const int r = (i0 + u * kWarps * 32) / pieces;
+            atomicOr(a.error, 4);
+            atomicMin(a.error + 1, a.permuted_route[off + p0 + r] / a.slots);
+          }
+          *reinterpret_cast<uint4*>(xs + dst[u]) = v[u];
+        }
       }
+      __syncthreads();
     }
-    __syncthreads();
 
     // 4. The K loop: per step, 4 A registers from the codes, one mma per 8 routes.
     const int nch = (rows + 7) / 8;

@@ -17,6 +17,9 @@ namespace qmoe::cuda::decode_detail {
 // launcher needs it too: several tiles per block only when a warp's stream is at least a ring.
 constexpr int decode_ring(int mma_column_groups) { return mma_column_groups == 2 ? 8 : 6; }
 
+// The most activation rows a pass stages: 8 routes per mma column group, at most two groups.
+constexpr int kMaxRowsPerPass = 16;
+
 struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
   int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)

@@ -92,6 +92,21 @@ bool fuse_combine() {
   return v != nullptr && std::string(v) != "0";
 }
 
+// QMOE_ROUTING_TRIGGER=0 keeps the fused routing kernel from triggering its dependents' launch
+// as it starts (A/B runs); they then launch when it ends. Only kernels launched with PDL (the
+// decode path's FC1, which waits for the routing first) are affected.
+bool routing_trigger() {
+  const char* v = std::getenv("QMOE_ROUTING_TRIGGER");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// QMOE_DECODE_STAGE=regs stages the decode kernel's activation rows through registers instead of
+// cp.async (A/B runs).
+bool decode_stage_async() {
+  const char* v = std::getenv("QMOE_DECODE_STAGE");
+  return v == nullptr || std::string(v) != "regs";
+}
+
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
 // the launcher chooses.
 int decode_tiles_per_block() {
@@ -368,6 +383,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.slots = spec_.slots();
   d.dtype = cdt_;
   d.pdl = use_pdl();
+  d.stage_async = decode_stage_async();
   const int tiles_per_block = decode_tiles_per_block();
 
   d.shape = pack1_;
@@ -549,6 +565,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
+  ra.trigger_dependents = use_pdl() && routing_trigger();
   // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
   const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);

@@ -56,6 +56,9 @@ struct DeviceRoutingArgs {
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
   int plan_tile_m = 128;
+  // Fused path: trigger programmatic dependent launch as the kernel starts, so that a following
+  // kernel launched with PDL (the decode path's FC1) becomes resident while routing runs.
+  bool trigger_dependents = false;
 };
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);
