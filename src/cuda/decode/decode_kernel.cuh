@@ -205,11 +205,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       __syncthreads();
       fill_ring();
     }
-    // 3. Stage the pass's activation rows (zeros past K). With cp.async every piece of every row
-    //    is in flight at once and holds no register while the weight ring is live; the rows'
-    //    indices come first, one thread each. Through registers, two 16-byte loads are in flight
-    //    per thread (more would spill next to the ring).
-    if (a.stage_async) {
+    // 3. Stage the pass's activation rows (zeros past K), as DecodeFcArgs::stage says. With
+    //    cp.async every piece of every row is in flight at once and holds no register while the
+    //    weight ring is live; the rows' indices come first, one thread each. Through registers,
+    //    two 16-byte loads are in flight per thread (more would spill next to the ring), over the
+    //    flattened (row, piece) range (two divisions per load) or row by row (one per row).
+    if (a.stage == DecodeFcArgs::Stage::kAsync) {
       if (tid < rows) {
         const int p = off + p0 + tid;
         s_row[tid] = a.by_token ? a.permuted_route[p] / a.slots : p;
@@ -236,6 +237,34 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
           }
         }
       }
+    } else if (a.stage == DecodeFcArgs::Stage::kRows) {
+      for (int r = 0; r < rows; ++r) {
+        const int p = off + p0 + r;
+        const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
+        const uint4* src =
+            reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx);
+        uint16_t* dst = xs + r * geo.ld;
+        for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
+          uint4 v[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int piece = p0c + u * kWarps * 32;
+            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int piece = p0c + u * kWarps * 32;
+            if (piece >= pieces) continue;
+            if (check && (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) ||
+                          nonfinite(v[u].w))) {
+              atomicOr(a.error, 4);
+              atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
+            }
+            *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
+          }
+        }
+      }
+      __syncthreads();
     } else {
       const int staged = rows * pieces;
       for (int i0 = tid; i0 < staged; i0 += 2 * kWarps * 32) {

@@ -92,19 +92,22 @@ bool fuse_combine() {
   return v != nullptr && std::string(v) != "0";
 }
 
-// QMOE_ROUTING_TRIGGER=0 keeps the fused routing kernel from triggering its dependents' launch
-// as it starts (A/B runs); they then launch when it ends. Only kernels launched with PDL (the
+// QMOE_ROUTING_TRIGGER=1 has the fused routing kernel trigger its dependents' launch as it
+// starts (A/B runs); unset or 0, they launch when it ends. Only kernels launched with PDL (the
 // decode path's FC1, which waits for the routing first) are affected.
 bool routing_trigger() {
   const char* v = std::getenv("QMOE_ROUTING_TRIGGER");
-  return v == nullptr || std::string(v) != "0";
+  return v != nullptr && std::string(v) == "1";
 }
 
-// QMOE_DECODE_STAGE=regs stages the decode kernel's activation rows through registers instead of
-// cp.async (A/B runs).
-bool decode_stage_async() {
+// QMOE_DECODE_STAGE=regs|rows|async picks how the decode kernel stages activation rows (A/B
+// runs; DecodeFcArgs::Stage). Unset or unknown: regs.
+DecodeFcArgs::Stage decode_stage() {
   const char* v = std::getenv("QMOE_DECODE_STAGE");
-  return v == nullptr || std::string(v) != "regs";
+  const std::string s = v == nullptr ? "" : v;
+  if (s == "rows") return DecodeFcArgs::Stage::kRows;
+  if (s == "async") return DecodeFcArgs::Stage::kAsync;
+  return DecodeFcArgs::Stage::kRegs;
 }
 
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
@@ -383,7 +386,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.slots = spec_.slots();
   d.dtype = cdt_;
   d.pdl = use_pdl();
-  d.stage_async = decode_stage_async();
+  d.stage = decode_stage();
   const int tiles_per_block = decode_tiles_per_block();
 
   d.shape = pack1_;

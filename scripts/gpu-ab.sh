@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# A/B table of environment settings over `qmoe bench` (graph replays, cold L2): each argument is
+# one setting ("" for the defaults, or "VAR=value VAR2=value"); for each, every format of
+# QMOE_AB_FORMATS (';'-separated bench flags, default int4, int8 and int2 b64) runs at the token
+# counts of QMOE_AB_TOKENS (default 1,8,16,64) on qwen3-30b-a3b. Prints a line per setting and
+# format as soon as it is measured (us per token count) and appends it to $OUT/ab.txt when OUT is
+# set. Needs a GPU build in build-gpu (scripts/gpu-check.sh makes one).
+#   scripts/gpu-ab.sh "" "QMOE_DECODE_STAGE=rows" "QMOE_DECODE_STAGE=async QMOE_ROUTING_TRIGGER=1"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+formats="${QMOE_AB_FORMATS:---format int4;--format int8;--format int2 --block 64}"
+tokens="${QMOE_AB_TOKENS:-1,8,16,64}"
+log="${OUT:+$OUT/ab.txt}"
+csv="$(mktemp)"
+echo "tokens $tokens (us, graph replay, cold L2, median of 100)" | tee -a ${log:-/dev/null}
+for setting in "$@"; do
+  IFS=';' read -ra fmts <<<"$formats"
+  for f in "${fmts[@]}"; do
+    rm -f "$csv"
+    # shellcheck disable=SC2086
+    env $setting build-gpu/tools/qmoe bench --presets qwen3-30b-a3b $f --tokens "$tokens" \
+      --no-check --csv "$csv" >/dev/null 2>&1 || { echo "${setting:-defaults} | $f | FAILED"; continue; }
+    python3 - "$csv" "${setting:-defaults}" "$f" <<'PY' | tee -a ${log:-/dev/null}
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+cells = "  ".join(f"{r['tokens']}:{float(r['us_median']):.1f}" for r in rows)
+print(f"{sys.argv[2]:<48} | {sys.argv[3]:<24} | {cells}", flush=True)
+PY
+  done
+done
+rm -f "$csv"
