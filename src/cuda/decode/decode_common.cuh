@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/formats/code_windows.h"
 #include "core/formats/mma_pack.h"
 #include "core/numeric.h"
 #include "cuda/common/device_numeric.cuh"
@@ -55,9 +56,6 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
   }
 }
 
-// Two codes (bits [0, b) and [16, 16 + b) of v) minus the zero point, as an exact bf16x2/f16x2.
-// sub holds (base + zp) twice, base being the value of the OR-ed exponent: 128 (bf16) or 1024
-// (f16), whose unit in the last place is 1 so that base | q == base + q.
 // (a & b) | c in one LOP3: written as two C operations with two constants, the compiler emits
 // two instructions (a LOP3 takes one immediate), one per code pair per K step.
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
@@ -66,22 +64,53 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
+// Two int8 codes (bits [0, 8) and [16, 24) of v) minus the zero point, as an exact bf16x2: 128 + q
+// needs 9 significant bits, so through fp32, where 2^23 + q is exact; q - zp fits bf16.
+__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
+  const float lo = __uint_as_float(0x4B000000u | (v & 0xFFu)) - (8388608.0f + zp);
+  const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & 0xFFu)) - (8388608.0f + zp);
+  const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// Whether a width reads its codes through code windows (code_windows.h): all but int8 with bf16,
+// whose 128 + q needs 9 significant bits and goes through fp32 (int8_pair_bf16).
 template <int kBits, bool kBf16>
-__device__ __forceinline__ uint32_t codes_to_pair(uint32_t v, uint32_t sub, float zp) {
-  constexpr uint32_t mask = (1u << kBits) - 1u;
-  if constexpr (kBits == 8 && kBf16) {
-    // 128 + q needs 9 significant bits: go through fp32, where 2^23 + q is exact.
-    const float lo = __uint_as_float(0x4B000000u | (v & mask)) - (8388608.0f + zp);
-    const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & mask)) - (8388608.0f + zp);
-    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  } else if constexpr (kBf16) {
-    const uint32_t q = and_or(v, mask | (mask << 16), 0x43004300u);
+constexpr bool kUsesWindows = !(kBits == 8 && kBf16);
+
+// The window's positions (its (base + zp) constants per row), 1 without windows.
+template <int kBits, bool kBf16>
+__host__ __device__ constexpr int window_positions() {
+  if constexpr (kUsesWindows<kBits, kBf16>) {
+    return formats::CodeWindows<kBits, kBf16>::kPositions;
+  } else {
+    return 1;
+  }
+}
+
+// The base of position index i (unused without windows).
+template <int kBits, bool kBf16>
+__device__ __forceinline__ float window_base(int i) {
+  if constexpr (kUsesWindows<kBits, kBf16>) {
+    return formats::CodeWindows<kBits, kBf16>::base(i);
+  } else {
+    return 128.0f;
+  }
+}
+
+// Pair jj of word w as the exact (q - zp) bf16x2/f16x2: the window's shift (shared by the pairs of
+// one window, so the compiler computes it once per word), one LOP3 for mask and base, and one
+// subtraction of sub, the (base + zp) of the pair's position.
+template <int kBits, bool kBf16>
+__device__ __forceinline__ uint32_t window_pair(uint32_t w, int jj, uint32_t sub) {
+  using W = formats::CodeWindows<kBits, kBf16>;
+  const int i = W::position_index(jj);
+  const uint32_t q = and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
+  if constexpr (kBf16) {
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
                                      *reinterpret_cast<const __nv_bfloat162*>(&sub));
     return *reinterpret_cast<const uint32_t*>(&r);
   } else {
-    const uint32_t q = and_or(v, mask | (mask << 16), 0x64006400u);
     const __half2 r =
         __hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&sub));
     return *reinterpret_cast<const uint32_t*>(&r);

@@ -189,7 +189,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
   }
 
   const float mid = static_cast<float>(1 << (kBits - 1));
-  const float base = kBf16 ? 128.0f : 1024.0f;
   const bool check = a.error != nullptr && blockIdx.x == 0;  // tile 0 sees every activation
   const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
   auto nonfinite = [&](uint32_t v) {
@@ -311,7 +310,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
     }
     float s0 = 0.0f, s1 = 0.0f, z0 = mid, z1 = mid;
-    uint32_t sub0 = 0, sub1 = 0;
+    // Each window position's (base + zp) for rows g and g + 8 (code_windows.h): constant without
+    // zero points, set again with each scale block's zero points otherwise.
+    constexpr int kNPos = window_positions<kBits, kBf16>();
+    uint32_t subs0[kNPos], subs1[kNPos];
+    auto set_subs = [&]() {
+#pragma unroll
+      for (int i = 0; i < kNPos; ++i) {
+        subs0[i] = pair_of<kBf16>(window_base<kBits, kBf16>(i) + z0);
+        subs1[i] = pair_of<kBf16>(window_base<kBits, kBf16>(i) + z1);
+      }
+    };
+    set_subs();
     auto flush = [&]() {
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
@@ -343,9 +353,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       if (has_zp) {
         z0 = zs[b];
         z1 = zs[8 * nbp + b];
+        set_subs();
       }
-      sub0 = pair_of<kBf16>(base + z0);
-      sub1 = pair_of<kBf16>(base + z1);
     };
     const uint16_t* xr[kCols];
 #pragma unroll
@@ -377,8 +386,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int pair = 4 * st + j;
-          const uint32_t v = w[pair / kPairsPerWord] >> (kBits * (pair % kPairsPerWord));
-          af[j] = codes_to_pair<kBits, kBf16>(v, (j & 1) ? sub1 : sub0, (j & 1) ? z1 : z0);
+          const uint32_t word = w[pair / kPairsPerWord];
+          const int jj = pair % kPairsPerWord;
+          if constexpr (kUsesWindows<kBits, kBf16>) {
+            const int i = formats::CodeWindows<kBits, kBf16>::position_index(jj);
+            af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
+          } else {
+            af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
+          }
         }
         if constexpr (kMC == 0) {
           // Row g: a0 . x[0, 2) + a2 . x[2, 4); row g + 8: a1 and a3 likewise.
