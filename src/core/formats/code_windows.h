@@ -12,7 +12,7 @@
 // is the exact q - zp, since both operands and the difference are small integers the type holds.
 //
 // The window holds at most kMaxPositions positions: each needs its own (base + zp) constant per
-// row in the kernel's registers.
+// row in the kernel's registers. One position is the plain form: a shift for every pair.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,12 @@
 
 namespace qmoe::formats {
 
-template <int kBits, bool kBf16>
+template <int kBits, bool kBf16, int kMaxPos = 3>
 struct CodeWindows {
   static_assert(kBits == 2 || kBits == 3 || kBits == 4 || (kBits == 8 && !kBf16),
                 "int8 with bf16 does not fit the mantissa; it is converted through fp32");
-  static constexpr int kMaxPositions = 3;
+  static_assert(kMaxPos >= 1, "a window holds at least one position");
+  static constexpr int kMaxPositions = kMaxPos;
   static constexpr int kMantissa = kBf16 ? 7 : 10;
   static constexpr int kPairsPerWord = 16 / kBits;  // int3: 5, bit 15 unused
   // Positions per window: every p = bits * i with p + bits <= mantissa, at most kMaxPositions.

@@ -73,6 +73,21 @@ __device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Ablation builds (src/CMakeLists.txt, QMOE_DECODE_ABLATION) remove one technique each, so that
+// scripts/gpu-ablations.sh can measure what it buys; a normal build defines none of these.
+//   NO_WINDOWS     one position per window: a shift for every code pair (code_windows.h)
+//   NO_KPAIR       the scale multiplies the sums after every K step, not once per scale block
+//   RING2          two weight chunks in flight per lane instead of 6 or 8
+//   SCALAR_SCALES  scales and zero points copied one entry per load instead of 16 bytes
+#if defined(QMOE_DECODE_ABLATE_NO_WINDOWS)
+constexpr int kWindowPositions = 1;
+#else
+constexpr int kWindowPositions = 3;
+#endif
+
+template <int kBits, bool kBf16>
+using Windows = formats::CodeWindows<kBits, kBf16, kWindowPositions>;
+
 // Whether a width reads its codes through code windows (code_windows.h): all but int8 with bf16,
 // whose 128 + q needs 9 significant bits and goes through fp32 (int8_pair_bf16).
 template <int kBits, bool kBf16>
@@ -82,7 +97,7 @@ constexpr bool kUsesWindows = !(kBits == 8 && kBf16);
 template <int kBits, bool kBf16>
 __host__ __device__ constexpr int window_positions() {
   if constexpr (kUsesWindows<kBits, kBf16>) {
-    return formats::CodeWindows<kBits, kBf16>::kPositions;
+    return Windows<kBits, kBf16>::kPositions;
   } else {
     return 1;
   }
@@ -92,7 +107,7 @@ __host__ __device__ constexpr int window_positions() {
 template <int kBits, bool kBf16>
 __device__ __forceinline__ float window_base(int i) {
   if constexpr (kUsesWindows<kBits, kBf16>) {
-    return formats::CodeWindows<kBits, kBf16>::base(i);
+    return Windows<kBits, kBf16>::base(i);
   } else {
     return 128.0f;
   }
@@ -103,7 +118,7 @@ __device__ __forceinline__ float window_base(int i) {
 // subtraction of sub, the (base + zp) of the pair's position.
 template <int kBits, bool kBf16>
 __device__ __forceinline__ uint32_t window_pair(uint32_t w, int jj, uint32_t sub) {
-  using W = formats::CodeWindows<kBits, kBf16>;
+  using W = Windows<kBits, kBf16>;
   const int i = W::position_index(jj);
   const uint32_t q = and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
   if constexpr (kBf16) {

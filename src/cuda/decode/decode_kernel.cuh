@@ -32,6 +32,15 @@ constexpr int kWarps = 4;
 // run is a multiple of 16 entries and 16-byte aligned).
 __device__ __forceinline__ void copy_scales(const DecodeFcArgs& a, int64_t first, int n, float* sc,
                                             float* zs, int tid) {
+#if defined(QMOE_DECODE_ABLATE_SCALAR_SCALES)
+  for (int i = tid; i < n; i += kWarps * 32) {  // one entry per load
+    sc[i] = load_scalar(a.scales, a.scale_dtype, first + i);
+    if (a.zero_points != nullptr) {
+      zs[i] = static_cast<float>(static_cast<const uint8_t*>(a.zero_points)[first + i]);
+    }
+  }
+  return;
+#endif
   if (a.scale_dtype == DType::kF32) {
     const uint4* src = reinterpret_cast<const uint4*>(a.scales) + first / 4;
 #pragma unroll 2
@@ -117,7 +126,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
-  constexpr int kRing = decode_ring(kMC);  // 16-byte weight loads in flight per lane
+  // 16-byte weight loads in flight per lane (the ring2 ablation keeps 2; the launcher's choice of
+  // tiles per block still assumes the full ring, which only makes it more cautious).
+#if defined(QMOE_DECODE_ABLATE_RING2)
+  constexpr int kRing = 2;
+#else
+  constexpr int kRing = decode_ring(kMC);
+#endif
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   __shared__ int s_row[kMaxRowsPerPass];       // the pass's activation rows in x
@@ -389,7 +404,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
           const uint32_t word = w[pair / kPairsPerWord];
           const int jj = pair % kPairsPerWord;
           if constexpr (kUsesWindows<kBits, kBf16>) {
-            const int i = formats::CodeWindows<kBits, kBf16>::position_index(jj);
+            const int i = Windows<kBits, kBf16>::position_index(jj);
             af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
           } else {
             af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
@@ -420,6 +435,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
             }
           }
         }
+#if defined(QMOE_DECODE_ABLATE_NO_KPAIR)
+        flush();  // the scale after every K step instead of once per scale block
+#endif
       }
     };
     // The chunk kRing ahead: a running pointer. A ring slot is refilled after its chunk is

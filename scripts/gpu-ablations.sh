@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What each decode technique buys: builds the CLI once per ablation (src/CMakeLists.txt,
+# QMOE_DECODE_ABLATION: no_windows, no_kpair, ring2, scalar_scales; each removes one technique)
+# in build-ablate-NAME, and times it with `qmoe bench` like scripts/gpu-ab.sh (formats in
+# QMOE_AB_FORMATS, token counts in QMOE_AB_TOKENS), after the normal build in build-gpu as the
+# baseline. Lines print as they are measured and go to $OUT/ablations.txt when OUT is set.
+#   scripts/gpu-ablations.sh [NAME...]     (default: all four)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+formats="${QMOE_AB_FORMATS:---format int4;--format int2 --block 64}"
+tokens="${QMOE_AB_TOKENS:-1,8,64}"
+log="${OUT:+$OUT/ablations.txt}"
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=(no_windows no_kpair ring2 scalar_scales)
+csv="$(mktemp)"
+bench() {  # label, build dir
+  IFS=';' read -ra fmts <<<"$formats"
+  for f in "${fmts[@]}"; do
+    rm -f "$csv"
+    # shellcheck disable=SC2086
+    "$2/tools/qmoe" bench --presets qwen3-30b-a3b $f --tokens "$tokens" --no-check --csv "$csv" \
+      >/dev/null 2>&1 || { echo "$1 | $f | FAILED" | tee -a ${log:-/dev/null}; continue; }
+    python3 - "$csv" "$1" "$f" <<'PY' | tee -a ${log:-/dev/null}
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+cells = "  ".join(f"{r['tokens']}:{float(r['us_median']):.1f}" for r in rows)
+print(f"{sys.argv[2]:<16} | {sys.argv[3]:<24} | {cells}", flush=True)
+PY
+  done
+}
+echo "tokens $tokens (us, graph replay, cold L2, median of 100)" | tee -a ${log:-/dev/null}
+[ -x build-gpu/tools/qmoe ] && bench baseline build-gpu
+for n in "${names[@]}"; do
+  dir="build-ablate-$n"
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_BUILD_TESTS=OFF -DQMOE_DECODE_ABLATION="$n" \
+    >"$dir/configure.log" 2>&1 || { echo "$n: configure failed"; tail -5 "$dir/configure.log"; continue; }
+  cmake --build "$dir" -j "$(nproc)" --target qmoe_cli >"$dir/build.log" 2>&1 ||
+    { echo "$n: build failed"; tail -20 "$dir/build.log"; continue; }
+  bench "$n" "$dir"
+done
+rm -f "$csv"
