@@ -210,6 +210,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
     return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
            (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
   };
+  // Whether any of 16 staged bytes is not finite, and the report naming route p's token.
+  auto any_nonfinite = [&](const uint4& v) {
+    return nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w);
+  };
+  auto report_nonfinite = [&](int p) {
+    atomicOr(a.error, 4);
+    atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
+  };
   const int pieces = geo.kpad / 8, real_pieces = static_cast<int>(s.k) / 8;
   const int bs_mask = (1 << geo.shift) - 1;
 
@@ -245,10 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
         for (int i = tid; i < rows * real_pieces; i += kWarps * 32) {
           const int r = i / real_pieces, piece = i - r * real_pieces;
           const uint4 v = *reinterpret_cast<const uint4*>(xs + r * geo.ld + piece * 8);
-          if (nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w)) {
-            atomicOr(a.error, 4);
-            atomicMin(a.error + 1, a.permuted_route[off + p0 + r] / a.slots);
-          }
+          if (any_nonfinite(v)) report_nonfinite(off + p0 + r);
         }
       }
     } else if (a.stage == DecodeFcArgs::Stage::kRows) {
@@ -269,11 +274,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
           for (int u = 0; u < 2; ++u) {
             const int piece = p0c + u * kWarps * 32;
             if (piece >= pieces) continue;
-            if (check && (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) ||
-                          nonfinite(v[u].w))) {
-              atomicOr(a.error, 4);
-              atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
-            }
+            if (check && any_nonfinite(v[u])) report_nonfinite(p);
             *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
           }
         }
@@ -304,11 +305,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           if (dst[u] < 0) continue;
-          if (check &&
-              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
-            const int r = (i0 + u * kWarps * 32) / pieces;
-            atomicOr(a.error, 4);
-            atomicMin(a.error + 1, a.permuted_route[off + p0 + r] / a.slots);
+          if (check && any_nonfinite(v[u])) {
+            report_nonfinite(off + p0 + (i0 + u * kWarps * 32) / pieces);
           }
           *reinterpret_cast<uint4*>(xs + dst[u]) = v[u];
         }
