@@ -16,7 +16,12 @@ struct BenchTiming {
   int warmup = 1;
   int repeat = 5;
   bool cold_l2 = true;  // CUDA: flush the L2 before each timed call, outside its events
-  bool graph = true;    // CUDA: replay one captured call (false: eager run() calls)
+  // How: kRead leaves the L2 holding clean lines of another buffer (a read pass over it), so the
+  // timed call's reads evict them for free, as in the read ceiling's own pass; kWrite leaves it
+  // holding dirty lines (a memset), whose write-back the timed call pays as it evicts them.
+  enum class Flush { kRead, kWrite };
+  Flush flush = Flush::kRead;
+  bool graph = true;  // CUDA: replay one captured call (false: eager run() calls)
 };
 
 // The q-quantile (0..1) of v, interpolated linearly between the two nearest ranks (q = 0.5 is the
@@ -38,7 +43,8 @@ struct ReadCeiling {
 // Stages in (host memory) on device 0, allocates the exact workspace and times one case on a
 // non-blocking stream: one eager call (which also surfaces argument errors outside a capture),
 // then either a captured graph replayed `warmup` + `repeat` times or as many eager calls. Each
-// timed call has its own pair of events; with cold_l2 a memset of twice the L2 size precedes it.
+// timed call has its own pair of events; with cold_l2 a pass over twice the L2 size (a read or a
+// memset, BenchTiming::flush) precedes it.
 // us receives each timed call's microseconds; out (host memory) the last call's output.
 Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
                       const BenchTiming& timing, std::vector<double>* us);

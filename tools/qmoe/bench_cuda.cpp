@@ -129,13 +129,26 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
   DeviceBuffer& ws = staged.ws;
   const size_t ws_bytes = staged.ws_bytes;
   DeviceBuffer flush;
+  int flush_blocks = 0;
+  DeviceBuffer flush_partials;
+  const bool read_flush = timing.cold_l2 && timing.flush == BenchTiming::Flush::kRead;
   if (timing.cold_l2) {
     int l2 = 0;
     QMOE_RETURN_IF_ERROR(l2_bytes(&l2));
-    // Writing it evicts every line the previous call left in the L2.
+    // A pass over it evicts every line the previous call left in the L2.
     // At least 256 MiB (the usual convention), and twice the L2 on larger caches.
     QMOE_RETURN_IF_ERROR(flush.allocate(
         std::max<size_t>(size_t{256} << 20, 2 * static_cast<size_t>(l2 > 0 ? l2 : 1))));
+  }
+  if (read_flush) {
+#ifdef QMOE_BENCH_READ_KERNEL
+    QMOE_RETURN_IF_ERROR(read_sum_blocks(&flush_blocks));
+    QMOE_RETURN_IF_ERROR(
+        flush_partials.allocate(static_cast<size_t>(flush_blocks) * sizeof(uint32_t)));
+    QMOE_CUDA_TRY(cudaMemset(flush.get(), 0x5A, flush.bytes()));
+#else
+    return Status::invalid("l2 flush: the read flush needs the bench's read kernel; use write");
+#endif
   }
 
   Stream stream;
@@ -163,7 +176,12 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
   EventPairs events;
   QMOE_RETURN_IF_ERROR(events.create(timing.repeat));
   for (int r = 0; r < timing.repeat; ++r) {
-    if (timing.cold_l2) {
+    if (read_flush) {
+#ifdef QMOE_BENCH_READ_KERNEL
+      QMOE_RETURN_IF_ERROR(launch_read_sum(flush.get(), flush.bytes() / 16,
+                                           flush_partials.as<uint32_t>(), flush_blocks, s));
+#endif
+    } else if (timing.cold_l2) {
       // A different byte each time, so no write can be skipped as redundant.
       QMOE_CUDA_TRY(cudaMemsetAsync(flush.get(), r & 0xFF, flush.bytes(), s));
     }

@@ -46,6 +46,7 @@ struct BenchArgs {
   int warmup = -1;  // -1: 10 on the GPU, 1 on the CPU
   std::string csv = "bench-results.csv";
   bool cold_l2 = false, warm_l2 = false;
+  std::string l2_flush = "read";
   uint64_t seed = 0;
   bool no_graph = false, no_check = false;
   std::string tune;  // --tune FILE: time every dispatch choice first, store the fastest
@@ -115,6 +116,12 @@ struct BenchContext {
   ReadCeiling ceiling;  // gbps 0: none (the CPU backend)
 };
 
+// The CSV's l2 column: warm, or cold with the flush that made it (BenchTiming::Flush).
+std::string l2_label(const BenchContext& ctx) {
+  if (ctx.backend != BackendKind::kCuda || !ctx.timing.cold_l2) return "warm";
+  return ctx.timing.flush == BenchTiming::Flush::kRead ? "cold-read" : "cold-write";
+}
+
 struct CaseResult {
   std::string path;  // the backend's dispatch choice ("" where it has one path)
   int64_t tokens = 0, touched = 0;
@@ -171,7 +178,6 @@ Status run_case(const BenchContext& ctx, PreparedLayer& layer, const SyntheticLa
 std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& preset,
                                  const LayerSpec& spec, const CaseResult& r) {
   const bool ceiling = ctx.ceiling.gbps > 0;
-  const bool gpu = ctx.backend == BackendKind::kCuda;
   return {preset,
           describe_formats(spec),
           dtype_name(spec.act_dtype),
@@ -191,7 +197,7 @@ std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& pre
           backend_name(ctx.backend),
           ctx.device,
           ctx.timing.graph ? "yes" : "no",
-          gpu && ctx.timing.cold_l2 ? "cold" : "warm",
+          l2_label(ctx),
           std::to_string(ctx.timing.warmup),
           std::to_string(ctx.timing.repeat),
           std::to_string(ctx.seed),
@@ -374,6 +380,7 @@ int run_bench(const BenchArgs& a) {
   ctx.timing.repeat = a.repeat > 0 ? a.repeat : (gpu ? 100 : 5);
   ctx.timing.warmup = a.warmup >= 0 ? a.warmup : (gpu ? 10 : 1);
   ctx.timing.cold_l2 = gpu && !a.warm_l2;
+  ctx.timing.flush = a.l2_flush == "write" ? BenchTiming::Flush::kWrite : BenchTiming::Flush::kRead;
   ctx.timing.graph = gpu && !a.no_graph;
   ctx.check = !a.no_check;
   ctx.seed = a.seed;
@@ -390,12 +397,14 @@ int run_bench(const BenchArgs& a) {
   }
 #endif
   std::printf("backend  %s, %s\n", backend_name(ctx.backend), ctx.device.c_str());
-  std::printf("timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup,
-              ctx.timing.repeat,
-              gpu ? (std::string(ctx.timing.graph ? "CUDA graph replays" : "eager calls") +
-                     ", CUDA events, L2 " + (ctx.timing.cold_l2 ? "flushed before each" : "warm"))
-                        .c_str()
-                  : "host clock");
+  std::printf(
+      "timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup, ctx.timing.repeat,
+      gpu ? (std::string(ctx.timing.graph ? "CUDA graph replays" : "eager calls") +
+             ", CUDA events, L2 " +
+             (ctx.timing.cold_l2 ? std::string("flushed before each (") + a.l2_flush + " pass)"
+                                 : std::string("warm")))
+                .c_str()
+          : "host clock");
   if (ctx.ceiling.gbps > 0) {
     std::printf("ceiling  %.1f GB/s read (%s, median of 20)\n", ctx.ceiling.gbps,
                 ctx.ceiling.method.c_str());
@@ -482,6 +491,12 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   CLI::Option* warm =
       cmd->add_flag("--warm-l2", a->warm_l2, "no L2 flush: weights may stay in the L2");
   cold->excludes(warm);
+  cmd->add_option("--l2-flush", a->l2_flush,
+                  "how the cold L2 is made: read (a read pass leaves clean lines, like the read "
+                  "ceiling's) or write (a memset leaves dirty lines, whose write-back the timed "
+                  "call pays)")
+      ->check(CLI::IsMember({"read", "write"}))
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs")
       ->capture_default_str();
   cmd->add_flag("--no-graph", a->no_graph, "time eager run() calls instead of graph replays");
