@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/tensor_check.h"
+#include "cuda/layer/stages.h"
 #include "cuda/routing/device_routing.h"
 #include "cuda/routing/routing_internal.cuh"
 #include "gpu_test_util.h"
@@ -490,6 +491,67 @@ TEST(DeviceRouting, GeneralPathEqualsFusedPathForFewTokens) {
       ASSERT_TRUE(device_route(p, RoutingPath::kGeneral, &general)) << p.describe();
       ASSERT_TRUE(same_maps(general, fused)) << p.describe() << ", seed " << seed;
       ASSERT_TRUE(matches_host(p, RoutingPath::kFused)) << "seed " << seed;
+    }
+  }
+}
+
+// The plan (touched experts ascending, then -1 to entry E - 1; their number; the exclusive
+// prefix of their tiles of 128 routes) as the fused kernel builds it and as launch_plan builds it
+// after the general path, bitwise against the host's from the host's counts. The outputs start
+// poisoned, so an entry neither writes fails.
+TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  constexpr int kTileM = 128;
+  for (int64_t experts : {8, 128, 512}) {
+    for (int64_t t : {1, 7, 64}) {
+      const LayerSpec s =
+          valid_spec(RoutingMethod::kSoftmaxTopK, experts, 8, 0, TieBreak::kLowerIndex, true, rng);
+      const Problem p = make_problem(s, t, DType::kF32, false, Values::kGaussian, rng());
+      Maps want;
+      ASSERT_TRUE(host_route(p, &want));
+      std::vector<int32_t> touched(static_cast<size_t>(experts), -1), tile_start;
+      int32_t n_touched = 0, tiles = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        const int32_t c = want.counts[static_cast<size_t>(e)];
+        if (c == 0) continue;
+        touched[static_cast<size_t>(n_touched++)] = static_cast<int32_t>(e);
+        tile_start.push_back(tiles);
+        tiles += (c + kTileM - 1) / kTileM;
+      }
+      tile_start.push_back(tiles);
+      for (RoutingPath path : {RoutingPath::kFused, RoutingPath::kGeneral}) {
+        SCOPED_TRACE(p.describe() + (path == RoutingPath::kFused ? ", fused" : ", general") +
+                     ", seed " + std::to_string(seed));
+        DeviceProblem d;
+        ASSERT_TRUE(d.init(p, path));
+        GpuBuffer dt, dn, ds;
+        ASSERT_TRUE(dt.upload(std::vector<int32_t>(static_cast<size_t>(experts), 0x7F7F7F7F)));
+        ASSERT_TRUE(dn.upload(std::vector<int32_t>{0x7F7F7F7F}));
+        ASSERT_TRUE(ds.upload(std::vector<int32_t>(static_cast<size_t>(experts) + 1, 0x7F7F7F7F)));
+        if (path == RoutingPath::kFused) {
+          d.args.plan_touched = dt.as<int32_t>();
+          d.args.plan_n_touched = dn.as<int32_t>();
+          d.args.plan_tile_start = ds.as<int32_t>();
+          d.args.plan_tile_m = kTileM;
+        }
+        ASSERT_TRUE(
+            cuda::launch_routing_path(d.args, path, d.temp.get(), d.temp_bytes, nullptr).is_ok());
+        if (path == RoutingPath::kGeneral) {
+          ASSERT_TRUE(cuda::launch_plan(d.args.maps.expert_counts, experts, dt.as<int32_t>(),
+                                        dn.as<int32_t>(), ds.as<int32_t>(), nullptr)
+                          .is_ok());
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<int32_t> got_touched, got_n, got_start;
+        ASSERT_TRUE(copy_back(dt.as<int32_t>(), experts, &got_touched));
+        ASSERT_TRUE(copy_back(dn.as<int32_t>(), 1, &got_n));
+        ASSERT_TRUE(copy_back(ds.as<int32_t>(), n_touched + 1, &got_start));
+        EXPECT_EQ(got_n[0], n_touched);
+        EXPECT_TRUE(same_bits("touched", got_touched, touched));
+        EXPECT_TRUE(same_bits("tile_start", got_start, tile_start));
+      }
     }
   }
 }

@@ -60,12 +60,6 @@ struct DecodeFcArgs {
   // FC2 first fetches its weights and scales (the routing is complete once FC1 has started), then
   // waits for FC1's activations.
   bool pdl = false;
-  // How the activation rows reach shared memory (QMOE_DECODE_STAGE, A/B runs): kRegs, loads into
-  // registers two per thread at a time over the flattened (row, piece) range; kRows, the same
-  // loads row by row (no integer division per piece); kAsync, cp.async with every piece of
-  // every row in flight at once and no registers held.
-  enum class Stage { kRegs = 0, kRows = 1, kAsync = 2 };
-  Stage stage = Stage::kRegs;
   ActivationSpec act;
   bool scale_input = false;
   const void* bias = nullptr;  // FC1 bias [E, fc1 rows] in bias_dtype (FC2's bias: finalize)

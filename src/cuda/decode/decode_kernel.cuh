@@ -120,7 +120,7 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
 // columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
 // the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
 template <int kBits, bool kBf16, int kMC, int kSpb>
-__global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
+__global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
   constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
@@ -135,7 +135,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
 #endif
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
-  __shared__ int s_row[kMaxRowsPerPass];       // the pass's activation rows in x
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem);
@@ -154,9 +153,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       for (int i = tid; i < a.n_zero; i += kWarps * 32) a.zero[i] = 0;
     }
   }
-  const int gi = blockIdx.y;
-  if (gi >= *a.n_touched) return;
-  const int64_t e = a.touched[gi];
+  // Entries past the touched experts hold -1 (stages.h): one dependent load, not two, before
+  // the weights' addresses are known.
+  const int64_t e = a.touched[blockIdx.y];
+  if (e < 0) return;
   const int off = a.offsets[e];
   const int cnt = a.offsets[e + 1] - off;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -210,14 +210,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
     return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
            (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
   };
-  // Whether any of 16 staged bytes is not finite, and the report naming route p's token.
-  auto any_nonfinite = [&](const uint4& v) {
-    return nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w);
-  };
-  auto report_nonfinite = [&](int p) {
-    atomicOr(a.error, 4);
-    atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
-  };
   const int pieces = geo.kpad / 8, real_pieces = static_cast<int>(s.k) / 8;
   const int bs_mask = (1 << geo.shift) - 1;
 
@@ -227,92 +219,37 @@ __global__ void __launch_bounds__(kWarps * 32, kMC == 2 ? 4 : 6)
       __syncthreads();
       fill_ring();
     }
-    // 3. Stage the pass's activation rows (zeros past K), as DecodeFcArgs::stage says. With
-    //    cp.async every piece of every row is in flight at once and holds no register while the
-    //    weight ring is live; the rows' indices come first, one thread each. Through registers,
-    //    two 16-byte loads are in flight per thread (more would spill next to the ring), over the
-    //    flattened (row, piece) range (two divisions per load) or row by row (one per row).
-    if (a.stage == DecodeFcArgs::Stage::kAsync) {
-      if (tid < rows) {
-        const int p = off + p0 + tid;
-        s_row[tid] = a.by_token ? a.permuted_route[p] / a.slots : p;
-      }
-      __syncthreads();
-      for (int r = 0; r < rows; ++r) {
-        const uint16_t* src =
-            static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(s_row[r]) * a.ldx;
-        const uint32_t dst = smem_u32(xs + r * geo.ld);
-        for (int piece = tid; piece < pieces; piece += kWarps * 32) {
-          const bool real = piece < real_pieces;
-          cp_async_16(dst + piece * 16, real ? src + piece * 8 : src, real ? 16 : 0);
-        }
-      }
-      cp_async_wait_all();
-      __syncthreads();
-      if (check) {  // the error word names the first token with a non-finite activation
-        for (int i = tid; i < rows * real_pieces; i += kWarps * 32) {
-          const int r = i / real_pieces, piece = i - r * real_pieces;
-          const uint4 v = *reinterpret_cast<const uint4*>(xs + r * geo.ld + piece * 8);
-          if (any_nonfinite(v)) report_nonfinite(off + p0 + r);
-        }
-      }
-    } else if (a.stage == DecodeFcArgs::Stage::kRows) {
-      for (int r = 0; r < rows; ++r) {
-        const int p = off + p0 + r;
-        const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
-        const uint4* src =
-            reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx);
-        uint16_t* dst = xs + r * geo.ld;
-        for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
-          uint4 v[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int piece = p0c + u * kWarps * 32;
-            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
-          }
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int piece = p0c + u * kWarps * 32;
-            if (piece >= pieces) continue;
-            if (check && any_nonfinite(v[u])) report_nonfinite(p);
-            *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
-          }
-        }
-      }
-      __syncthreads();
-    } else {
-      const int staged = rows * pieces;
-      for (int i0 = tid; i0 < staged; i0 += 2 * kWarps * 32) {
+    // 3. Stage the pass's activation rows, zeros past K, row by row: two 16-byte loads in flight
+    //    per thread (more would spill next to the ring). Measured against the flattened
+    //    (row, piece) range (two divisions per load) and against cp.async with every piece in
+    //    flight: within 1-3% either way, this form the fastest at one token (docs/cuda-backend.md).
+    for (int r = 0; r < rows; ++r) {
+      const int p = off + p0 + r;
+      const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
+      const uint4* src =
+          reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx);
+      uint16_t* dst = xs + r * geo.ld;
+      for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
         uint4 v[2];
-        int dst[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          const int i = i0 + u * kWarps * 32;
-          dst[u] = -1;
-          v[u] = make_uint4(0u, 0u, 0u, 0u);
-          if (i < staged) {
-            const int r = i / pieces, piece = i - r * pieces;
-            dst[u] = r * geo.ld + piece * 8;
-            if (piece < real_pieces) {
-              const int p = off + p0 + r;
-              const int64_t row = a.by_token ? a.permuted_route[p] / a.slots : p;
-              v[u] = __ldg(
-                  reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx) +
-                  piece);
-            }
-          }
+          const int piece = p0c + u * kWarps * 32;
+          v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          if (dst[u] < 0) continue;
-          if (check && any_nonfinite(v[u])) {
-            report_nonfinite(off + p0 + (i0 + u * kWarps * 32) / pieces);
+          const int piece = p0c + u * kWarps * 32;
+          if (piece >= pieces) continue;
+          if (check && (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) ||
+                        nonfinite(v[u].w))) {  // the error word names the first such token
+            atomicOr(a.error, 4);
+            atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
           }
-          *reinterpret_cast<uint4*>(xs + dst[u]) = v[u];
+          *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
 
     // 4. The K loop: per step, 4 A registers from the codes, one mma per 8 routes.
     const int nch = (rows + 7) / 8;

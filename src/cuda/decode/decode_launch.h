@@ -15,7 +15,15 @@ namespace qmoe::cuda::decode_detail {
 // 16-byte weight loads in flight per lane (the kernel's ring): one column group runs 6 blocks per
 // SM (80 registers: 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each. The
 // launcher needs it too: several tiles per block only when a warp's stream is at least a ring.
+// The WIDE_RING measurement build (src/CMakeLists.txt) gives one column group 8 loads at 5 blocks
+// per SM (96 registers) instead.
+#if defined(QMOE_DECODE_ABLATE_WIDE_RING)
+constexpr int decode_ring(int) { return 8; }
+constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 5; }
+#else
 constexpr int decode_ring(int mma_column_groups) { return mma_column_groups == 2 ? 8 : 6; }
+constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 6; }
+#endif
 
 // The most activation rows a pass stages: 8 routes per mma column group, at most two groups.
 constexpr int kMaxRowsPerPass = 16;

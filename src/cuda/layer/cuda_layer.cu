@@ -92,24 +92,6 @@ bool fuse_combine() {
   return v != nullptr && std::string(v) != "0";
 }
 
-// QMOE_ROUTING_TRIGGER=1 has the fused routing kernel trigger its dependents' launch as it
-// starts (A/B runs); unset or 0, they launch when it ends. Only kernels launched with PDL (the
-// decode path's FC1, which waits for the routing first) are affected.
-bool routing_trigger() {
-  const char* v = std::getenv("QMOE_ROUTING_TRIGGER");
-  return v != nullptr && std::string(v) == "1";
-}
-
-// QMOE_DECODE_STAGE=regs|rows|async picks how the decode kernel stages activation rows (A/B
-// runs; DecodeFcArgs::Stage). Unset or unknown: regs.
-DecodeFcArgs::Stage decode_stage() {
-  const char* v = std::getenv("QMOE_DECODE_STAGE");
-  const std::string s = v == nullptr ? "" : v;
-  if (s == "rows") return DecodeFcArgs::Stage::kRows;
-  if (s == "async") return DecodeFcArgs::Stage::kAsync;
-  return DecodeFcArgs::Stage::kRegs;
-}
-
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
 // the launcher chooses.
 int decode_tiles_per_block() {
@@ -386,7 +368,6 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.slots = spec_.slots();
   d.dtype = cdt_;
   d.pdl = use_pdl();
-  d.stage = decode_stage();
   const int tiles_per_block = decode_tiles_per_block();
 
   d.shape = pack1_;
@@ -568,7 +549,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
-  ra.trigger_dependents = use_pdl() && routing_trigger();
   // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
   const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);

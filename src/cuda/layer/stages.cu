@@ -41,6 +41,8 @@ __global__ void __launch_bounds__(kPlanThreads)
     if (c > 0) {
       touched[at.x + prefix.x] = static_cast<int32_t>(e);
       tile_start[at.x + prefix.x] = at.y + prefix.y;
+    } else if (e < experts) {  // the untouched fill the list from its end
+      touched[experts - 1 - (e - at.x - prefix.x)] = -1;
     }
     __syncthreads();  // everyone has read carry
     if (threadIdx.x == 0) carry = make_int2(at.x + total.x, at.y + total.y);

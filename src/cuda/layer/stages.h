@@ -17,7 +17,8 @@ namespace qmoe::cuda {
 // Error bits beyond routing's (device_routing.h): a non-finite input activation.
 constexpr int32_t kErrorInput = 4;
 
-// From maps.expert_counts [E]: the touched experts in ascending order, their number, and
+// From maps.expert_counts [E]: the touched experts in ascending order (then -1 up to entry E - 1,
+// so that a kernel can test its entry without first reading the number), their number, and
 // tile_start (exclusive prefix of ceil(count / kGemmTileM), entry n_touched = total tiles).
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
                    int32_t* tile_start, cudaStream_t stream);

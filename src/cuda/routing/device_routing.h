@@ -49,16 +49,14 @@ struct DeviceRoutingArgs {
   RouteMapsView maps;                  // device arrays (carve_route_maps on device memory)
   int32_t* error = nullptr;            // device int32[2], see above; never reset here
   // Optional, fused path only: the generic path's plan (stages.h launch_plan) built in the same
-  // kernel, saving a launch per decode step: touched experts ascending, their number, and
-  // tile_start over them (exclusive prefix of ceil(count / plan_tile_m)). Ignored when null or
-  // when the general path runs; the caller then runs launch_plan itself.
+  // kernel, saving a launch per decode step: touched experts ascending (then -1 up to entry E - 1,
+  // as launch_plan leaves them), their number, and tile_start over them (exclusive prefix of
+  // ceil(count / plan_tile_m)). Ignored when null or when the general path runs; the caller then
+  // runs launch_plan itself.
   int32_t* plan_touched = nullptr;
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
   int plan_tile_m = 128;
-  // Fused path: trigger programmatic dependent launch as the kernel starts, so that a following
-  // kernel launched with PDL (the decode path's FC1) becomes resident while routing runs.
-  bool trigger_dependents = false;
 };
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);

@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/common/pdl.cuh"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -70,7 +69,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int routing_warps, int32_t* counts,
                          int32_t* offsets, int32_t* permuted, int32_t* position,
                          int32_t* plan_touched, int32_t* plan_n_touched, int32_t* plan_tile_start,
-                         int plan_tile_m, bool trigger) {
+                         int plan_tile_m) {
   extern __shared__ float rows[];  // [routing_warps][routing_warp_floats(E, slots)]
   __shared__ uint32_t s_warp_scan[kScanWarps + 1];
   __shared__ unsigned long long s_mask[kFusedMaxExperts];
@@ -81,10 +80,6 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int lane = tid % kWarpSize;
   const int num_e = a.experts;
   const int slots = a.slots;
-  // The decode kernels that follow may launch now: their blocks become resident while this one
-  // routes, and their pdl_wait() returns once this grid has finished and its writes are visible.
-  // Without the launch attribute on the dependent this is a no-op.
-  if (trigger) pdl_trigger();
   if (tid < num_e) s_mask[tid] = 0ull;
   __syncthreads();
 
@@ -120,10 +115,12 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (tid == 0) offsets[num_e] = routes;
   if (plan_touched != nullptr) {
     const uint32_t touched_mask = (1u << (kTilesShift - kTouchedShift)) - 1;
+    const uint32_t i = (before >> kTouchedShift) & touched_mask;  // touched experts before
     if (c > 0) {
-      const uint32_t i = (before >> kTouchedShift) & touched_mask;
       plan_touched[i] = tid;
       plan_tile_start[i] = static_cast<int32_t>(before >> kTilesShift);
+    } else if (tid < num_e) {  // the untouched fill the list from its end with -1 (stages.h)
+      plan_touched[num_e - 1 - (tid - static_cast<int>(i))] = -1;
     }
     if (tid == 0) {
       const uint32_t n_touched = (total >> kTouchedShift) & touched_mask;
@@ -169,7 +166,7 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
     kernel<<<1, kFusedThreads, smem, stream>>>(
         token_routing(args), tokens, routing_warps, m.expert_counts, m.expert_offsets,
         m.permuted_route, m.route_position, args.plan_touched, args.plan_n_touched,
-        args.plan_tile_start, args.plan_tile_m, args.trigger_dependents);
+        args.plan_tile_start, args.plan_tile_m);
     QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
     return Status::ok();
   });
