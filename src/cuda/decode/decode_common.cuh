@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
 // scripts/gpu-ablations.sh can measure what it buys; a normal build defines none of these.
 //   NO_WINDOWS     one position per window: a shift for every code pair (code_windows.h)
 //   NO_KPAIR       the scale multiplies the sums after every K step, not once per scale block
-//   RING2          two weight chunks in flight per lane instead of 6 or 8
+//   RING2, RING4   two or four weight chunks in flight per lane at every width (decode_ring())
 //   SCALAR_SCALES  scales and zero points copied one entry per load instead of 16 bytes
 #if defined(QMOE_DECODE_ABLATE_NO_WINDOWS)
 constexpr int kWindowPositions = 1;

@@ -125,7 +125,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   }
   // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
-  const int ring = decode_ring(geo.mc);
+  const int ring = decode_ring(a.shape.bits, geo.mc);
   int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a);
   tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
   if (a.shape.chunks < ring) tpb = 1;

@@ -2,9 +2,9 @@
 //
 // Written for the HBM roofline at small token counts, where a block lives a few microseconds and
 // every latency it serializes, and every instruction it issues, shows in the layer's time:
-//   - the warp's weight loads (up to 6 or 8 16-byte loads per lane) are issued first; the tile's
-//     scales, zero points and the routes' activations are then fetched in batches while those
-//     are in flight, and staged in shared memory;
+//   - the warp's weight loads (2 to 8 16-byte loads per lane, decode_ring()) are issued first;
+//     the tile's scales, zero points and the routes' activations are then fetched in batches
+//     while those are in flight, and staged in shared memory;
 //   - the K loop has no bounds checks: the staged rows are zero past K up to whole chunks, and an
 //     absent route's B fragment comes from a zero row;
 //   - where scale blocks start is known at compile time (kSpb) for every width but int3, so the
@@ -126,12 +126,15 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
-  // 16-byte weight loads in flight per lane (the ring2 ablation keeps 2; the launcher's choice of
-  // tiles per block still assumes the full ring, which only makes it more cautious).
+  // 16-byte weight loads in flight per lane (the ring2 and ring4 measurement builds force 2 or 4
+  // at every width; the launcher's choice of tiles per block still assumes decode_ring(), which
+  // only makes it more cautious where that is longer).
 #if defined(QMOE_DECODE_ABLATE_RING2)
   constexpr int kRing = 2;
+#elif defined(QMOE_DECODE_ABLATE_RING4)
+  constexpr int kRing = 4;
 #else
-  constexpr int kRing = decode_ring(kMC);
+  constexpr int kRing = decode_ring(kBits, kMC);
 #endif
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums

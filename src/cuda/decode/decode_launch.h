@@ -12,18 +12,20 @@
 
 namespace qmoe::cuda::decode_detail {
 
-// 16-byte weight loads in flight per lane (the kernel's ring): one column group runs 6 blocks per
-// SM (80 registers: 6 x 16 bytes per lane leave no spills), two run 4 with 8 loads each. The
-// launcher needs it too: several tiles per block only when a warp's stream is at least a ring.
-// The WIDE_RING measurement build (src/CMakeLists.txt) gives one column group 8 loads at 5 blocks
-// per SM (96 registers) instead.
-#if defined(QMOE_DECODE_ABLATE_WIDE_RING)
-constexpr int decode_ring(int) { return 8; }
-constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 5; }
-#else
-constexpr int decode_ring(int mma_column_groups) { return mma_column_groups == 2 ? 8 : 6; }
+// 16-byte weight loads in flight per lane (the kernel's ring). With one column group the kernel
+// runs 6 blocks per SM at 80 registers; a ring of 6 spilled there (40 bytes of stack) and lost to
+// shorter rings at every width measured (H200, qwen3-30b-a3b, cold L2, 1 / 8 / 64 tokens): int4
+// 28.8 / 75.8 / 175.5 us at 6, 27.2 / 67.0 / 155.7 at 4, 26.6 / 69.3 / 162.5 at 2; int8 38.1 /
+// 118.9 / 283.1 at 6, 35.8 / 110.1 / 259.9 at 4, 37.6 / 119.8 / 288.4 at 2; int2 b64 27.3 / 76.6 /
+// 176.8 at 6, 27.3 / 75.1 / 172.9 at 4, 26.1 / 67.6 / 153.4 at 2. So about 16 K steps ahead
+// (int2 holds 8 per chunk, int3 5, int4 4) and 4 chunks for int8. Two column groups run 4 blocks
+// per SM with 8 loads each (127 registers, no spills). The launcher needs it too: several tiles
+// per block only when a warp's stream is at least a ring.
+constexpr int decode_ring(int bits, int mma_column_groups) {
+  if (mma_column_groups == 2) return 8;
+  return bits == 2 ? 2 : bits == 3 ? 3 : 4;
+}
 constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 6; }
-#endif
 
 // The most activation rows a pass stages: 8 routes per mma column group, at most two groups.
 constexpr int kMaxRowsPerPass = 16;
