@@ -11,21 +11,9 @@ cd "$(dirname "$0")/.."
 formats="${QMOE_AB_FORMATS:---format int4;--format int8;--format int2 --block 64}"
 tokens="${QMOE_AB_TOKENS:-1,8,16,64}"
 log="${OUT:+$OUT/ab.txt}"
-csv="$(mktemp)"
+source scripts/ab-common.sh
 echo "tokens $tokens (us, graph replay, cold L2, median of 100)" | tee -a ${log:-/dev/null}
 for setting in "$@"; do
-  IFS=';' read -ra fmts <<<"$formats"
-  for f in "${fmts[@]}"; do
-    rm -f "$csv"
-    # shellcheck disable=SC2086
-    env $setting build-gpu/tools/qmoe bench --presets qwen3-30b-a3b $f --tokens "$tokens" \
-      --no-check --csv "$csv" >/dev/null 2>&1 || { echo "${setting:-defaults} | $f | FAILED"; continue; }
-    python3 - "$csv" "${setting:-defaults}" "$f" <<'PY' | tee -a ${log:-/dev/null}
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-cells = "  ".join(f"{r['tokens']}:{float(r['us_median']):.1f}" for r in rows)
-print(f"{sys.argv[2]:<48} | {sys.argv[3]:<24} | {cells}", flush=True)
-PY
-  done
+  # shellcheck disable=SC2086
+  ab_times "${setting:-defaults}" build-gpu/tools/qmoe $setting
 done
-rm -f "$csv"

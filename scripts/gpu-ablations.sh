@@ -13,24 +13,9 @@ tokens="${QMOE_AB_TOKENS:-1,8,64}"
 log="${OUT:+$OUT/ablations.txt}"
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(no_windows no_kpair ring2 ring4 scalar_scales)
-csv="$(mktemp)"
-bench() {  # label, build dir
-  IFS=';' read -ra fmts <<<"$formats"
-  for f in "${fmts[@]}"; do
-    rm -f "$csv"
-    # shellcheck disable=SC2086
-    "$2/tools/qmoe" bench --presets qwen3-30b-a3b $f --tokens "$tokens" --no-check --csv "$csv" \
-      >/dev/null 2>&1 || { echo "$1 | $f | FAILED" | tee -a ${log:-/dev/null}; continue; }
-    python3 - "$csv" "$1" "$f" <<'PY' | tee -a ${log:-/dev/null}
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-cells = "  ".join(f"{r['tokens']}:{float(r['us_median']):.1f}" for r in rows)
-print(f"{sys.argv[2]:<16} | {sys.argv[3]:<24} | {cells}", flush=True)
-PY
-  done
-}
+source scripts/ab-common.sh
 echo "tokens $tokens (us, graph replay, cold L2, median of 100)" | tee -a ${log:-/dev/null}
-[ -x build-gpu/tools/qmoe ] && bench baseline build-gpu
+[ -x build-gpu/tools/qmoe ] && ab_times baseline build-gpu/tools/qmoe
 for n in "${names[@]}"; do
   dir="build-ablate-$n"
   mkdir -p "$dir"
@@ -39,6 +24,5 @@ for n in "${names[@]}"; do
     >"$dir/configure.log" 2>&1 || { echo "$n: configure failed"; tail -5 "$dir/configure.log"; continue; }
   cmake --build "$dir" -j "$(nproc)" --target qmoe_cli >"$dir/build.log" 2>&1 ||
     { echo "$n: build failed"; tail -20 "$dir/build.log"; continue; }
-  bench "$n" "$dir"
+  ab_times "$n" "$dir/tools/qmoe"
 done
-rm -f "$csv"
