@@ -308,7 +308,8 @@ TEST(GpuDecode, FusedCombineKeepsTheBits) {
 }
 
 // A non-finite activation on the decode path is reported with its token.
-void check_non_finite_input_is_reported() {
+TEST(GpuDecode, NonFiniteInputIsReported) {
+  QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
   s.act_dtype = DType::kBF16;
@@ -329,11 +330,6 @@ void check_non_finite_input_is_reported() {
   const Status st = layer->take_deferred_error();
   EXPECT_NE(st.message().find("input: non-finite value(s), first at token 4"), std::string::npos)
       << st.to_string();
-}
-
-TEST(GpuDecode, NonFiniteInputIsReported) {
-  QMOE_REQUIRE_GPU();
-  check_non_finite_input_is_reported();
 }
 
 }  // namespace
