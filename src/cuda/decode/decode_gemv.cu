@@ -42,8 +42,11 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // (expert, tile) pairs are few enough that loads in flight, not instructions, bound it; beyond,
 // several, so that a block's prologue and staged activations serve more weights. The switch
 // points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md): one tile wins
-// at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens.
-int auto_tiles_per_block(const DecodeFcArgs& a) {
+// at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens. With one route per expert
+// (one token) a block stages a single row, so several tiles save nothing: one tile for both FCs
+// was 0.7-0.9 us faster there than 4 for FC2's 1024-1600 pairs (bench/results/*-72e1e8e.md).
+int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
+  if (max_routes == 1) return 1;
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
   if (items <= 1000) return 1;
   return items <= 8192 ? 4 : 8;
@@ -126,7 +129,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
   const int ring = decode_ring(a.shape.bits, geo.mc);
-  int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a);
+  int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a, max_routes);
   tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
   if (a.shape.chunks < ring) tpb = 1;
   while (tpb > 1) {
