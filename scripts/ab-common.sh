@@ -1,6 +1,6 @@
 # Sourced by scripts/gpu-ab.sh and scripts/gpu-ablations.sh (not run on its own).
 #   ab_times LABEL BIN [VAR=value ...]
-# times `BIN bench` on qwen3-30b-a3b (graph replays, cold L2, no oracle check) for each format of
+# times `BIN bench` on \$QMOE_AB_PRESET (default qwen3-30b-a3b; graph replays, cold L2, no oracle check) for each format of
 # $formats (';'-separated bench flags) at the token counts of $tokens, with the environment
 # settings given, and prints one line per format: the label, the flags and the median us per token
 # count; each line is appended to $log too when that is set.
@@ -12,8 +12,8 @@ ab_times() {
   for f in "${fmts[@]}"; do
     rm -f "$csv"
     # shellcheck disable=SC2086
-    env "$@" "$bin" bench --presets qwen3-30b-a3b $f --tokens "$tokens" --no-check --csv "$csv" \
-      >/dev/null 2>&1 || { echo "$label | $f | FAILED" | tee -a "${log:-/dev/null}"; continue; }
+    env "$@" "$bin" bench --presets "${QMOE_AB_PRESET:-qwen3-30b-a3b}" $f --tokens "$tokens" \
+      --no-check --csv "$csv" >/dev/null 2>&1 || { echo "$label | $f | FAILED" | tee -a "${log:-/dev/null}"; continue; }
     python3 - "$csv" "$label" "$f" <<'PY' | tee -a "${log:-/dev/null}"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))

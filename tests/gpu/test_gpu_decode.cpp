@@ -212,6 +212,42 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
+// Rows per pass (QMOE_DECODE_ROWS): a cap spreads an expert's routes over more passes, but each
+// route's sums are its own mma column over the same K order, so every cap gives the uncapped
+// bits. At 64 tokens on E = 8, k = 4 an expert has about 32 routes: up to 32 passes.
+TEST(GpuDecode, RowsPerPassKeepTheBits) {
+  QMOE_REQUIRE_GPU();
+  struct Case {
+    WeightFormat f;
+    int block;
+    bool zp;
+  };
+  for (const Case& c : {Case{WeightFormat::kInt4, 128, true}, Case{WeightFormat::kInt2, 32, false},
+                        Case{WeightFormat::kInt3, 64, true}}) {
+    LayerSpec s = small_spec(c.f, 512, 384, 8, 4);
+    s.fc1.block_size = s.fc2.block_size = c.block;
+    s.fc1.zero_points = s.fc2.zero_points = c.zp;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    for (int64_t tokens : {5, 64}) {
+      SCOPED_TRACE(s.fc1.to_string() + " tokens " + std::to_string(tokens) + " seed " +
+                   std::to_string(seed));
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      GpuRun whole;
+      gpu_run(tl, ti, &whole);
+      EXPECT_LE(whole.error, gpu_budget(s.act_dtype));
+      for (const char* rows : {"1", "3"}) {
+        GpuRun r;
+        gpu_run_with("QMOE_DECODE_ROWS", rows, tl, ti, &r);
+        EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << rows << " rows per pass";
+        EXPECT_EQ(r.out, whole.out) << rows << " rows per pass";
+      }
+    }
+  }
+}
+
 // The CUDA-core form (QMOE_DISPATCH=decode/cc: one route per pass, FMAs instead of mma) against
 // the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
 // dtypes, one tile per block and several, and experts with several routes (several passes).

@@ -80,6 +80,10 @@ struct DecodeFcArgs {
   // FC1: counters its block (0, 0) zeroes for FC2 (after the routing, before FC2 can use them).
   int32_t* zero = nullptr;
   int n_zero = 0;
+  // The most activation rows one pass stages (0: as many as max_routes, the column groups and
+  // shared memory allow). Fewer rows take less shared memory, so more blocks fit a
+  // multiprocessor, and an expert with more routes takes several passes over its weights.
+  int max_rows = 0;
 };
 
 // The checks the launcher makes before any launch.

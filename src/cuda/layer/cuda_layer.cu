@@ -92,6 +92,13 @@ bool fuse_combine() {
   return v != nullptr && std::string(v) != "0";
 }
 
+// QMOE_DECODE_ROWS=n caps the decode kernel's activation rows per pass (A/B runs); unset or 0:
+// the launcher's choice.
+int decode_max_rows() {
+  const char* v = std::getenv("QMOE_DECODE_ROWS");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
 // the launcher chooses.
 int decode_tiles_per_block() {
@@ -369,6 +376,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.dtype = cdt_;
   d.pdl = use_pdl();
   const int tiles_per_block = decode_tiles_per_block();
+  d.max_rows = decode_max_rows();
 
   d.shape = pack1_;
   d.packed = packed1_;
