@@ -76,6 +76,21 @@ TEST(Dispatch, EnvironmentOverride) {
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
 }
 
+// Rows per pass on the decode path: four times the mean routes per expert, to the nearest power
+// of two in [2, 16]; the token count's bound (0) with shared experts.
+TEST(Dispatch, DecodeRowsPerPass) {
+  EXPECT_EQ(cuda::decode_rows_per_pass(1, 8, 0, 128), 2);    // qwen3-30b-a3b
+  EXPECT_EQ(cuda::decode_rows_per_pass(8, 8, 0, 128), 2);    // mean 0.5
+  EXPECT_EQ(cuda::decode_rows_per_pass(16, 8, 0, 128), 4);   // mean 1
+  EXPECT_EQ(cuda::decode_rows_per_pass(64, 8, 0, 128), 16);  // mean 4: the launcher's 8
+  EXPECT_EQ(cuda::decode_rows_per_pass(8, 10, 0, 512), 2);   // E 512, k 10: mean 0.16
+  EXPECT_EQ(cuda::decode_rows_per_pass(64, 10, 0, 512), 4);  // mean 1.25: 5 is nearer 4 than 8
+  EXPECT_EQ(cuda::decode_rows_per_pass(4, 2, 0, 8), 4);      // Mixtral: mean 1
+  EXPECT_EQ(cuda::decode_rows_per_pass(8, 2, 0, 8), 8);      // mean 2
+  EXPECT_EQ(cuda::decode_rows_per_pass(8, 8, 1, 129), 0);    // a shared expert takes all 8
+  EXPECT_EQ(cuda::decode_rows_per_pass(0, 8, 0, 128), 0);
+}
+
 // Every choice within budget; decode/1 and decode/2 compute each route's column alike, so they
 // agree bit for bit (decode/1 runs more passes past 8 routes). decode/cc (CUDA cores, a pass per
 // route) sums in another order: within budget only.

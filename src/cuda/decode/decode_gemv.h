@@ -93,6 +93,12 @@ Status check_decode_args(const DecodeFcArgs& args);
 // row, one tile's scales and zero points.
 bool decode_fits(const MmaPackShape& shape, bool zero_points);
 
+// The activation rows per pass (DecodeFcArgs::max_rows) for a call of `tokens` on a layer of
+// `experts` experts, top_k of them routed and num_shared shared: about four times the mean routes
+// per expert, tokens top_k / experts, to the nearest power of two from 2 to 16; 0 (the launcher's
+// bound, the token count) with shared experts, which take every token.
+int decode_rows_per_pass(int64_t tokens, int top_k, int num_shared, int64_t experts);
+
 // Opts every instantiation into the large shared memory; once per device, before any launch (and
 // outside stream capture).
 Status prepare_decode_kernels();

@@ -92,11 +92,11 @@ bool fuse_combine() {
   return v != nullptr && std::string(v) != "0";
 }
 
-// QMOE_DECODE_ROWS=n caps the decode kernel's activation rows per pass (A/B runs); unset or 0:
-// the launcher's choice.
-int decode_max_rows() {
-  const char* v = std::getenv("QMOE_DECODE_ROWS");
-  return v == nullptr ? 0 : std::atoi(v);
+// QMOE_DECODE_ROWS=n sets the decode kernel's activation rows per pass (A/B runs; more than the
+// call's token count leaves that bound); unset: decode_rows_per_pass().
+int decode_rows(int64_t t, const LayerSpec& s) {
+  if (const char* v = std::getenv("QMOE_DECODE_ROWS")) return std::atoi(v);
+  return decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
 }
 
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
@@ -376,7 +376,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.dtype = cdt_;
   d.pdl = use_pdl();
   const int tiles_per_block = decode_tiles_per_block();
-  d.max_rows = decode_max_rows();
+  d.max_rows = decode_rows(tokens, spec_);
 
   d.shape = pack1_;
   d.packed = packed1_;
