@@ -79,5 +79,11 @@ build-gpu/tools/qmoe bench --presets qwen3-30b-a3b --shape 2560,640,512,10 --for
   --block 64 --tokens 1,8,64 --csv "$dest/bench.csv" >>"$out/bench.txt" 2>&1
 rc=$?
 step "qmoe bench int2 E512" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+# Mixtral-8x7B at a few tokens: 8 experts and a long FC2 (K 14336), where the decode kernel's
+# tiles per block and rows per pass matter most.
+build-gpu/tools/qmoe bench --presets mixtral-8x7b --tokens 1,2,4,8 --csv "$dest/bench.csv" \
+  >>"$out/bench.txt" 2>&1
+rc=$?
+step "qmoe bench mixtral-8x7b" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 cat "$out/bench.txt"
 exit $status
