@@ -62,7 +62,7 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 // top-k routing over many experts makes unlikely; the rows it stages take shared memory that
 // then holds fewer blocks per multiprocessor. An expert with more routes than a pass holds takes
 // another pass over its weights, mostly from L2. Measured on an H200 against passes of up to 8
-// rows (bench/results/2026-12-01-h200-decode-5219145.md): INT2 b64 on H 2560, I 640, E 512,
+// rows (bench/results/2026-12-01-h200-decode-c7ff17d.md): INT2 b64 on H 2560, I 640, E 512,
 // k 10 ran 16% faster at 8 tokens with 2 rows and 8% at 64 tokens with 4; qwen3-30b-a3b INT2
 // 6-8% at 8 and 16 tokens, INT8 2-4%, INT4 within 1%; at 64 tokens there (4 routes per expert
 // on average) fewer than 8 rows lost 20-40%, so the rule keeps 8.
