@@ -24,10 +24,13 @@ def name(r):
     return (m.group(1) if m else n)[:28]
 ev = [(int(r["Start (ns)"]), int(r["Duration (ns)"]), name(r)) for r in rows]
 ev.sort()
-# A replay starts at the first kernel after an L2-flush memset.
-starts = [i + 1 for i, e in enumerate(ev) if "memset" in e[2].lower() and i + 1 < len(ev)]
+# A replay starts at the first kernel after an L2 flush: the bench's read pass (read_sum_kernel,
+# the default) or its memset (--l2-flush write).
+def is_flush(n):
+    return "memset" in n.lower() or "read_sum" in n
+starts = [i + 1 for i, e in enumerate(ev) if is_flush(e[2]) and i + 1 < len(ev)]
 for s in starts[-3:]:
-    end = next((j for j in range(s, len(ev)) if "memset" in ev[j][2].lower()), len(ev))
+    end = next((j for j in range(s, len(ev)) if is_flush(ev[j][2])), len(ev))
     t0 = ev[s][0]
     prev_end = t0
     print(f"  replay: {(ev[end-1][0] + ev[end-1][1] - t0) / 1000:.2f} us from first start to last end")
