@@ -14,12 +14,6 @@ tokens="${QMOE_AB_TOKENS:-1,8,16,64}"
 log="${OUT:+$OUT/ab.txt}"
 source scripts/ab-common.sh
 
-build_cli() {  # SOURCE BUILD_DIR
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a >"$2.configure.log" 2>&1 &&
-    cmake --build "$2" -j "$(nproc)" --target qmoe_cli >"$2.build.log" 2>&1 ||
-    { tail -40 "$2.configure.log" "$2.build.log"; return 1; }
-}
 [ -x build-gpu/tools/qmoe ] || build_cli . build-gpu || exit 1
 build_cli "$base" build-base || exit 1
 

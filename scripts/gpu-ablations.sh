@@ -18,11 +18,7 @@ echo "tokens $tokens (us, graph replay, cold L2, median of 100)" | tee -a ${log:
 [ -x build-gpu/tools/qmoe ] && ab_times baseline build-gpu/tools/qmoe
 for n in "${names[@]}"; do
   dir="build-ablate-$n"
-  mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_BUILD_TESTS=OFF -DQMOE_DECODE_ABLATION="$n" \
-    >"$dir/configure.log" 2>&1 || { echo "$n: configure failed"; tail -5 "$dir/configure.log"; continue; }
-  cmake --build "$dir" -j "$(nproc)" --target qmoe_cli >"$dir/build.log" 2>&1 ||
-    { echo "$n: build failed"; tail -20 "$dir/build.log"; continue; }
+  build_cli . "$dir" -DQMOE_BUILD_TESTS=OFF -DQMOE_DECODE_ABLATION="$n" ||
+    { echo "$n: build failed"; continue; }
   ab_times "$n" "$dir/tools/qmoe"
 done
