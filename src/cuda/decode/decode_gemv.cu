@@ -164,7 +164,6 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
-  static_assert(8 * 2 <= kMaxRowsPerPass, "a pass's rows fit the kernel's row table");
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {
     case 2:

@@ -27,9 +27,6 @@ constexpr int decode_ring(int bits, int mma_column_groups) {
 }
 constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 6; }
 
-// The most activation rows a pass stages: 8 routes per mma column group, at most two groups.
-constexpr int kMaxRowsPerPass = 16;
-
 struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
   int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)
