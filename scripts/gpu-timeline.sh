@@ -3,7 +3,8 @@
 # QMOE_TIMELINE_TOKENS (default "1 8"), the kernels of the last timed replays with their start
 # relative to the replay's first kernel, duration and the gap before each -- where the layer's time
 # goes between launches, which per-kernel profilers (each kernel alone) cannot show. Needs a build
-# in build-gpu (gpu-check.sh makes it); extra arguments go to `qmoe bench`.
+# in build-gpu (gpu-check.sh makes it), or the CLI in QMOE_TIMELINE_BIN; extra arguments go to
+# `qmoe bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 command -v nsys >/dev/null || { echo "gpu-timeline: nsys not found"; exit 0; }
@@ -11,7 +12,7 @@ tmp="$(mktemp -d)"
 for t in ${QMOE_TIMELINE_TOKENS:-1 8}; do
   echo "=== qmoe bench --tokens $t $*"
   nsys profile --cuda-graph-trace=node -t cuda -o "$tmp/tl$t" --force-overwrite true \
-    build-gpu/tools/qmoe bench --presets qwen3-30b-a3b --tokens "$t" --no-check "$@" \
+    "${QMOE_TIMELINE_BIN:-build-gpu/tools/qmoe}" bench --presets qwen3-30b-a3b --tokens "$t" --no-check "$@" \
     >"$tmp/bench$t.txt" 2>&1 || { tail -5 "$tmp/bench$t.txt"; continue; }
   grep -E "^ +[0-9]+ " "$tmp/bench$t.txt"
   nsys stats -q -r cuda_gpu_trace -f csv -o "$tmp/tr$t" "$tmp/tl$t.nsys-rep" >/dev/null 2>&1

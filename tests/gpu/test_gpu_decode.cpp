@@ -248,6 +248,48 @@ TEST(GpuDecode, RowsPerPassKeepTheBits) {
   }
 }
 
+// The weight ring in registers and in shared memory (QMOE_DECODE_RING=1|2): the same chunks
+// decoded in the same order, so the same bits, within the budget. Every width, zero points, scale
+// blocks inside a chunk and spanning chunks, both dtypes, one tile per block (the warps split K)
+// and several (a warp's stream crossing tile ends), one and two column groups, several passes.
+TEST(GpuDecode, RingKindsKeepTheBits) {
+  QMOE_REQUIRE_GPU();
+  struct Case {
+    WeightFormat f;
+    int block;
+    bool zp;
+    DType dt;
+  };
+  for (const Case& c : {Case{WeightFormat::kInt4, 128, false, DType::kBF16},
+                        Case{WeightFormat::kInt2, 16, true, DType::kF16},
+                        Case{WeightFormat::kInt3, 32, false, DType::kBF16},
+                        Case{WeightFormat::kInt8, 0, true, DType::kF16}}) {
+    LayerSpec s = small_spec(c.f, 1024, 768, 8, 4);
+    s.act_dtype = c.dt;
+    s.fc1.block_size = s.fc2.block_size = c.block;
+    s.fc1.zero_points = s.fc2.zero_points = c.zp;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    for (int64_t tokens : {1, 7, 40}) {
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      for (const char* tpb : {"1", "4", "8"}) {
+        SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(c.dt) + " tokens " +
+                     std::to_string(tokens) + " tiles per block " + tpb + " seed " +
+                     std::to_string(seed));
+        EnvOverride knob("QMOE_DECODE_TPB", tpb);
+        GpuRun regs, smem;
+        gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
+        gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
+        EXPECT_LE(regs.error, gpu_budget(s.act_dtype));
+        EXPECT_LE(smem.error, gpu_budget(s.act_dtype));
+        EXPECT_EQ(smem.out, regs.out);
+      }
+    }
+  }
+}
+
 // The CUDA-core form (QMOE_DISPATCH=decode/cc: one route per pass, FMAs instead of mma) against
 // the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
 // dtypes, one tile per block and several, and experts with several routes (several passes).

@@ -1,5 +1,5 @@
-// Device helpers shared by the decode kernels: streaming loads, the m16n8k16 tensor-core step,
-// the code-to-fragment conversion and the packed row map (mma_pack.h).
+// Device helpers shared by the decode kernels: streaming loads and copies, the m16n8k16 tensor-core
+// step, the code-to-fragment conversion and the packed row map (mma_pack.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,6 +26,25 @@ __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The weight ring's copies (decode_kernel.cuh): 16 bytes global -> shared, cached in L2 only
+// (each chunk is read once), and the group waits. All are volatile, so they keep their order with
+// lds128, the ring's only reader.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
 }
 
 template <bool kBf16>

@@ -56,6 +56,24 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   return items <= 8192 ? 4 : 8;
 }
 
+// Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
+// (at least kSmemRingMinChunks), and with two column groups only when a tile alone is that long.
+// The register ring waits for all its loads each time round (decode_launch.h), a memory latency
+// per ring, which dominates long streams; over a few rings the shared-memory ring's extra
+// instructions and shared memory cost more than they save. QMOE_DECODE_RING sweeps on an H200
+// (graph replays, cold L2, us; registers / shared memory; bench/results/2026-12-01-h200-ring-*.md):
+//   Mixtral-8x7B INT4 (tiles of 64 and 224 chunks)  1 / 2 / 4 / 8 tokens: 101.0 / 221.2 / 382.2 /
+//     559.8 against 94.5 / 183.7 / 329.1 / 436.8;
+//   qwen3-30b-a3b INT4 (tiles of 32 and 12 chunks)  16 tokens (8 tiles per block, streams of 64):
+//     98.3 against 95.7; 64 tokens (two column groups): 154.5 against 162.1; 1 token (one tile per
+//     block, streams of 8): 26.3 against 29.3;
+//   INT2 (16-chunk tiles) loses at every token count: 42.8 against 52.1 at 4 tokens.
+bool smem_ring_pays(const MmaPackShape& s, int tpb, int route_groups) {
+  const int64_t stream = tpb == 1 ? (s.chunks + 3) / 4 : (tpb / 4) * s.chunks;
+  if (stream < kSmemRingMinChunks) return false;
+  return route_groups < 2 || s.chunks >= kSmemRingMinChunks;
+}
+
 }  // namespace
 
 // The bound alone (the token count) sizes a pass for an expert that takes every token, which
@@ -88,6 +106,12 @@ Status check_decode_args(const DecodeFcArgs& a) {
   if (a.shape.k % 16 != 0 || a.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
     return Status::invalid(
         "decode: K must be a multiple of 16 and activation rows 16-byte aligned");
+  }
+  if (a.ring < 0 || a.ring > 2) {
+    return Status::invalid(
+        "decode: ring must be 0 (the launcher's choice), 1 (registers) or 2 (shared memory), "
+        "got " +
+        std::to_string(a.ring));
   }
   if (a.max_groups <= 0 || a.max_groups > 65535 || a.shape.tiles <= 0 ||
       a.shape.tiles > 0x7FFFFFFF || a.shape.k > (int64_t{1} << 24)) {
@@ -164,6 +188,14 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
+  // The shared-memory ring where it pays (or is asked for) and leaves room for a pass of rows.
+  geo.smem_ring = a.ring == 2 || (a.ring == 0 && smem_ring_pays(a.shape, geo.tpb, route_groups));
+  if (geo.smem_ring) {
+    while (geo.rows_cap > 1 && decode_smem_bytes(geo, zp) > static_cast<size_t>(kMaxDynamicSmem)) {
+      --geo.rows_cap;
+    }
+    geo.smem_ring = decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem);
+  }
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {
     case 2:

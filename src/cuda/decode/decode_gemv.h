@@ -84,6 +84,9 @@ struct DecodeFcArgs {
   // shared memory allow). Fewer rows take less shared memory, so more blocks fit a
   // multiprocessor, and an expert with more routes takes several passes over its weights.
   int max_rows = 0;
+  // Where the weight ring lives (decode_launch.h): 0 the launcher chooses, 1 registers, 2 shared
+  // memory. Both give the same bits.
+  int ring = 0;
 };
 
 // The checks the launcher makes before any launch.

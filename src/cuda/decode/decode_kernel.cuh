@@ -2,9 +2,12 @@
 //
 // Written for the HBM roofline at small token counts, where a block lives a few microseconds and
 // every latency it serializes, and every instruction it issues, shows in the layer's time:
-//   - the warp's weight loads (2 to 8 16-byte loads per lane, decode_ring()) are issued first;
-//     the tile's scales, zero points and the routes' activations are then fetched in batches
-//     while those are in flight, and staged in shared memory;
+//   - the warp's weights stream through a ring of 16-byte chunks per lane, its first chunks
+//     requested first: in registers (2 to 8 loads, decode_ring()), which the compiler waits for
+//     all at once each time round, or for long streams in shared memory (kSmemRingSlots, filled
+//     with cp.async), where the lane waits only for the chunk it decodes next;
+//   - the tile's scales, zero points and the routes' activations are fetched in batches while
+//     the first chunks are in flight, and staged in shared memory;
 //   - the K loop has no bounds checks: the staged rows are zero past K up to whole chunks, and an
 //     absent route's B fragment comes from a zero row;
 //   - where scale blocks start is known at compile time (kSpb) for every width but int3, so the
@@ -115,20 +118,22 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
 // warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
+// kSmemRing: the weight ring in shared memory, else in registers (the launcher chooses).
 // kMC: mma column groups of 8 routes per pass (1 or 2), or 0 for the CUDA-core form: one route per
 // pass, the codes and the route's activations turned into fp32 and multiplied with FMAs (no
 // columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
 // the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
-template <int kBits, bool kBf16, int kMC, int kSpb>
+template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing>
 __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
   constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
-  // 16-byte weight loads in flight per lane (the ring2 and ring4 measurement builds force 2 or 4
-  // at every width; the launcher's choice of tiles per block still assumes decode_ring(), which
-  // only makes it more cautious where that is longer).
+  // The weight ring's chunks in flight per lane while one decodes. Registers: kRing (the ring2
+  // and ring4 measurement builds force 2 or 4 at every width; the launcher's choice of tiles per
+  // block still assumes decode_ring(), which only makes it more cautious where that is longer).
+  // Shared memory: kAhead, slot s of lane l at s * kSlotBytes + 16 l.
 #if defined(QMOE_DECODE_ABLATE_RING2)
   constexpr int kRing = 2;
 #elif defined(QMOE_DECODE_ABLATE_RING4)
@@ -136,11 +141,15 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #else
   constexpr int kRing = decode_ring(kBits, kMC);
 #endif
+  constexpr int kSlots = kSmemRing ? kSmemRingSlots : 0;
+  constexpr int kAhead = kSmemRingSlots - 1;
+  constexpr uint32_t kSlotBytes = kRingSlotBytes;
+  static_assert(kRingSlotBytes == kWarps * 32 * 16, "a slot holds 16 bytes per lane");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
-  float* sc = reinterpret_cast<float*>(smem);
+  float* sc = reinterpret_cast<float*>(smem + kSlots * kSlotBytes);
   float* zs = sc + geo.tpb * 16 * nbp;
   // Several tiles: each finished tile's sums wait here, [tile][kCols][4][32], for the epilogues
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
@@ -185,12 +194,22 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   const uint32_t* wstart = a.packed + e * s.words_per_expert() +
                            (static_cast<int64_t>(m0 + t0) * chunks + c0) * 128 + lane * 4;
 
-  // 1. The warp's first weight chunks, up to kRing, go out now.
-  uint4 ring[kRing];
+  // 1. The warp's first chunks go out now: kRing loads, or kAhead copies of one commit group
+  //    each (empty past the stream, so that the K loop's wait counts hold however long it is).
+  uint4 ring[kSmemRing ? 1 : kRing];
+  const uint32_t ring0 = smem_u32(smem) + static_cast<uint32_t>(tid) * 16;
   auto fill_ring = [&]() {
+    if constexpr (kSmemRing) {
 #pragma unroll
-    for (int i = 0; i < kRing; ++i) {
-      if (i < total) ring[i] = load_stream(wstart + i * 128);
+      for (int i = 0; i < kAhead; ++i) {
+        if (i < total) cp_async16(ring0 + i * kSlotBytes, wstart + i * 128);
+        cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRing; ++i) {
+        if (i < total) ring[i] = load_stream(wstart + i * 128);
+      }
     }
   };
   fill_ring();
@@ -223,7 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
       fill_ring();
     }
     // 3. Stage the pass's activation rows, zeros past K, row by row: two 16-byte loads in flight
-    //    per thread (more would spill next to the ring). Measured against the flattened
+    //    per thread (more would spill next to the register ring). Measured against the flattened
     //    (row, piece) range (two divisions per load) and against cp.async with every piece in
     //    flight: within 1-3% either way, this form the fastest at one token (docs/cuda-backend.md).
     for (int r = 0; r < rows; ++r) {
@@ -378,39 +397,66 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #endif
       }
     };
-    // The chunk kRing ahead: a running pointer. A ring slot is refilled after its chunk is
-    // decoded (no copy).
-    const uint32_t* wnext = wstart + kRing * 128;
-    int cc = c0;  // the next chunk's index in its tile
-    for (int jb = 0; jb < total; jb += kRing) {
+    int cc = c0;  // the chunk's index in its tile
+    // Chunk j of the stream: a new scale block where one starts, the decode.
+    auto decode_chunk = [&](const uint4& wv, int j) {
+      const int kc = kChunkK * cc;
+      if constexpr (kSpb == 0) {
+        if (j > 0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
+          flush();
+          load_scale(kc);
+        }
+      }
+      process(wv, kc);
+    };
+    // After each chunk: at the tile's end, its sums are parked.
+    auto next_chunk = [&]() {
+      if (++cc == c1 && !split_k) {
+        flush();
+        lanes_sum();
 #pragma unroll
-      for (int i = 0; i < kRing; ++i) {
-        if (jb + i < total) {
-          const int kc = kChunkK * cc;
-          if constexpr (kSpb == 0) {
-            if (jb + i > 0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
-              flush();
-              load_scale(kc);
-            }
+        for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
+            acc[ch][r] = 0.0f;
           }
-          process(ring[i], kc);
-          if (jb + i + kRing < total) ring[i] = load_stream(wnext);
-          wnext += 128;
-          if (++cc == c1 && !split_k) {  // the warp's tile is done: park its sums
-            flush();
-            lanes_sum();
+        }
+        ++tile;
+        srow += 16 * nbp;
+        cc = c0;
+        bound = 0;
+      }
+    };
+    if constexpr (kSmemRing) {
+      // Chunk j sits in slot j % kSmemRingSlots. Once it is read, the slot read one chunk earlier
+      // (its value already decoded) takes chunk j + kAhead: running pointers, no division.
+      const uint32_t* wnext = wstart + kAhead * 128;
+      const uint32_t ring_end = ring0 + kSmemRingSlots * kSlotBytes;
+      uint32_t rd = ring0, wr = ring0 + kAhead * kSlotBytes;
+      for (int j = 0; j < total; ++j) {
+        cp_async_wait<kAhead - 1>();  // groups complete in order: chunk j's has
+        const uint4 wv = lds128(rd);
+        if (j + kAhead < total) cp_async16(wr, wnext);
+        cp_async_commit();
+        wnext += 128;
+        wr = rd;
+        rd = rd + kSlotBytes == ring_end ? ring0 : rd + kSlotBytes;
+        decode_chunk(wv, j);
+        next_chunk();
+      }
+    } else {
+      // The chunk kRing ahead: a running pointer. A ring slot is refilled after its chunk is
+      // decoded (no copy).
+      const uint32_t* wnext = wstart + kRing * 128;
+      for (int jb = 0; jb < total; jb += kRing) {
 #pragma unroll
-            for (int ch = 0; ch < kCols; ++ch) {
-#pragma unroll
-              for (int r = 0; r < 4; ++r) {
-                sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
-                acc[ch][r] = 0.0f;
-              }
-            }
-            ++tile;
-            srow += 16 * nbp;
-            cc = c0;
-            bound = 0;
+        for (int i = 0; i < kRing; ++i) {
+          if (jb + i < total) {
+            decode_chunk(ring[i], jb + i);
+            if (jb + i + kRing < total) ring[i] = load_stream(wnext);
+            wnext += 128;
+            next_chunk();
           }
         }
       }
@@ -469,8 +515,9 @@ Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
                   static_cast<unsigned>(a.max_groups));
-  QMOE_CUDA_TRY(launch_maybe_pdl(&decode_fc_kernel<kBits, kBf16, kMC, kSpb>, grid,
-                                 dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
+  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kMC, kSpb, true>
+                               : &decode_fc_kernel<kBits, kBf16, kMC, kSpb, false>;
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
   return Status::ok();
 }
@@ -530,7 +577,10 @@ Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& geo, size
 template <int kBits, bool kBf16, int kMC, int kSpb>
 Status opt_in() {
   if constexpr (has_spb<kBits>(kSpb)) {
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb>,
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kMaxDynamicSmem));
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, true>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kMaxDynamicSmem));
   }

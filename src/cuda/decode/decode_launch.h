@@ -12,7 +12,9 @@
 
 namespace qmoe::cuda::decode_detail {
 
-// 16-byte weight loads in flight per lane (the kernel's ring). With one column group the kernel
+// 16-byte weight loads in flight per lane in the register ring (decode_kernel.cuh). The compiler
+// tracks a ring's loads with one dependency barrier, so a warp waits for all of them at once each
+// time round; see kSmemRingSlots for the other ring. With one column group the kernel
 // runs 6 blocks per SM at 80 registers; a ring of 6 spilled there (40 bytes of stack) and lost to
 // shorter rings at every width measured (H200, qwen3-30b-a3b, cold L2, 1 / 8 / 64 tokens): int4
 // 28.8 / 75.8 / 175.5 us at 6, 27.2 / 67.0 / 155.7 at 4, 26.6 / 69.3 / 162.5 at 2; int8 38.1 /
@@ -27,6 +29,14 @@ constexpr int decode_ring(int bits, int mma_column_groups) {
 }
 constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 6; }
 
+// The shared-memory ring: kSmemRingSlots 16-byte slots per lane, all but one in flight while the
+// lane decodes the oldest, each tracked on its own (cp.async groups), so that a warp waits only
+// for the chunk it needs next and the ring's length costs no registers.
+constexpr int kSmemRingSlots = 8;
+constexpr int kRingSlotBytes = 4 * 32 * 16;  // one 16-byte slot for each of a block's 128 lanes
+// The shortest stream of chunks per warp that takes the shared-memory ring (decode_gemv.cu).
+constexpr int kSmemRingMinChunks = 48;
+
 struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
   int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)
@@ -39,13 +49,15 @@ struct DecodeGeometry {
   // blocks are shorter than a chunk, 0 when a block spans whole chunks (and per channel), -1 when
   // blocks do not align with chunks (int3: 5 steps per chunk).
   int spb = 0;
+  bool smem_ring = false;  // the weight ring in shared memory (else in registers)
 };
 
-// The kernel's dynamic shared memory: its tiles' scales (and zero points), their parked sums, a
-// zero row, rows_cap rows.
+// The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
+// points), their parked sums, a zero row, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
   const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * g.mc * 128 * 4 : 0;
-  return static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
+  const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
+  return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
          static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
 }
 

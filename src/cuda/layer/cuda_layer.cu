@@ -106,6 +106,13 @@ int decode_tiles_per_block() {
   return v == nullptr ? 0 : std::atoi(v);
 }
 
+// QMOE_DECODE_RING=1|2 puts the decode kernel's weight ring in registers or shared memory (A/B
+// runs); unset or 0: the launcher chooses.
+int decode_ring_kind() {
+  const char* v = std::getenv("QMOE_DECODE_RING");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
 class CudaLayer final : public PreparedLayer {
  public:
   CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
@@ -377,6 +384,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.pdl = use_pdl();
   const int tiles_per_block = decode_tiles_per_block();
   d.max_rows = decode_rows(tokens, spec_);
+  d.ring = decode_ring_kind();
 
   d.shape = pack1_;
   d.packed = packed1_;
