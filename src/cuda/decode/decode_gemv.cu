@@ -57,21 +57,28 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 }
 
 // Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
-// (at least kSmemRingMinChunks), and with two column groups only when a tile alone is that long.
+// (at least kSmemRingMinChunks) and the ring's 16 KB leave 4 blocks per multiprocessor (or as
+// many as without it): below 16 warps the decode's latencies show.
 // The register ring waits for all its loads each time round (decode_launch.h), a memory latency
 // per ring, which dominates long streams; over a few rings the shared-memory ring's extra
 // instructions and shared memory cost more than they save. QMOE_DECODE_RING sweeps on an H200
-// (graph replays, cold L2, us; registers / shared memory; bench/results/2026-12-01-h200-ring-*.md):
+// (graph replays, cold L2, us; registers / shared memory; bench/results/2026-12-01-h200-ring.md):
 //   Mixtral-8x7B INT4 (tiles of 64 and 224 chunks)  1 / 2 / 4 / 8 tokens: 101.0 / 221.2 / 382.2 /
 //     559.8 against 94.5 / 183.7 / 329.1 / 436.8;
-//   qwen3-30b-a3b INT4 (tiles of 32 and 12 chunks)  16 tokens (8 tiles per block, streams of 64):
-//     98.3 against 95.7; 64 tokens (two column groups): 154.5 against 162.1; 1 token (one tile per
-//     block, streams of 8): 26.3 against 29.3;
+//   qwen3-30b-a3b INT4 (tiles of 32 and 12 chunks)  16 tokens (8 tiles per block, streams of 64,
+//     4 rows: 6 -> 4 blocks per SM): 98.3 against 95.7; 64 tokens (8 rows: 4 -> 3 blocks per SM):
+//     154.5 against 162.1; 1 token (one tile per block, streams of 8): 26.3 against 29.3;
 //   INT2 (16-chunk tiles) loses at every token count: 42.8 against 52.1 at 4 tokens.
-bool smem_ring_pays(const MmaPackShape& s, int tpb, int route_groups) {
+bool smem_ring_pays(const MmaPackShape& s, int tpb) {
   const int64_t stream = tpb == 1 ? (s.chunks + 3) / 4 : (tpb / 4) * s.chunks;
-  if (stream < kSmemRingMinChunks) return false;
-  return route_groups < 2 || s.chunks >= kSmemRingMinChunks;
+  return stream >= kSmemRingMinChunks;
+}
+
+// Blocks of the kernel one sm_90 multiprocessor holds by shared memory (228 KB, 1 KB reserved
+// per block, the static reduction buffer of 2 or 4 KB), at most its register bound.
+int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
+  const size_t per_block = decode_smem_bytes(g, zero_points) + 1024 + (g.mc == 2 ? 4096 : 2048);
+  return std::min(decode_min_blocks(g.mc), static_cast<int>(228 * 1024 / per_block));
 }
 
 }  // namespace
@@ -188,13 +195,18 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
-  // The shared-memory ring where it pays (or is asked for) and leaves room for a pass of rows.
-  geo.smem_ring = a.ring == 2 || (a.ring == 0 && smem_ring_pays(a.shape, geo.tpb, route_groups));
-  if (geo.smem_ring) {
-    while (geo.rows_cap > 1 && decode_smem_bytes(geo, zp) > static_cast<size_t>(kMaxDynamicSmem)) {
-      --geo.rows_cap;
+  // The shared-memory ring where it pays (or is asked for), with room for a pass of rows.
+  if (a.ring == 2 || (a.ring == 0 && smem_ring_pays(a.shape, geo.tpb))) {
+    DecodeGeometry with = geo;
+    with.smem_ring = true;
+    while (with.rows_cap > 1 &&
+           decode_smem_bytes(with, zp) > static_cast<size_t>(kMaxDynamicSmem)) {
+      --with.rows_cap;
     }
-    geo.smem_ring = decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem);
+    if (decode_smem_bytes(with, zp) <= static_cast<size_t>(kMaxDynamicSmem) &&
+        (a.ring == 2 || blocks_per_sm(with, zp) >= std::min(4, blocks_per_sm(geo, zp)))) {
+      geo = with;
+    }
   }
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {
