@@ -57,8 +57,8 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 }
 
 // Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
-// (at least kSmemRingMinChunks) and the ring's 16 KB leave 4 blocks per multiprocessor (or as
-// many as without it): below 16 warps the decode's latencies show.
+// (at least kSmemRingMinChunks). Where only several tiles per block make it long, the ring's
+// 16 KB must also leave 4 blocks per multiprocessor (or as many as without it).
 // The register ring waits for all its loads each time round (decode_launch.h), a memory latency
 // per ring, which dominates long streams; over a few rings the shared-memory ring's extra
 // instructions and shared memory cost more than they save. QMOE_DECODE_RING sweeps on an H200
@@ -68,6 +68,8 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 //   qwen3-30b-a3b INT4 (tiles of 32 and 12 chunks)  16 tokens (8 tiles per block, streams of 64,
 //     4 rows: 6 -> 4 blocks per SM): 98.3 against 95.7; 64 tokens (8 rows: 4 -> 3 blocks per SM):
 //     154.5 against 162.1; 1 token (one tile per block, streams of 8): 26.3 against 29.3;
+//   Mixtral at 1 token, FC2 (one tile per block, 3 -> 2 blocks per SM): 100.6 against 91.3 for
+//     the layer;
 //   INT2 (16-chunk tiles) loses at every token count: 42.8 against 52.1 at 4 tokens.
 bool smem_ring_pays(const MmaPackShape& s, int tpb) {
   const int64_t stream = tpb == 1 ? (s.chunks + 3) / 4 : (tpb / 4) * s.chunks;
@@ -204,7 +206,8 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
       --with.rows_cap;
     }
     if (decode_smem_bytes(with, zp) <= static_cast<size_t>(kMaxDynamicSmem) &&
-        (a.ring == 2 || blocks_per_sm(with, zp) >= std::min(4, blocks_per_sm(geo, zp)))) {
+        (a.ring == 2 || a.shape.chunks >= kSmemRingMinChunks ||
+         blocks_per_sm(with, zp) >= std::min(4, blocks_per_sm(geo, zp)))) {
       geo = with;
     }
   }
