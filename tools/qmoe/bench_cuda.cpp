@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -114,13 +116,33 @@ Status l2_bytes(int* bytes) {
 
 }  // namespace
 
-Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
-                      const BenchTiming& timing, std::vector<double>* us) {
+Status rotation_copies(double expert_bytes, int experts_per_token, double layer_bytes, int* copies,
+                       bool* enough) {
+  int l2 = 0;
+  QMOE_RETURN_IF_ERROR(l2_bytes(&l2));
+  size_t free_bytes = 0, total_bytes = 0;
+  QMOE_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const double per_use = std::max(1.0, expert_bytes * std::max(1, experts_per_token));
+  const int want = 1 + static_cast<int>(std::ceil(2.0 * l2 / per_use));
+  const int fit =
+      static_cast<int>(0.4 * static_cast<double>(free_bytes) / std::max(1.0, layer_bytes));
+  *copies = std::max(2, std::min(want, fit));
+  *enough = *copies >= want;
+  return Status::ok();
+}
+
+Status time_cuda_case(const std::vector<PreparedLayer*>& layers, const RunInputs& in,
+                      const MutableTensorView& out, const BenchTiming& timing,
+                      std::vector<double>* us) {
+  if (layers.empty() || layers[0] == nullptr) return Status::invalid("layers: expected one");
+  PreparedLayer& layer = *layers[0];
   int64_t tokens = 0;
   QMOE_RETURN_IF_ERROR(check_run(layer.spec(), in, out, &tokens));
   if (timing.repeat < 1 || timing.warmup < 0) {
     return Status::invalid("repeat, warmup: expected repeat >= 1 and warmup >= 0");
   }
+  const bool rotate = timing.cold_l2 && timing.flush == BenchTiming::Flush::kRotate;
+  const size_t copies = rotate ? layers.size() : 1;
   DeviceCall staged;
   QMOE_RETURN_IF_ERROR(staged.stage(layer, in, out));
   const RunInputs& din = staged.in;
@@ -132,7 +154,8 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
   int flush_blocks = 0;
   DeviceBuffer flush_partials;
   const bool read_flush = timing.cold_l2 && timing.flush == BenchTiming::Flush::kRead;
-  if (timing.cold_l2) {
+  const bool write_flush = timing.cold_l2 && timing.flush == BenchTiming::Flush::kWrite;
+  if (read_flush || write_flush) {
     int l2 = 0;
     QMOE_RETURN_IF_ERROR(l2_bytes(&l2));
     // A pass over it evicts every line the previous call left in the L2.
@@ -154,24 +177,34 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
   Stream stream;
   QMOE_RETURN_IF_ERROR(stream.create());
   const cudaStream_t s = stream.get();
-  QMOE_RETURN_IF_ERROR(layer.run(din, dout, ws.get(), ws_bytes, s, nullptr));
-  QMOE_CUDA_TRY(cudaStreamSynchronize(s));
-  QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
+  for (size_t c = 0; c < copies; ++c) {
+    QMOE_RETURN_IF_ERROR(layers[c]->run(din, dout, ws.get(), ws_bytes, s, nullptr));
+    QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+    QMOE_RETURN_IF_ERROR(layers[c]->take_deferred_error());
+  }
   // NaN bytes: the output the oracle checks afterwards must come from the timed calls.
   QMOE_CUDA_TRY(cudaMemsetAsync(y.get(), 0xFF, out.bytes(), s));
 
-  Graph graph;
+  std::vector<std::unique_ptr<Graph>> graphs;
   if (timing.graph) {
-    QMOE_RETURN_IF_ERROR(graph.capture(layer, din, dout, ws.get(), ws_bytes, s));
+    for (size_t c = 0; c < copies; ++c) {
+      graphs.push_back(std::make_unique<Graph>());
+      QMOE_RETURN_IF_ERROR(graphs.back()->capture(*layers[c], din, dout, ws.get(), ws_bytes, s));
+    }
   }
+  size_t next = 0;  // the copy the next call runs: each is used again `copies` calls later
   auto call = [&]() -> Status {
+    const size_t c = next;
+    next = (next + 1) % copies;
     if (timing.graph) {
-      QMOE_CUDA_TRY(cudaGraphLaunch(graph.exec(), s));
+      QMOE_CUDA_TRY(cudaGraphLaunch(graphs[c]->exec(), s));
       return Status::ok();
     }
-    return layer.run(din, dout, ws.get(), ws_bytes, s, nullptr);
+    return layers[c]->run(din, dout, ws.get(), ws_bytes, s, nullptr);
   };
-  for (int r = 0; r < timing.warmup; ++r) QMOE_RETURN_IF_ERROR(call());
+  for (int r = 0; r < std::max<int>(timing.warmup, static_cast<int>(copies)); ++r) {
+    QMOE_RETURN_IF_ERROR(call());
+  }
 
   EventPairs events;
   QMOE_RETURN_IF_ERROR(events.create(timing.repeat));
@@ -181,7 +214,7 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
       QMOE_RETURN_IF_ERROR(launch_read_sum(flush.get(), flush.bytes() / 16,
                                            flush_partials.as<uint32_t>(), flush_blocks, s));
 #endif
-    } else if (timing.cold_l2) {
+    } else if (write_flush) {
       // A different byte each time, so no write can be skipped as redundant.
       QMOE_CUDA_TRY(cudaMemsetAsync(flush.get(), r & 0xFF, flush.bytes(), s));
     }
@@ -190,7 +223,7 @@ Status time_cuda_case(PreparedLayer& layer, const RunInputs& in, const MutableTe
     QMOE_CUDA_TRY(cudaEventRecord(events.stop(r), s));
   }
   QMOE_CUDA_TRY(cudaStreamSynchronize(s));
-  QMOE_RETURN_IF_ERROR(layer.take_deferred_error());
+  for (size_t c = 0; c < copies; ++c) QMOE_RETURN_IF_ERROR(layers[c]->take_deferred_error());
   QMOE_RETURN_IF_ERROR(events.elapsed_us(timing.repeat, us));
   QMOE_CUDA_TRY(cudaMemcpy(out.data, y.get(), out.bytes(), cudaMemcpyDeviceToHost));
   return Status::ok();

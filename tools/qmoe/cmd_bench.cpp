@@ -119,7 +119,15 @@ struct BenchContext {
 // The CSV's l2 column: warm, or cold with the flush that made it (BenchTiming::Flush).
 std::string l2_label(const BenchContext& ctx) {
   if (ctx.backend != BackendKind::kCuda || !ctx.timing.cold_l2) return "warm";
-  return ctx.timing.flush == BenchTiming::Flush::kRead ? "cold-read" : "cold-write";
+  switch (ctx.timing.flush) {
+    case BenchTiming::Flush::kRead:
+      return "cold-read";
+    case BenchTiming::Flush::kWrite:
+      return "cold-write";
+    case BenchTiming::Flush::kRotate:
+      break;
+  }
+  return "cold-rotate";
 }
 
 struct CaseResult {
@@ -130,26 +138,30 @@ struct CaseResult {
   double error = 0, budget = 0;
 };
 
-Status time_case(const BenchContext& ctx, PreparedLayer& layer, const RunInputs& in,
+// layers: the layer and, for --l2-flush rotate, its copies (the CPU backend uses the first).
+using Layers = std::vector<PreparedLayer*>;
+
+Status time_case(const BenchContext& ctx, const Layers& layers, const RunInputs& in,
                  const MutableTensorView& out, std::vector<double>* us) {
 #ifdef QMOE_WITH_CUDA
-  if (ctx.backend == BackendKind::kCuda) return time_cuda_case(layer, in, out, ctx.timing, us);
+  if (ctx.backend == BackendKind::kCuda) return time_cuda_case(layers, in, out, ctx.timing, us);
 #endif
   if (ctx.backend != BackendKind::kCpu) {
     return Status::unsupported("--backend: this build has no CUDA backend");
   }
-  return time_cpu_case(layer, in, out, ctx.timing, us);
+  return time_cpu_case(*layers[0], in, out, ctx.timing, us);
 }
 
-Status run_case(const BenchContext& ctx, PreparedLayer& layer, const SyntheticLayer& synth,
+Status run_case(const BenchContext& ctx, const Layers& layers, const SyntheticLayer& synth,
                 int64_t tokens, CaseResult* r) {
+  PreparedLayer& layer = *layers[0];
   const LayerSpec& spec = synth.spec;
   SyntheticInputs in;
   make_synthetic_inputs(spec, tokens, ctx.seed, &in);
   std::vector<uint8_t> output(in.inputs.input.bytes(), 0);
   MutableTensorView out(output.data(), spec.act_dtype, {tokens, spec.hidden});
   std::vector<double> us;
-  QMOE_RETURN_IF_ERROR(time_case(ctx, layer, in.inputs, out, &us));
+  QMOE_RETURN_IF_ERROR(time_case(ctx, layers, in.inputs, out, &us));
 
   r->tokens = tokens;
   r->path = layer.dispatch_choice(tokens);
@@ -292,8 +304,9 @@ class ForcedChoice {
 
 // --tune: per token count, every dispatch choice the layer offers, timed as the cases are; the
 // fastest median of each becomes a row of the tune file (under this layer's key and device).
-Status tune_preset(const BenchContext& ctx, const BenchArgs& a, PreparedLayer& layer,
+Status tune_preset(const BenchContext& ctx, const BenchArgs& a, const Layers& layers,
                    const SyntheticLayer& synth) {
+  PreparedLayer& layer = *layers[0];
   std::vector<int64_t> tokens = a.tokens;
   std::sort(tokens.begin(), tokens.end());
   tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
@@ -311,7 +324,7 @@ Status tune_preset(const BenchContext& ctx, const BenchArgs& a, PreparedLayer& l
       CaseResult r;
       {
         ForcedChoice forced(c);
-        QMOE_RETURN_IF_ERROR(run_case(quick, layer, synth, t, &r));
+        QMOE_RETURN_IF_ERROR(run_case(quick, layers, synth, t, &r));
       }
       std::printf("  %s %.2f us", c.c_str(), r.us_median);
       if (best.empty() || r.us_median < best_us) {
@@ -343,16 +356,40 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   std::unique_ptr<PreparedLayer> layer;
   t0 = Clock::now();
   QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
-  if (!a.tune.empty()) {
-    QMOE_RETURN_IF_ERROR(tune_preset(ctx, a, *layer, synth));
-    QMOE_RETURN_IF_ERROR(layer->apply_tune_file(a.tune));  // the cases below run the tuned table
+  const double prepare_ms = seconds_since(t0) * 1e3;
+  // --l2-flush rotate: copies of the prepared layer, each call running the next.
+  std::vector<std::unique_ptr<PreparedLayer>> copies;
+  Layers layers{layer.get()};
+  std::string rotation;
+#ifdef QMOE_WITH_CUDA
+  if (ctx.backend == BackendKind::kCuda && ctx.timing.cold_l2 &&
+      ctx.timing.flush == BenchTiming::Flush::kRotate) {
+    const double eb = static_cast<double>(expert_bytes(spec));
+    int n = 0;
+    bool enough = false;
+    QMOE_RETURN_IF_ERROR(rotation_copies(eb, spec.routing.top_k + spec.routing.num_shared,
+                                         eb * static_cast<double>(spec.num_experts), &n, &enough));
+    for (int c = 1; c < n; ++c) {
+      copies.emplace_back();
+      QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &copies.back()));
+      layers.push_back(copies.back().get());
+    }
+    rotation = "; weights rotated over " + std::to_string(n) + " copies" +
+               (enough ? "" : " (device memory holds no more: small calls may hit the L2)");
   }
-  std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert\n", synth_s,
-              seconds_since(t0) * 1e3, static_cast<double>(expert_bytes(spec)) / 1e6);
+#endif
+  if (!a.tune.empty()) {
+    QMOE_RETURN_IF_ERROR(tune_preset(ctx, a, layers, synth));
+    for (PreparedLayer* l : layers) {
+      QMOE_RETURN_IF_ERROR(l->apply_tune_file(a.tune));  // the cases below run the tuned table
+    }
+  }
+  std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert%s\n", synth_s,
+              prepare_ms, static_cast<double>(expert_bytes(spec)) / 1e6, rotation.c_str());
   print_table_header();
   for (int64_t tokens : a.tokens) {
     CaseResult r;
-    QMOE_RETURN_IF_ERROR(run_case(ctx, *layer, synth, tokens, &r));
+    QMOE_RETURN_IF_ERROR(run_case(ctx, layers, synth, tokens, &r));
     print_row(ctx, r);
     *csv << csv_line(csv_row(ctx, pc.name, spec, r)) << '\n';
     csv->flush();
@@ -380,7 +417,9 @@ int run_bench(const BenchArgs& a) {
   ctx.timing.repeat = a.repeat > 0 ? a.repeat : (gpu ? 100 : 5);
   ctx.timing.warmup = a.warmup >= 0 ? a.warmup : (gpu ? 10 : 1);
   ctx.timing.cold_l2 = gpu && !a.warm_l2;
-  ctx.timing.flush = a.l2_flush == "write" ? BenchTiming::Flush::kWrite : BenchTiming::Flush::kRead;
+  ctx.timing.flush = a.l2_flush == "write"    ? BenchTiming::Flush::kWrite
+                     : a.l2_flush == "rotate" ? BenchTiming::Flush::kRotate
+                                              : BenchTiming::Flush::kRead;
   ctx.timing.graph = gpu && !a.no_graph;
   ctx.check = !a.no_check;
   ctx.seed = a.seed;
@@ -397,14 +436,16 @@ int run_bench(const BenchArgs& a) {
   }
 #endif
   std::printf("backend  %s, %s\n", backend_name(ctx.backend), ctx.device.c_str());
-  std::printf(
-      "timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup, ctx.timing.repeat,
-      gpu ? (std::string(ctx.timing.graph ? "CUDA graph replays" : "eager calls") +
-             ", CUDA events, L2 " +
-             (ctx.timing.cold_l2 ? std::string("flushed before each (") + a.l2_flush + " pass)"
-                                 : std::string("warm")))
-                .c_str()
-          : "host clock");
+  std::printf("timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup,
+              ctx.timing.repeat,
+              gpu ? (std::string(ctx.timing.graph ? "CUDA graph replays" : "eager calls") +
+                     ", CUDA events, L2 " +
+                     (!ctx.timing.cold_l2 ? std::string("warm")
+                      : ctx.timing.flush == BenchTiming::Flush::kRotate
+                          ? std::string("cold for the weights (copies rotated, nothing flushed)")
+                          : std::string("flushed before each (") + a.l2_flush + " pass)"))
+                        .c_str()
+                  : "host clock");
   if (ctx.ceiling.gbps > 0) {
     std::printf("ceiling  %.1f GB/s read (%s, median of 20)\n", ctx.ceiling.gbps,
                 ctx.ceiling.method.c_str());
@@ -493,9 +534,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cold->excludes(warm);
   cmd->add_option("--l2-flush", a->l2_flush,
                   "how the cold L2 is made: read (a read pass leaves clean lines, like the read "
-                  "ceiling's) or write (a memset leaves dirty lines, whose write-back the timed "
-                  "call pays)")
-      ->check(CLI::IsMember({"read", "write"}))
+                  "ceiling's), write (a memset leaves dirty lines, whose write-back the timed "
+                  "call pays) or rotate (no flush: the calls cycle through copies of the weights, "
+                  "so the code and the small inputs stay cached, as between a model's layers)")
+      ->check(CLI::IsMember({"read", "write", "rotate"}))
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed of the synthetic weights and inputs")
       ->capture_default_str();
