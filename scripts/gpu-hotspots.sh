@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a kernel spends its time, per SASS instruction: Nsight Compute's warp-state samples and
 # executed-instruction counts for one launch, summarized as the hottest instructions and the
-# opcode mix. Usage: scripts/gpu-hotspots.sh KERNEL_REGEX TOKENS [LAUNCH_SKIP]. Needs build-gpu.
+# opcode mix, after the launch's stall reasons, occupancy and shared-memory bank conflicts. Usage: scripts/gpu-hotspots.sh KERNEL_REGEX TOKENS [LAUNCH_SKIP]. Needs build-gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kernel="$1"; tokens="$2"; skip="${3:-20}"
@@ -9,6 +9,34 @@ rep="$(mktemp -d)/hot"
 ncu --clock-control none --set full --import-source yes -k "regex:$kernel" --launch-skip "$skip" \
   --launch-count 1 -f -o "$rep" build-gpu/tools/qmoe run --tokens "$tokens" --no-check >/dev/null 2>&1
 ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>&1
+ncu --import "$rep.ncu-rep" --page raw --csv >"$rep.raw.csv" 2>&1
+# Why warps wait (stall reasons, per issued instruction), how full the SMs are and the shared
+# memory's bank conflicts, from the raw metrics of the same launch.
+python3 - "$rep.raw.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+hdr_i = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if hdr_i is None or len(rows) < hdr_i + 3:
+    print("no raw metrics"); sys.exit()
+hdr, vals = rows[hdr_i], rows[hdr_i + 2]
+def val(j):
+    try: return float(vals[j].replace(",", ""))
+    except ValueError: return None
+stalls = []
+for j, name in enumerate(hdr):
+    if name.startswith("smsp__average_warps_issue_stalled_") and name.endswith("_per_issue_active.ratio"):
+        v = val(j)
+        if v: stalls.append((v, name[len("smsp__average_warps_issue_stalled_"):-len("_per_issue_active.ratio")]))
+print("-- stall reasons (warps stalled per issued instruction)")
+print("  " + "  ".join(f"{n} {v:.2f}" for v, n in sorted(stalls, reverse=True)[:10]))
+keys = ("sm__warps_active.avg.pct_of_peak", "smsp__issue_active.avg.pct_of_peak",
+        "gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+        "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+        "smsp__inst_executed.sum", "launch__occupancy_limit_registers",
+        "launch__occupancy_limit_shared_mem")
+print("-- " + "  ".join(f"{hdr[j]} {vals[j]}" for j in range(len(hdr)) if hdr[j] in keys))
+PY
 python3 - "$rep.csv" "$kernel" "$tokens" <<'PY'
 import csv, sys, collections
 path, kernel, tokens = sys.argv[1:4]
