@@ -19,7 +19,11 @@ DecodeGeometry geometry(const MmaPackShape& s) {
   DecodeGeometry g;
   const int chunk_k = 16 * s.steps_per_chunk;
   g.kpad = static_cast<int>(s.chunks) * chunk_k;
-  g.ld = g.kpad + 8;
+  // The staged rows' stride in halves is 16 modulo 32, 32 bytes modulo 64: the B fragment loads
+  // (8 bytes per lane, row g at byte 8 t) then give the 4 rows of a half-warp, and the zero row
+  // before them, 4 different 32-byte ranges of the banks. A stride of 16 bytes modulo 128 (kpad +
+  // 8) made rows g and g + 1 meet in the banks: two-way conflicts on every mma step.
+  g.ld = g.kpad % 32 == 0 ? g.kpad + 16 : g.kpad;
   g.nblk_pad = static_cast<int>(s.scale_blocks);
   g.shift = 30;
   if (s.block_size) {
@@ -32,6 +36,9 @@ DecodeGeometry geometry(const MmaPackShape& s) {
     g.spb = 0;
   } else {
     g.spb = s.block_size / 16;
+  }
+  if (g.spb == 0) {
+    g.cpb = s.block_size ? s.block_size / chunk_k : static_cast<int>(s.chunks);
   }
   g.tpb = 1;
   g.rows_cap = 1;

@@ -10,8 +10,11 @@
 //     the first chunks are in flight, and staged in shared memory;
 //   - the K loop has no bounds checks: the staged rows are zero past K up to whole chunks, and an
 //     absent route's B fragment comes from a zero row;
-//   - where scale blocks start is known at compile time (kSpb) for every width but int3, so the
-//     loop only tests for a new block once per chunk when blocks span chunks.
+//   - where scale blocks start is known at compile time (kSpb) for every width but int3; where
+//     blocks span chunks, and at tile ends, the loop counts chunks down (one test per chunk) and
+//     keeps running addresses, so a chunk's bookkeeping is a few instructions next to its decode;
+//   - the register ring's whole rounds run without tests; only the last two rounds check each
+//     chunk against the stream's end.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -213,7 +216,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     }
   };
   fill_ring();
-
   // 2. The zero row, and the block's tiles' scales and zero points.
   for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -315,42 +317,51 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         acc[0][2] = acc[0][2] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][2], 2);
       }
     };
-    // The current tile's scales and zero points (rows g and g + 8).
+    // The K loop's running state, so that a chunk costs its decode and little else (the tests a
+    // chunk once made, where its tile and scale block start, cost a third of its instructions):
+    // the lane's B fragment addresses at the chunk's start, the current scale block's entry, and a
+    // count down to the next scale block's or tile's end, tested once per chunk.
     int tile = t0;
-    int srow = (tile * 16 + g) * nbp;
-    auto load_scale = [&](int kp) {  // the block holding K position kp
-      const int b = srow + (kp >> geo.shift);
+    int srow = (tile * 16 + g) * nbp;  // the tile's first row-g entry of the scales
+    const int nbp8 = 8 * nbp;
+    auto load_scale = [&](int b) {  // b: the row-g entry of the scale block
       s0 = sc[b];
-      s1 = sc[8 * nbp + b];
+      s1 = sc[b + nbp8];
       if (has_zp) {
         z0 = zs[b];
-        z1 = zs[8 * nbp + b];
+        z1 = zs[b + nbp8];
         set_subs();
       }
     };
-    const uint16_t* xr[kCols];
+    const uint16_t* xa[kCols];  // the lane's B fragments at the chunk's start
 #pragma unroll
     for (int ch = 0; ch < kCols; ++ch) {
       // Lane g reads route g's row (an mma column); the CUDA-core form reads the pass's one route.
       const int r = kMC == 0 ? 0 : 8 * ch + g;
-      xr[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t;
+      xa[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t + kChunkK * c0;
     }
-    int bound = kChunkK * c0;  // kSpb < 0: where the current block ends
-    if (kSpb == 0 && total > 0) load_scale(kChunkK * c0);
-    auto process = [&](const uint4& wv, int kc) {
+    // kSpb == 0: chunks to the current scale block's end; its row-g entry (sp - srow counts the
+    // tile's blocks: nbp of them, chunks / cpb).
+    int left = geo.cpb - c0 % geo.cpb;
+    int sp = srow + (kSpb > 0 ? c0 * (kSteps / (kSpb > 0 ? kSpb : 1)) : c0 / geo.cpb);
+    int tleft = nw;         // kSpb != 0: chunks to the tile's end
+    int kc = kChunkK * c0;  // kSpb < 0: the chunk's K offset
+    int bound = kc;         // kSpb < 0: where the current block ends
+    if (kSpb == 0 && total > 0) load_scale(sp);
+    auto process = [&](const uint4& wv) {
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const int kp = kc + 16 * st;
         if constexpr (kSpb > 0) {
           if (st % kSpb == 0) {
             flush();
-            load_scale(kp);
+            load_scale(sp + st / kSpb);
           }
         } else if constexpr (kSpb < 0) {
+          const int kp = kc + 16 * st;
           if (kp >= bound) {  // warp-uniform
             flush();
-            load_scale(kp);
+            load_scale(srow + (kp >> geo.shift));
             bound = (kp & ~bs_mask) + bs_mask + 1;
           }
         }
@@ -369,7 +380,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         }
         if constexpr (kMC == 0) {
           // Row g: a0 . x[0, 2) + a2 . x[2, 4); row g + 8: a1 and a3 likewise.
-          const uint2 bv = *reinterpret_cast<const uint2*>(xr[0] + kp);
+          const uint2 bv = *reinterpret_cast<const uint2*>(xa[0] + 16 * st);
           float x[4], w8[8];
           unpack_pair<kBf16>(bv.x, x[0], x[1]);
           unpack_pair<kBf16>(bv.y, x[2], x[3]);
@@ -387,7 +398,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #pragma unroll
           for (int ch = 0; ch < kCols; ++ch) {
             if (kMC == 1 || ch < nch) {
-              const uint2 bv = *reinterpret_cast<const uint2*>(xr[ch] + kp);
+              const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
               mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
             }
           }
@@ -397,35 +408,48 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #endif
       }
     };
-    int cc = c0;  // the chunk's index in its tile
-    // Chunk j of the stream: a new scale block where one starts, the decode.
-    auto decode_chunk = [&](const uint4& wv, int j) {
-      const int kc = kChunkK * cc;
-      if constexpr (kSpb == 0) {
-        if (j > 0 && (kc & bs_mask) == 0) {  // a block starts with this chunk
-          flush();
-          load_scale(kc);
+    // A tile's end (not in split K, whose one tile ends with the stream): its sums are parked and
+    // the state moves to the next tile. Returns false after the warp's last tile.
+    auto next_tile = [&]() {
+      flush();
+      lanes_sum();
+#pragma unroll
+      for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
+          acc[ch][r] = 0.0f;
         }
+        xa[ch] -= kChunkK * nw;  // a tile is nw chunks: back to its start
       }
-      process(wv, kc);
+      ++tile;
+      srow += 16 * nbp;
+      sp = srow;
+      tleft = nw;
+      kc = 0;
+      bound = 0;
+      return tile < t1;
     };
-    // After each chunk: at the tile's end, its sums are parked.
-    auto next_chunk = [&]() {
-      if (++cc == c1 && !split_k) {
-        flush();
-        lanes_sum();
+    // After each chunk: the running state moves on; at a scale block's end (blocks spanning
+    // chunks) its sums take the scale and the next block's scale is read; at a tile's end, the
+    // next tile.
+    auto step = [&](const uint4& wv) {
+      process(wv);
 #pragma unroll
-        for (int ch = 0; ch < kCols; ++ch) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
-            acc[ch][r] = 0.0f;
+      for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
+      if constexpr (kSpb > 0) sp += kSteps / kSpb;
+      if constexpr (kSpb < 0) kc += kChunkK;
+      if constexpr (kSpb == 0) {
+        if (--left == 0) {
+          flush();
+          if (++sp - srow == nbp) {               // the tile's last block
+            if (split_k || !next_tile()) return;  // the stream's end
           }
+          left = geo.cpb;
+          load_scale(sp);
         }
-        ++tile;
-        srow += 16 * nbp;
-        cc = c0;
-        bound = 0;
+      } else {
+        if (--tleft == 0 && !split_k) next_tile();
       }
     };
     if constexpr (kSmemRing) {
@@ -442,23 +466,31 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         wnext += 128;
         wr = rd;
         rd = rd + kSlotBytes == ring_end ? ring0 : rd + kSlotBytes;
-        decode_chunk(wv, j);
-        next_chunk();
+        step(wv);
       }
     } else {
-      // The chunk kRing ahead: a running pointer. A ring slot is refilled after its chunk is
-      // decoded (no copy).
+      // A ring slot is refilled after its chunk is decoded (no copy) with the chunk kRing ahead.
+      // Whole rounds whose refills stay inside the stream run without tests; the last chunks
+      // (fewer than two rounds) test each chunk and refill.
       const uint32_t* wnext = wstart + kRing * 128;
-      for (int jb = 0; jb < total; jb += kRing) {
+      int jb = 0;
+      for (; jb + 2 * kRing <= total; jb += kRing) {
+#pragma unroll
+        for (int i = 0; i < kRing; ++i) {
+          step(ring[i]);
+          ring[i] = load_stream(wnext + i * 128);
+        }
+        wnext += kRing * 128;
+      }
+      for (; jb < total; jb += kRing) {
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
           if (jb + i < total) {
-            decode_chunk(ring[i], jb + i);
-            if (jb + i + kRing < total) ring[i] = load_stream(wnext);
-            wnext += 128;
-            next_chunk();
+            step(ring[i]);
+            if (jb + i + kRing < total) ring[i] = load_stream(wnext + i * 128);
           }
         }
+        wnext += kRing * 128;
       }
     }
     if (!split_k) {  // the epilogues of the warp's tiles (each lane reads what it wrote)

@@ -44,11 +44,13 @@ struct DecodeGeometry {
   int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
   int shift = 30;    // log2(block_size); 30 per channel (every K in block 0)
   int kpad = 16;     // K rounded up to whole chunks: the staged rows are zero beyond K
-  int ld = 24;       // staged row stride in halves: kpad + 8 (spreads the rows over the banks)
+  int ld = 16;       // staged row stride in halves: 16 modulo 32, at least kpad (geometry())
   // Steps per scale block inside a chunk, as the kernel's template argument: 1, 2 or 4 when
   // blocks are shorter than a chunk, 0 when a block spans whole chunks (and per channel), -1 when
   // blocks do not align with chunks (int3: 5 steps per chunk).
   int spb = 0;
+  // Chunks per scale block where blocks span chunks (spb 0; per channel the whole K), else 1.
+  int cpb = 1;
   bool smem_ring = false;  // the weight ring in shared memory (else in registers)
 };
 

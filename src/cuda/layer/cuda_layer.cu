@@ -565,6 +565,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
+  ra.pdl = use_pdl();
   // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
   const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);

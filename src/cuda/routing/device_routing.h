@@ -57,6 +57,11 @@ struct DeviceRoutingArgs {
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
   int plan_tile_m = 128;
+  // Fused path: launch with programmatic dependent launch (pdl.cuh). The kernel waits for the
+  // stream's previous kernel before it reads or writes anything, and lets the next kernel (FC1,
+  // which waits for it in turn) launch at once, so that FC1's blocks are resident and ready when
+  // the routing ends instead of being launched then.
+  bool pdl = false;
 };
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -80,6 +81,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int lane = tid % kWarpSize;
   const int num_e = a.experts;
   const int slots = a.slots;
+  pdl_wait();     // the logits, and the workspace the previous call's kernels may still read
+  pdl_trigger();  // FC1 may launch: it waits for this kernel's end before reading the maps
   if (tid < num_e) s_mask[tid] = 0ull;
   __syncthreads();
 
@@ -163,10 +166,10 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
                                          static_cast<int>(smem)));
     }
     const RouteMapsView& m = args.maps;
-    kernel<<<1, kFusedThreads, smem, stream>>>(
-        token_routing(args), tokens, routing_warps, m.expert_counts, m.expert_offsets,
-        m.permuted_route, m.route_position, args.plan_touched, args.plan_n_touched,
-        args.plan_tile_start, args.plan_tile_m);
+    QMOE_CUDA_TRY(launch_maybe_pdl(
+        kernel, dim3(1), dim3(kFusedThreads), smem, stream, args.pdl, token_routing(args), tokens,
+        routing_warps, m.expert_counts, m.expert_offsets, m.permuted_route, m.route_position,
+        args.plan_touched, args.plan_n_touched, args.plan_tile_start, args.plan_tile_m));
     QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
     return Status::ok();
   });
