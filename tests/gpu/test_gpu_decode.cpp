@@ -290,6 +290,36 @@ TEST(GpuDecode, RingKindsKeepTheBits) {
   }
 }
 
+// The L2 prefetch ahead of the register ring (QMOE_DECODE_PREFETCH) is a hint: off, a round and
+// far ahead (past every stream's end, which it must clamp), the same bits, within the budget.
+TEST(GpuDecode, PrefetchKeepsTheBits) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt2}) {
+    LayerSpec s = small_spec(f, 1024, 768, 8, 4);
+    s.fc1.block_size = s.fc2.block_size = f == WeightFormat::kInt2 ? 64 : 128;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    for (int64_t tokens : {1, 7, 40}) {
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      for (const char* tpb : {"1", "4"}) {
+        SCOPED_TRACE(s.fc1.to_string() + " tokens " + std::to_string(tokens) + " tiles per block " +
+                     tpb + " seed " + std::to_string(seed));
+        EnvOverride knob("QMOE_DECODE_TPB", tpb);
+        EnvOverride ring("QMOE_DECODE_RING", "1");
+        GpuRun off, one, far;
+        gpu_run_with("QMOE_DECODE_PREFETCH", "0", tl, ti, &off);
+        gpu_run_with("QMOE_DECODE_PREFETCH", "1", tl, ti, &one);
+        gpu_run_with("QMOE_DECODE_PREFETCH", "16", tl, ti, &far);
+        EXPECT_LE(off.error, gpu_budget(s.act_dtype));
+        EXPECT_EQ(one.out, off.out);
+        EXPECT_EQ(far.out, off.out);
+      }
+    }
+  }
+}
+
 // The CUDA-core form (QMOE_DISPATCH=decode/cc: one route per pass, FMAs instead of mma) against
 // the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
 // dtypes, one tile per block and several, and experts with several routes (several passes).

@@ -48,11 +48,13 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // Tiles per block when the caller leaves it open: one (the warps split K) while the call's
 // (expert, tile) pairs are few enough that loads in flight, not instructions, bound it; beyond,
 // several, so that a block's prologue and staged activations serve more weights. The switch
-// points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md): one tile wins
-// at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens. With one route per expert
-// (one token) a block stages a single row, so several tiles save only the block's fixed costs,
-// which count where tiles are small and many: one tile won for qwen3-30b-a3b's FC2 (1024 pairs,
-// 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB tiles;
+// points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md, and with the
+// count-down K loop bench/results/2026-12-01-h200-decode-loop.md): one tile wins at 1 token
+// (768-800 pairs), 4 at 2 and 4 tokens (up to 4096 pairs), 8 from 8 tokens (qwen3-30b-a3b at 8
+// tokens, 6144 and 8192 pairs: INT4 67.0 -> 65.2 us, INT2 b64 63.1 -> 60.6). With one route per
+// expert (one token) a block stages a single row, so several tiles save only the block's fixed
+// costs, which count where tiles are small and many: one tile won for qwen3-30b-a3b's FC2 (1024
+// pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB tiles;
 // 104.3 -> 101.6 us), and lost for INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 2.5 KB
 // tiles; 33.5 -> 36.5 us; bench/results/2026-12-01-h200-decode-c7ff17d.md).
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
@@ -60,7 +62,7 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   const int64_t tile_bytes = 2 * a.shape.k * a.shape.bits;  // 16 rows of K codes
   if (max_routes == 1 && (items <= 1024 || tile_bytes >= 16 * 1024)) return 1;
   if (items <= 1000) return 1;
-  return items <= 8192 ? 4 : 8;
+  return items <= 4096 ? 4 : 8;
 }
 
 // Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
@@ -122,6 +124,11 @@ Status check_decode_args(const DecodeFcArgs& a) {
   if (a.shape.k % 16 != 0 || a.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
     return Status::invalid(
         "decode: K must be a multiple of 16 and activation rows 16-byte aligned");
+  }
+  if (a.prefetch < -1 || a.prefetch > 16) {
+    return Status::invalid(
+        "decode: prefetch must be -1 (the launcher's choice) or 0..16 rounds, got " +
+        std::to_string(a.prefetch));
   }
   if (a.ring < 0 || a.ring > 2) {
     return Status::invalid(
@@ -218,6 +225,8 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
       geo = with;
     }
   }
+  // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
+  geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.bits) {
     case 2:

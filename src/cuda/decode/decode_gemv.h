@@ -87,6 +87,9 @@ struct DecodeFcArgs {
   // Where the weight ring lives (decode_launch.h): 0 the launcher chooses, 1 registers, 2 shared
   // memory. Both give the same bits.
   int ring = 0;
+  // Register ring: rounds of the ring (kRing chunks each) a warp prefetches into L2 ahead of its
+  // loads; 0 none, -1 the launcher's choice (decode_gemv.cu). Either way the same bits.
+  int prefetch = -1;
 };
 
 // The checks the launcher makes before any launch.

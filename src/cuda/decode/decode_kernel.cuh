@@ -216,6 +216,19 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     }
   };
   fill_ring();
+  // The register ring's L2 prefetch, geo.prefetch rounds (of kRing chunks) ahead of its loads, so
+  // that those, which the ring waits for all at once, see L2's latency: lane l asks for the l-th
+  // 128-byte line of a run of chunks (4 lines each), one instruction for a round. First the
+  // chunks after the ring's first loads, then, in the K loop, a round at a time.
+  const uint32_t* wline = wstart + lane * 28;  // the warp's stream, plus 128 bytes per lane
+  if (!kSmemRing && geo.prefetch > 0) {
+    for (int l0 = 0; l0 < geo.prefetch * kRing * 4; l0 += 32) {
+      if (l0 + lane < geo.prefetch * kRing * 4 && kRing + (l0 + lane) / 4 < total) {
+        prefetch_l2(wline + kRing * 128 + l0 * 32);
+      }
+    }
+  }
+
   // 2. The zero row, and the block's tiles' scales and zero points.
   for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -474,7 +487,14 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
       // (fewer than two rounds) test each chunk and refill.
       const uint32_t* wnext = wstart + kRing * 128;
       int jb = 0;
+      // The round at jb prefetches chunks [jb, jb + kRing) + (1 + geo.prefetch) kRing while they
+      // lie inside the stream.
+      const uint32_t* wpf = wline + (1 + geo.prefetch) * kRing * 128;
+      const int pf_last = geo.prefetch > 0 ? total - (2 + geo.prefetch) * kRing : -1;
+      const bool pf_lane = lane < 4 * kRing;
       for (; jb + 2 * kRing <= total; jb += kRing) {
+        if (pf_lane && jb <= pf_last) prefetch_l2(wpf);
+        wpf += kRing * 128;
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
           step(ring[i]);

@@ -52,6 +52,7 @@ struct DecodeGeometry {
   // Chunks per scale block where blocks span chunks (spb 0; per channel the whole K), else 1.
   int cpb = 1;
   bool smem_ring = false;  // the weight ring in shared memory (else in registers)
+  int prefetch = 0;        // register ring: rounds prefetched into L2 ahead of the loads
 };
 
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero

@@ -75,11 +75,14 @@ Status check_device_pointer(const void* p, const char* name, size_t align) {
   return Status::ok();
 }
 
-// QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
-bool use_pdl() {
-  const char* v = std::getenv("QMOE_PDL");
-  return v == nullptr || std::string(v) != "0";
+// An integer environment setting for A/B runs, or `unset` where it is absent.
+int env_int(const char* name, int unset) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? unset : std::atoi(v);
 }
+
+// QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
+bool use_pdl() { return env_int("QMOE_PDL", 1) != 0; }
 
 // Whether the decode path's FC2 sums the tokens' slots itself (DecodeFcArgs::fuse_combine)
 // instead of a finalize kernel: QMOE_FUSED_COMBINE=0|1 forces it (A/B runs). Off by default: on
@@ -87,31 +90,27 @@ bool use_pdl() {
 // 31.7 vs 30.5 us at 1 token, 83.2 vs 76.7 us at 8; INT2 E512: 45.8 vs 43.0 us at 1 token). With
 // PDL the finalize launch overlaps FC2's tail, while the fused form serializes a fence, a counter
 // atomic and the column sums behind FC2's last block.
-bool fuse_combine() {
-  const char* v = std::getenv("QMOE_FUSED_COMBINE");
-  return v != nullptr && std::string(v) != "0";
-}
+bool fuse_combine() { return env_int("QMOE_FUSED_COMBINE", 0) != 0; }
 
 // QMOE_DECODE_ROWS=n sets the decode kernel's activation rows per pass (A/B runs; more than the
 // call's token count leaves that bound); unset: decode_rows_per_pass().
 int decode_rows(int64_t t, const LayerSpec& s) {
-  if (const char* v = std::getenv("QMOE_DECODE_ROWS")) return std::atoi(v);
-  return decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
+  const int rows = env_int("QMOE_DECODE_ROWS", -1);
+  return rows >= 0 ? rows
+                   : decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
 }
 
 // QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
 // the launcher chooses.
-int decode_tiles_per_block() {
-  const char* v = std::getenv("QMOE_DECODE_TPB");
-  return v == nullptr ? 0 : std::atoi(v);
-}
+int decode_tiles_per_block() { return env_int("QMOE_DECODE_TPB", 0); }
 
 // QMOE_DECODE_RING=1|2 puts the decode kernel's weight ring in registers or shared memory (A/B
 // runs); unset or 0: the launcher chooses.
-int decode_ring_kind() {
-  const char* v = std::getenv("QMOE_DECODE_RING");
-  return v == nullptr ? 0 : std::atoi(v);
-}
+int decode_ring_kind() { return env_int("QMOE_DECODE_RING", 0); }
+
+// QMOE_DECODE_PREFETCH=n: rounds of the register ring the decode kernel prefetches into L2 ahead
+// of its loads (DecodeFcArgs::prefetch; A/B runs, 0 turns it off); unset: the launcher chooses.
+int decode_prefetch_rounds() { return env_int("QMOE_DECODE_PREFETCH", -1); }
 
 class CudaLayer final : public PreparedLayer {
  public:
@@ -385,6 +384,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   const int tiles_per_block = decode_tiles_per_block();
   d.max_rows = decode_rows(tokens, spec_);
   d.ring = decode_ring_kind();
+  d.prefetch = decode_prefetch_rounds();
 
   d.shape = pack1_;
   d.packed = packed1_;
