@@ -248,6 +248,26 @@ TEST(GpuDecode, RowsPerPassKeepTheBits) {
   }
 }
 
+// Runs f(tl, ti) on a fresh random layer of spec s for 1, 7 and 40 tokens under each
+// tiles-per-block setting (QMOE_DECODE_TPB), with a trace naming the case and its seed.
+template <typename F>
+void for_tokens_and_tiles(const LayerSpec& s, std::initializer_list<const char*> tiles, F&& f) {
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  for (int64_t tokens : {1, 7, 40}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    for (const char* tpb : tiles) {
+      SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(s.act_dtype) + " tokens " +
+                   std::to_string(tokens) + " tiles per block " + tpb + " seed " +
+                   std::to_string(seed));
+      EnvOverride knob("QMOE_DECODE_TPB", tpb);
+      f(tl, ti);
+    }
+  }
+}
+
 // The weight ring in registers and in shared memory (QMOE_DECODE_RING=1|2): the same chunks
 // decoded in the same order, so the same bits, within the budget. Every width, zero points, scale
 // blocks inside a chunk and spanning chunks, both dtypes, one tile per block (the warps split K)
@@ -268,25 +288,14 @@ TEST(GpuDecode, RingKindsKeepTheBits) {
     s.act_dtype = c.dt;
     s.fc1.block_size = s.fc2.block_size = c.block;
     s.fc1.zero_points = s.fc2.zero_points = c.zp;
-    const uint64_t seed = fresh_seed();
-    TestLayer tl;
-    make_layer(s, seed, &tl);
-    for (int64_t tokens : {1, 7, 40}) {
-      TestInputs ti;
-      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-      for (const char* tpb : {"1", "4", "8"}) {
-        SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(c.dt) + " tokens " +
-                     std::to_string(tokens) + " tiles per block " + tpb + " seed " +
-                     std::to_string(seed));
-        EnvOverride knob("QMOE_DECODE_TPB", tpb);
-        GpuRun regs, smem;
-        gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
-        gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
-        EXPECT_LE(regs.error, gpu_budget(s.act_dtype));
-        EXPECT_LE(smem.error, gpu_budget(s.act_dtype));
-        EXPECT_EQ(smem.out, regs.out);
-      }
-    }
+    for_tokens_and_tiles(s, {"1", "4", "8"}, [&](const TestLayer& tl, const TestInputs& ti) {
+      GpuRun regs, smem;
+      gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
+      gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
+      EXPECT_LE(regs.error, gpu_budget(s.act_dtype));
+      EXPECT_LE(smem.error, gpu_budget(s.act_dtype));
+      EXPECT_EQ(smem.out, regs.out);
+    });
   }
 }
 
@@ -297,26 +306,16 @@ TEST(GpuDecode, PrefetchKeepsTheBits) {
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt2}) {
     LayerSpec s = small_spec(f, 1024, 768, 8, 4);
     s.fc1.block_size = s.fc2.block_size = f == WeightFormat::kInt2 ? 64 : 128;
-    const uint64_t seed = fresh_seed();
-    TestLayer tl;
-    make_layer(s, seed, &tl);
-    for (int64_t tokens : {1, 7, 40}) {
-      TestInputs ti;
-      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-      for (const char* tpb : {"1", "4"}) {
-        SCOPED_TRACE(s.fc1.to_string() + " tokens " + std::to_string(tokens) + " tiles per block " +
-                     tpb + " seed " + std::to_string(seed));
-        EnvOverride knob("QMOE_DECODE_TPB", tpb);
-        EnvOverride ring("QMOE_DECODE_RING", "1");
-        GpuRun off, one, far;
-        gpu_run_with("QMOE_DECODE_PREFETCH", "0", tl, ti, &off);
-        gpu_run_with("QMOE_DECODE_PREFETCH", "1", tl, ti, &one);
-        gpu_run_with("QMOE_DECODE_PREFETCH", "16", tl, ti, &far);
-        EXPECT_LE(off.error, gpu_budget(s.act_dtype));
-        EXPECT_EQ(one.out, off.out);
-        EXPECT_EQ(far.out, off.out);
-      }
-    }
+    EnvOverride ring("QMOE_DECODE_RING", "1");
+    for_tokens_and_tiles(s, {"1", "4"}, [&](const TestLayer& tl, const TestInputs& ti) {
+      GpuRun off, one, far;
+      gpu_run_with("QMOE_DECODE_PREFETCH", "0", tl, ti, &off);
+      gpu_run_with("QMOE_DECODE_PREFETCH", "1", tl, ti, &one);
+      gpu_run_with("QMOE_DECODE_PREFETCH", "16", tl, ti, &far);
+      EXPECT_LE(off.error, gpu_budget(s.act_dtype));
+      EXPECT_EQ(one.out, off.out);
+      EXPECT_EQ(far.out, off.out);
+    });
   }
 }
 

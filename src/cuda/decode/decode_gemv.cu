@@ -48,21 +48,22 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // Tiles per block when the caller leaves it open: one (the warps split K) while the call's
 // (expert, tile) pairs are few enough that loads in flight, not instructions, bound it; beyond,
 // several, so that a block's prologue and staged activations serve more weights. The switch
-// points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md, and with the
-// count-down K loop bench/results/2026-12-01-h200-decode-loop.md): one tile wins at 1 token
-// (768-800 pairs), 4 at 2 and 4 tokens (up to 4096 pairs), 8 from 8 tokens (qwen3-30b-a3b at 8
-// tokens, 6144 and 8192 pairs: INT4 67.0 -> 65.2 us, INT2 b64 63.1 -> 60.6). With one route per
-// expert (one token) a block stages a single row, so several tiles save only the block's fixed
-// costs, which count where tiles are small and many: one tile won for qwen3-30b-a3b's FC2 (1024
-// pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB tiles;
-// 104.3 -> 101.6 us), and lost for INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 2.5 KB
+// points come from QMOE_DECODE_TPB sweeps on an H200 (bench/results/*-f6adf92.md): one tile wins
+// at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens. With the count-down K loop
+// (bench/results/2026-12-01-h200-decode-loop.md) 8 tiles from 4096 pairs won on qwen3-30b-a3b at
+// 8 tokens (INT4 67.0 -> 65.2 us, INT2 b64 63.1 -> 60.6) but lost on INT2 b64 with H 2560, I 640,
+// E 512, k 10 (FC1 6400 pairs: 78-81 -> 86.1) and on INT8 (108.7 -> 110.4), so 8192 stays. With one
+// route per expert (one token) a block stages a single row, so several tiles save only the block's
+// fixed costs, which count where tiles are small and many: one tile won for qwen3-30b-a3b's FC2
+// (1024 pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB
+// tiles; 104.3 -> 101.6 us), and lost for INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 2.5 KB
 // tiles; 33.5 -> 36.5 us; bench/results/2026-12-01-h200-decode-c7ff17d.md).
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
   const int64_t tile_bytes = 2 * a.shape.k * a.shape.bits;  // 16 rows of K codes
   if (max_routes == 1 && (items <= 1024 || tile_bytes >= 16 * 1024)) return 1;
   if (items <= 1000) return 1;
-  return items <= 4096 ? 4 : 8;
+  return items <= 8192 ? 4 : 8;
 }
 
 // Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
