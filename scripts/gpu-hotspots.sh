@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Where a kernel spends its time, per SASS instruction: Nsight Compute's warp-state samples and
 # executed-instruction counts for one launch, summarized as the hottest instructions and the
-# opcode mix, after the launch's stall reasons, occupancy and shared-memory bank conflicts. Usage: scripts/gpu-hotspots.sh KERNEL_REGEX TOKENS [LAUNCH_SKIP]. Needs build-gpu.
+# opcode mix, after the launch's stall reasons, occupancy and shared-memory bank conflicts. Usage:
+# scripts/gpu-hotspots.sh KERNEL_REGEX TOKENS [LAUNCH_SKIP]. Needs build-gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kernel="$1"; tokens="$2"; skip="${3:-20}"
+# QMOE_HOT_CMD replaces the profiled `qmoe` command line (default: run --tokens TOKENS --no-check),
+# e.g. a `qmoe bench --shape ... --no-graph --warmup 0 --repeat 1` call for shapes no preset has.
+read -ra cmd <<<"${QMOE_HOT_CMD:-run --tokens $tokens --no-check}"
 rep="$(mktemp -d)/hot"
 ncu --clock-control none --set full --import-source yes -k "regex:$kernel" --launch-skip "$skip" \
-  --launch-count 1 -f -o "$rep" build-gpu/tools/qmoe run --tokens "$tokens" --no-check >/dev/null 2>&1
+  --launch-count 1 -f -o "$rep" build-gpu/tools/qmoe "${cmd[@]}" >/dev/null 2>&1
 ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$rep.csv" 2>&1
 ncu --import "$rep.ncu-rep" --page raw --csv >"$rep.raw.csv" 2>&1
 # Why warps wait (stall reasons, per issued instruction), how full the SMs are and the shared
