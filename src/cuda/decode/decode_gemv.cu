@@ -66,7 +66,14 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   return items <= 8192 ? 4 : 8;
 }
 
-// Whether the weight ring goes to shared memory: when a warp's stream of 16-byte chunks is long
+// Blocks of the kernel one sm_90 multiprocessor holds by shared memory (228 KB, 1 KB reserved
+// per block, the static reduction buffer of 2 or 4 KB), at most its register bound.
+int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
+  const size_t per_block = decode_smem_bytes(g, zero_points) + 1024 + (g.mc == 2 ? 4096 : 2048);
+  return std::min(decode_min_blocks(g.mc), static_cast<int>(228 * 1024 / per_block));
+}
+
+// The weight ring goes to shared memory when a warp's stream of 16-byte chunks is long
 // (at least kSmemRingMinChunks). Where only several tiles per block make it long, the ring's
 // 16 KB must also leave 4 blocks per multiprocessor (or as many as without it).
 // The register ring waits for all its loads each time round (decode_launch.h), a memory latency
@@ -81,16 +88,20 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 //   Mixtral at 1 token, FC2 (one tile per block, 3 -> 2 blocks per SM): 100.6 against 91.3 for
 //     the layer;
 //   INT2 (16-chunk tiles) loses at every token count: 42.8 against 52.1 at 4 tokens.
-bool smem_ring_pays(const MmaPackShape& s, int tpb) {
-  const int64_t stream = tpb == 1 ? (s.chunks + 3) / 4 : (tpb / 4) * s.chunks;
-  return stream >= kSmemRingMinChunks;
-}
-
-// Blocks of the kernel one sm_90 multiprocessor holds by shared memory (228 KB, 1 KB reserved
-// per block, the static reduction buffer of 2 or 4 KB), at most its register bound.
-int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
-  const size_t per_block = decode_smem_bytes(g, zero_points) + 1024 + (g.mc == 2 ? 4096 : 2048);
-  return std::min(decode_min_blocks(g.mc), static_cast<int>(228 * 1024 / per_block));
+// So: geo with the weight ring in shared memory where this rule or a.ring (2) asks for it, its
+// rows per pass cut to fit; geo as it is otherwise.
+DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, bool zero_points) {
+  const int64_t stream = geo.tpb == 1 ? (a.shape.chunks + 3) / 4 : (geo.tpb / 4) * a.shape.chunks;
+  if (a.ring == 1 || (a.ring == 0 && stream < kSmemRingMinChunks)) return geo;
+  DecodeGeometry with = geo;
+  with.smem_ring = true;
+  const size_t cap = static_cast<size_t>(kMaxDynamicSmem);
+  while (with.rows_cap > 1 && decode_smem_bytes(with, zero_points) > cap) --with.rows_cap;
+  if (decode_smem_bytes(with, zero_points) > cap) return geo;
+  const bool keeps_blocks =
+      a.shape.chunks >= kSmemRingMinChunks ||
+      blocks_per_sm(with, zero_points) >= std::min(4, blocks_per_sm(geo, zero_points));
+  return a.ring == 2 || keeps_blocks ? with : geo;
 }
 
 }  // namespace
@@ -212,20 +223,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
-  // The shared-memory ring where it pays (or is asked for), with room for a pass of rows.
-  if (a.ring == 2 || (a.ring == 0 && smem_ring_pays(a.shape, geo.tpb))) {
-    DecodeGeometry with = geo;
-    with.smem_ring = true;
-    while (with.rows_cap > 1 &&
-           decode_smem_bytes(with, zp) > static_cast<size_t>(kMaxDynamicSmem)) {
-      --with.rows_cap;
-    }
-    if (decode_smem_bytes(with, zp) <= static_cast<size_t>(kMaxDynamicSmem) &&
-        (a.ring == 2 || a.shape.chunks >= kSmemRingMinChunks ||
-         blocks_per_sm(with, zp) >= std::min(4, blocks_per_sm(geo, zp)))) {
-      geo = with;
-    }
-  }
+  geo = choose_ring(a, geo, zp);
   // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
   geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
   const size_t smem = decode_smem_bytes(geo, zp);
