@@ -467,12 +467,26 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     };
     if constexpr (kSmemRing) {
       // Chunk j sits in slot j % kSmemRingSlots. Once it is read, the slot read one chunk earlier
-      // (its value already decoded) takes chunk j + kAhead: running pointers, no division.
+      // (its value already decoded) takes chunk j + kAhead. Whole turns of the ring whose copies
+      // stay inside the stream run unrolled, slots at constant offsets and no tests; the rest
+      // (fewer than two turns) with running pointers and a test per chunk.
       const uint32_t* wnext = wstart + kAhead * 128;
+      int j = 0;
+      for (; j + kSmemRingSlots + kAhead <= total; j += kSmemRingSlots) {
+#pragma unroll
+        for (int i = 0; i < kSmemRingSlots; ++i) {
+          cp_async_wait<kAhead - 1>();  // groups complete in order: chunk j + i's has
+          const uint4 wv = lds128(ring0 + i * kSlotBytes);
+          cp_async16(ring0 + ((i + kAhead) % kSmemRingSlots) * kSlotBytes, wnext + i * 128);
+          cp_async_commit();
+          step(wv);
+        }
+        wnext += kSmemRingSlots * 128;
+      }
       const uint32_t ring_end = ring0 + kSmemRingSlots * kSlotBytes;
-      uint32_t rd = ring0, wr = ring0 + kAhead * kSlotBytes;
-      for (int j = 0; j < total; ++j) {
-        cp_async_wait<kAhead - 1>();  // groups complete in order: chunk j's has
+      uint32_t rd = ring0, wr = ring0 + kAhead * kSlotBytes;  // j is a whole number of turns
+      for (; j < total; ++j) {
+        cp_async_wait<kAhead - 1>();
         const uint4 wv = lds128(rd);
         if (j + kAhead < total) cp_async16(wr, wnext);
         cp_async_commit();
