@@ -33,6 +33,14 @@ namespace qmoe::cuda::decode_detail {
 
 constexpr int kWarps = 4;
 
+// The register ring's chunks (decode_fc_kernel); none where the ring is in shared memory.
+template <int kN>
+struct RegisterRing {
+  uint4 v[kN];
+};
+template <>
+struct RegisterRing<0> {};
+
 // Copies the block's tiles' scales (tile-ordered, mma_pack_scales) into shared memory as fp32, and
 // the zero points likewise: a run of n entries from entry `first`, with 16-byte loads (a tile's
 // run is a multiple of 16 entries and 16-byte aligned).
@@ -199,8 +207,10 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 
   // 1. The warp's first chunks go out now: kRing loads, or kAhead copies of one commit group
   //    each (empty past the stream, so that the K loop's wait counts hold however long it is).
-  uint4 ring[kSmemRing ? 1 : kRing];
-  const uint32_t ring0 = smem_u32(smem) + static_cast<uint32_t>(tid) * 16;
+  // Only the ring in use exists: the registers' (RegisterRing<0> holds none), or the lane's first
+  // slot in shared memory (0 where the ring is in registers).
+  RegisterRing<kSmemRing ? 0 : kRing> ring;
+  const uint32_t ring0 = kSmemRing ? smem_u32(smem) + static_cast<uint32_t>(tid) * 16 : 0u;
   auto fill_ring = [&]() {
     if constexpr (kSmemRing) {
 #pragma unroll
@@ -211,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     } else {
 #pragma unroll
       for (int i = 0; i < kRing; ++i) {
-        if (i < total) ring[i] = load_stream(wstart + i * 128);
+        if (i < total) ring.v[i] = load_stream(wstart + i * 128);
       }
     }
   };
@@ -511,8 +521,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         wpf += kRing * 128;
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
-          step(ring[i]);
-          ring[i] = load_stream(wnext + i * 128);
+          step(ring.v[i]);
+          ring.v[i] = load_stream(wnext + i * 128);
         }
         wnext += kRing * 128;
       }
@@ -520,8 +530,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
           if (jb + i < total) {
-            step(ring[i]);
-            if (jb + i + kRing < total) ring[i] = load_stream(wnext + i * 128);
+            step(ring.v[i]);
+            if (jb + i + kRing < total) ring.v[i] = load_stream(wnext + i * 128);
           }
         }
         wnext += kRing * 128;
