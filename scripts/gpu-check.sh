@@ -85,5 +85,13 @@ build-gpu/tools/qmoe bench --presets mixtral-8x7b --tokens 1,2,4,8 --csv "$dest/
   >>"$out/bench.txt" 2>&1
 rc=$?
 step "qmoe bench mixtral-8x7b" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+# FP4: Qwen3.6-35B-A3B in NVFP4 (the 4-token target) and gpt-oss-20b in MXFP4 (its checkpoint's
+# format), every token count of the decode window; f16 activations too.
+for args in "--presets qwen3.6-35b-a3b --format nvfp4" "--presets gpt-oss-20b" \
+  "--presets qwen3.6-35b-a3b --format mxfp4" "--presets qwen3.6-35b-a3b --format nvfp4 --dtype f16"; do
+  build-gpu/tools/qmoe bench $args --csv "$dest/bench.csv" >>"$out/bench.txt" 2>&1
+  rc=$?
+  step "qmoe bench $args" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+done
 cat "$out/bench.txt"
 exit $status

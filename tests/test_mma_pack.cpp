@@ -2,6 +2,9 @@
 // documents, for every width, row map and K (padding included).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
+
 #include "core/formats/codec.h"
 #include "core/formats/mma_pack.h"
 #include "layer_factory.h"
@@ -116,13 +119,148 @@ TEST(MmaPack, ScalesAndZeroPointsInTileOrder) {
 TEST(MmaPack, SupportedFormats) {
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kInt4), 2048));
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kInt3), 2048));
-  EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kNvFp4), 2048));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kNvFp4), 2048));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kMxFp4), 2880));
+  EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kFp8), 2048));
   FcFormat f = default_fc_format(WeightFormat::kInt8);
   f.block_size = 0;
   EXPECT_TRUE(mma_pack_supported(f, 768));
   EXPECT_FALSE(mma_pack_supported(f, 200));  // K not a multiple of 16
   f.block_size = 48;                         // scale blocks must be powers of two
   EXPECT_FALSE(mma_pack_supported(f, 768));
+}
+
+// FP4: every code once at its documented place (K-packed source, both bit layouts, row maps,
+// partial tiles and chunks), padding +0.
+void check_fp4_roundtrip(WeightFormat wf, DType act, int64_t n, int64_t k, MmaRowMap map,
+                         int64_t inter) {
+  SCOPED_TRACE(std::string(format_info(wf).name) + " " + dtype_name(act) + " n " +
+               std::to_string(n) + " k " + std::to_string(k));
+  const int64_t experts = 2;
+  QuantizedFc q;
+  const FcFormat f = default_fc_format(wf);
+  make_fc(f, experts, n, k, fresh_seed(), &q);
+  if (::testing::Test::HasFatalFailure()) return;
+  const MmaPackShape s = mma_pack_shape(f, n, k, map, inter, act);
+  ASSERT_EQ(s.fp4_mag_bit, act == DType::kBF16 ? 6 : 9);
+  std::vector<uint32_t> packed;
+  mma_pack_fp4(s, q.weight.data(), experts, &packed);
+  ASSERT_EQ(packed.size(), static_cast<size_t>(experts * s.words_per_expert()));
+  const int64_t kpad = s.chunks * 64;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t pr = 0; pr < s.tiles * 16; ++pr) {
+      const int64_t lr = s.logical_row(pr);
+      for (int64_t kk = 0; kk < kpad; ++kk) {
+        unsigned want = 0;
+        if (lr >= 0 && kk < k)
+          want = (q.weight[(e * n + lr) * (k / 2) + kk / 2] >> (4 * (kk & 1))) & 15u;
+        ASSERT_EQ(mma_packed_code(s, packed.data(), e, pr, kk), want)
+            << "expert " << e << " packed row " << pr << " k " << kk;
+      }
+    }
+  }
+}
+
+TEST(MmaPack, Fp4EveryLayoutAndRowMap) {
+  for (WeightFormat wf : {WeightFormat::kNvFp4, WeightFormat::kMxFp4}) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      check_fp4_roundtrip(wf, act, 48, 128, MmaRowMap::kIdentity, 0);
+      check_fp4_roundtrip(wf, act, 40, 96, MmaRowMap::kIdentity, 0);  // partial tile and chunk
+      check_fp4_roundtrip(wf, act, 2 * 24, 64, MmaRowMap::kGatedInterleaved, 24);
+      check_fp4_roundtrip(wf, act, 2 * 20, 160, MmaRowMap::kGatedConcatenated, 20);
+    }
+  }
+}
+
+uint32_t rotr(uint32_t w, int r) { return r == 0 ? w : (w >> r) | (w << (32 - r)); }
+
+// The kernel's decode of pair j of a word (decode_common.cuh, fp4_pair): the magnitudes rotated
+// right by 3 j, the signs by P - 3 + j, masked, as two halves of the layout's type.
+void decode_pair(uint32_t w, int mag_bit, int j, uint16_t* lo, uint16_t* hi) {
+  const uint32_t mag = rotr(w, 3 * j) & ((7u << mag_bit) | (7u << (mag_bit + 16)));
+  const uint32_t v = (rotr(w, mag_bit - 3 + j) & 0x80008000u) | mag;
+  *lo = static_cast<uint16_t>(v);
+  *hi = static_cast<uint16_t>(v >> 16);
+}
+
+double half_value(uint16_t h, bool bf16) { return bf16 ? num::bf16_to_f32(h) : num::f16_to_f32(h); }
+
+// The bit layout fills a word exactly, and each pair decodes to the E2M1 values times 2^-126
+// (bf16) or 2^-14 (f16), whatever the other pairs hold: every code in every slot.
+TEST(MmaPack, Fp4PairsDecodeExactly) {
+  std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+  for (bool bf16 : {true, false}) {
+    const int p = bf16 ? 6 : 9;
+    const double unit = bf16 ? std::ldexp(1.0, -126) : std::ldexp(1.0, -14);
+    uint32_t all = 0;
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t bit = 1u << mma_fp4_bit(p, j, half, i);
+          ASSERT_EQ(all & bit, 0u) << "two codes share bit " << mma_fp4_bit(p, j, half, i);
+          all |= bit;
+        }
+      }
+    }
+    ASSERT_EQ(all, 0xFFFFFFFFu);
+    for (int j = 0; j < 4; ++j) {
+      for (unsigned a = 0; a < 16; ++a) {
+        for (unsigned b = 0; b < 16; ++b) {
+          uint32_t w = rng();
+          for (int i = 0; i < 4; ++i) {  // pair j's codes over random neighbours
+            for (int half = 0; half < 2; ++half) {
+              const uint32_t bit = 1u << mma_fp4_bit(p, j, half, i);
+              const unsigned code = half ? b : a;
+              w = ((code >> i) & 1u) ? (w | bit) : (w & ~bit);
+            }
+          }
+          uint16_t lo, hi;
+          decode_pair(w, p, j, &lo, &hi);
+          ASSERT_EQ(half_value(lo, bf16), num::e2m1_to_f32(static_cast<uint8_t>(a)) * unit)
+              << "pair " << j << " code " << a;
+          ASSERT_EQ(half_value(hi, bf16), num::e2m1_to_f32(static_cast<uint8_t>(b)) * unit)
+              << "pair " << j << " code " << b;
+        }
+      }
+    }
+  }
+}
+
+// NVFP4's multipliers: for every finite e4m3 scale and every code, the decoded half times its
+// block's multiplier, rounded to the type (what the kernel's HMUL2 gives), is E2M1 * scale * 2^-c
+// exactly; the channel scale is global * 2^c.
+TEST(MmaPack, NvFp4MultipliersAreExact) {
+  for (DType act : {DType::kBF16, DType::kF16}) {
+    const bool bf16 = act == DType::kBF16;
+    const int64_t n = 16, k = 16 * 128;  // one row block per e4m3 code
+    const MmaPackShape s =
+        mma_pack_shape(default_fc_format(WeightFormat::kNvFp4), n, k, MmaRowMap::kIdentity, 0, act);
+    std::vector<uint8_t> scales(static_cast<size_t>(n * (k / 16)));
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(i % 256);
+    const float global = 0.375f;
+    std::vector<float> channel;
+    std::vector<uint16_t> mult;
+    mma_fp4_scales(s, default_fc_format(WeightFormat::kNvFp4), scales.data(), &global, 1, &channel,
+                   &mult);
+    ASSERT_EQ(channel.size(), static_cast<size_t>(n));
+    ASSERT_EQ(mult.size(), scales.size());
+    const int c = nvfp4_mult_shift(bf16);
+    EXPECT_EQ(channel[3], std::ldexp(0.375f, c));
+    const double unit = bf16 ? std::ldexp(1.0, -126) : std::ldexp(1.0, -14);
+    for (int code = 0; code < 256; ++code) {
+      const double sv = num::e4m3_to_f32(static_cast<uint8_t>(code));
+      if (std::isnan(sv)) continue;
+      const double m = half_value(mult[static_cast<size_t>(code)], bf16);
+      for (unsigned q = 0; q < 16; ++q) {
+        const double want = num::e2m1_to_f32(static_cast<uint8_t>(q)) * sv * std::ldexp(1.0, -c);
+        const double prod = num::e2m1_to_f32(static_cast<uint8_t>(q)) * unit * m;
+        const float pf = static_cast<float>(prod);
+        ASSERT_EQ(static_cast<double>(pf), prod) << "the product is not an fp32 value";
+        const double rounded = half_value(bf16 ? num::f32_to_bf16(pf) : num::f32_to_f16(pf), bf16);
+        ASSERT_EQ(rounded, want) << dtype_name(act) << " e4m3 " << code << " e2m1 " << q;
+      }
+    }
+  }
 }
 
 }  // namespace

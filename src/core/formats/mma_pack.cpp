@@ -2,6 +2,7 @@
 #include "core/formats/mma_pack.h"
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -31,6 +32,7 @@ void fragment_position(int lane, int j, int half, int* row, int* kk) {
 }  // namespace
 
 bool mma_pack_supported(const FcFormat& f, int64_t k) {
+  if (f.info().kind == FormatKind::kFp4) return k % 16 == 0 && k > 0;
   if (f.info().kind != FormatKind::kInteger) return false;
   const int b = f.bits();
   if (b != 2 && b != 3 && b != 4 && b != 8) return false;
@@ -41,8 +43,14 @@ bool mma_pack_supported(const FcFormat& f, int64_t k) {
   return k % 16 == 0 && k > 0;
 }
 
-MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter) {
+MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter,
+                            DType act) {
   MmaPackShape s;
+  const bool fp4 = f.info().kind == FormatKind::kFp4;
+  if (fp4) {
+    s.codes = f.format == WeightFormat::kNvFp4 ? MmaCodes::kNvFp4 : MmaCodes::kMxFp4;
+    s.fp4_mag_bit = act == DType::kBF16 ? 6 : 9;
+  }
   s.bits = f.bits();
   s.steps_per_chunk = 16 / s.bits;
   s.n = n;
@@ -53,8 +61,9 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
   s.tiles = (packed_rows + 15) / 16;
   const int64_t chunk_k = 16 * s.steps_per_chunk;
   s.chunks = (k + chunk_k - 1) / chunk_k;
-  s.block_size = f.block_size;
-  s.scale_blocks = f.block_size ? (s.chunks * chunk_k + f.block_size - 1) / f.block_size : 1;
+  s.block_size = s.codes == MmaCodes::kNvFp4 ? 0 : f.block_size;
+  s.scale_blocks = s.block_size ? (s.chunks * chunk_k + s.block_size - 1) / s.block_size : 1;
+  if (s.codes == MmaCodes::kNvFp4) s.fp4_blocks = s.chunks * chunk_k / 16;
   return s;
 }
 
@@ -105,12 +114,11 @@ void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t expe
 
 namespace {
 
-// Packs expert e into dst_e (words_per_expert() words, zeroed).
-void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  const int b = s.bits;
+// Calls put(word, pair, half, lr, k) for every code slot of expert e's packed tiles: word is the
+// lane's word array of the chunk (4 words), lr the slot's logical row (-1 for padding), k its K.
+template <typename F>
+void for_each_slot(const MmaPackShape& s, uint32_t* dst_e, F&& put) {
   const int sc = s.steps_per_chunk;
-  const unsigned mid = 1u << (b - 1);
-  const int64_t row_bytes = formats::packed_bytes(s.k, b);
   for (int64_t m = 0; m < s.tiles; ++m) {
     int64_t lrow[16];
     for (int r = 0; r < 16; ++r) lrow[r] = s.logical_row(16 * m + r);
@@ -122,13 +130,7 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
           for (int half = 0; half < 2; ++half) {
             int row, kk;
             fragment_position(lane, pair % 4, half, &row, &kk);
-            const int64_t k = 16 * step + kk;
-            unsigned code = mid;
-            if (lrow[row] >= 0 && k < s.k) {
-              code = formats::read_bits(raw + (e * s.n + lrow[row]) * row_bytes, k, b);
-            }
-            const Slot sl = slot_of(b, pair, half);
-            chunk[lane * 4 + sl.word] |= code << sl.bit;
+            put(chunk + lane * 4, pair, half, lrow[row], 16 * step + kk);
           }
         }
       }
@@ -136,19 +138,37 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
   }
 }
 
-}  // namespace
+// Packs expert e into dst_e (words_per_expert() words, zeroed).
+void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  const int b = s.bits;
+  const int64_t row_bytes = formats::packed_bytes(s.k, b);
+  for_each_slot(s, dst_e, [&](uint32_t* words, int pair, int half, int64_t lr, int64_t k) {
+    unsigned code = 1u << (b - 1);
+    if (lr >= 0 && k < s.k) code = formats::read_bits(raw + (e * s.n + lr) * row_bytes, k, b);
+    const Slot sl = slot_of(b, pair, half);
+    words[sl.word] |= code << sl.bit;
+  });
+}
 
-void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
-                  std::vector<uint32_t>* out) {
-  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
-  // Experts are independent and write disjoint ranges: pack them on every core (a layer's
-  // prepare otherwise spends seconds here).
+// FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0.
+void pack_fp4_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  for_each_slot(s, dst_e, [&](uint32_t* words, int pair, int half, int64_t lr, int64_t k) {
+    if (lr < 0 || k >= s.k) return;
+    const unsigned code = (raw[(e * s.n + lr) * (s.k / 2) + k / 2] >> (4 * (k & 1))) & 15u;
+    for (int i = 0; i < 4; ++i) {
+      words[pair / 4] |= ((code >> i) & 1u) << mma_fp4_bit(s.fp4_mag_bit, pair % 4, half, i);
+    }
+  });
+}
+
+// Runs pack(e) for every expert, over every core: experts are independent and write disjoint
+// ranges (a layer's prepare otherwise spends seconds here).
+template <typename F>
+void for_experts_in_parallel(int64_t experts, F&& pack) {
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(experts, static_cast<int64_t>(std::thread::hardware_concurrency())));
   auto share = [&](int64_t w) {
-    for (int64_t e = w; e < experts; e += threads) {
-      pack_expert(s, raw, e, out->data() + e * s.words_per_expert());
-    }
+    for (int64_t e = w; e < experts; e += threads) pack(e);
   };
   std::vector<std::thread> pool;
   for (int64_t w = 1; w < threads; ++w) {
@@ -160,6 +180,55 @@ void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
   }
   share(0);
   for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
+
+void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out) {
+  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
+  for_experts_in_parallel(experts, [&](int64_t e) {
+    pack_fp4_expert(s, raw, e, out->data() + e * s.words_per_expert());
+  });
+}
+
+void mma_fp4_scales(const MmaPackShape& s, const FcFormat& f, const uint8_t* scales,
+                    const float* global, int64_t experts, std::vector<float>* channel,
+                    std::vector<uint16_t>* mult) {
+  mult->clear();
+  if (s.codes == MmaCodes::kMxFp4) {
+    const int64_t nblk = s.k / f.block_size;
+    channel->resize(static_cast<size_t>(experts * s.n * nblk));
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t i = 0; i < s.n * nblk; ++i) {
+        const int64_t at = e * s.n * nblk + i;
+        (*channel)[static_cast<size_t>(at)] = num::e8m0_to_f32(scales[at]) * global[e];
+      }
+    }
+    return;
+  }
+  const bool bf16 = s.fp4_mag_bit == 6;
+  const int c = nvfp4_mult_shift(bf16);
+  channel->resize(static_cast<size_t>(experts * s.n));
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = 0; r < s.n; ++r) {
+      (*channel)[static_cast<size_t>(e * s.n + r)] = std::ldexp(global[e], c);
+    }
+  }
+  // Every e4m3 value times 2^(126 - c) (bf16) or 2^(14 - c) (f16) is exact in that type.
+  const int64_t nblk = s.k / 16;
+  mult->resize(static_cast<size_t>(experts * s.n * nblk));
+  for (size_t i = 0; i < mult->size(); ++i) {
+    const float m = std::ldexp(num::e4m3_to_f32(scales[i]), bf16 ? 126 - c : 14 - c);
+    (*mult)[i] = bf16 ? num::f32_to_bf16(m) : num::f32_to_f16(m);
+  }
+}
+
+void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out) {
+  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
+  for_experts_in_parallel(
+      experts, [&](int64_t e) { pack_expert(s, raw, e, out->data() + e * s.words_per_expert()); });
 }
 
 unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,
@@ -174,10 +243,16 @@ unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t 
   const int half = static_cast<int>(kk % 2);
   const int lane = 4 * g + t;
   const int pair = static_cast<int>(4 * (step % sc)) + j;
+  const uint32_t* chunk = packed + e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4;
+  if (s.codes != MmaCodes::kInt) {
+    unsigned code = 0;
+    for (int i = 0; i < 4; ++i) {
+      code |= ((chunk[pair / 4] >> mma_fp4_bit(s.fp4_mag_bit, pair % 4, half, i)) & 1u) << i;
+    }
+    return code;
+  }
   const Slot sl = slot_of(b, pair, half);
-  const uint32_t w =
-      packed[e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4 + sl.word];
-  return (w >> sl.bit) & ((1u << b) - 1u);
+  return (chunk[sl.word] >> sl.bit) & ((1u << b) - 1u);
 }
 
 }  // namespace qmoe

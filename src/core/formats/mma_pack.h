@@ -13,6 +13,16 @@
 // high half (second code): one shift and one mask put both codes in the mantissa of a bf16x2/f16x2.
 // Padding (rows past N, k past K) holds the code 2^(bits-1).
 //
+// FP4 (E2M1 codes) uses the same tiles, chunks and pairs (SC = 4), with a bit layout of its own,
+// chosen so that a pair becomes an A register with two rotations and two LOP3s and no table
+// (mma_fp4_bit): a code's three magnitude bits go where they are the exponent's low bits and the
+// mantissa's top bit of a bf16 (bits 6-8) or f16 (9-11), which makes the half exactly the E2M1
+// value times 2^-126 (bf16) or 2^-14 (f16), subnormals included; its sign goes to bit 15. Pair j
+// of a word (K step s = word index) has its low code's magnitude at bits (P + 3 j + i) mod 32 and
+// its sign at (P + 12 + j) mod 32, its high code the same plus 16 (P: 6 bf16, 9 f16): the four
+// pairs fill the 32 bits exactly, and the kernel rotates the word right by 3 j (magnitudes) and
+// P - 3 + j (signs), five distinct rotations per word. Padding holds code 0 (+0).
+//
 // Packed rows may be permuted relative to the FC's logical rows: for gated activations FC1's tile
 // m holds the gate rows of units 8m..8m+7 in packed rows 0..7 and their linear rows in 8..15, so a
 // thread's accumulators hold a gate and its linear partner.
@@ -34,7 +44,15 @@ enum class MmaRowMap : uint8_t {
   kGatedConcatenated,  // unit u: gate row u, linear row I + u
 };
 
+// What a packed code is: an integer (q - zp) or an E2M1 value; the FP4 formats differ in their
+// scales (see mma_pack_fp4_scales).
+enum class MmaCodes : uint8_t { kInt, kNvFp4, kMxFp4 };
+
 struct MmaPackShape {
+  MmaCodes codes = MmaCodes::kInt;
+  int fp4_mag_bit = 6;  // FP4: where a code's magnitude starts in each half (6 bf16, 9 f16)
+  // NVFP4: 16-K blocks over the padded K (chunks * 4), the row length of the tiled multipliers.
+  int64_t fp4_blocks = 0;
   int bits = 4;
   int steps_per_chunk = 4;  // SC
   int64_t n = 0, k = 0;     // logical rows and K
@@ -42,7 +60,9 @@ struct MmaPackShape {
   int64_t tiles = 0;        // 16-row tiles per expert
   int64_t chunks = 0;       // chunks per tile
   MmaRowMap map = MmaRowMap::kIdentity;
-  int block_size = 0;        // scale block along K; 0 per channel
+  // Scale block along K; 0 per channel. NVFP4: 0, its fp32 scale per row is the global scale
+  // (the e4m3 block scales are multipliers of the codes, see mma_pack_fp4_scales); MXFP4: 32.
+  int block_size = 0;
   int64_t scale_blocks = 1;  // scale blocks over the padded K (chunks * 16 SC); 1 per channel
 
   // Host and device (the decode kernels index with these).
@@ -60,15 +80,45 @@ struct MmaPackShape {
   }
 };
 
-// Whether the decode kernels read this FC: integer widths 2, 3, 4 or 8; per channel or blocks of a
-// power of two >= 16; K a multiple of 16.
+// Whether the decode kernels read this FC: integer widths 2, 3, 4 or 8 (per channel or blocks of a
+// power of two >= 16), NVFP4 or MXFP4; K a multiple of 16.
 bool mma_pack_supported(const FcFormat& f, int64_t k);
 
-MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter);
+// act: the activations' dtype, which picks the FP4 bit layout (bf16, else f16).
+MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter,
+                            DType act = DType::kBF16);
 
 // Packs the raw ORT codes ([E, N, ceil(K bits / 8)] LSB-first rows) of `experts` experts.
 void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
                   std::vector<uint32_t>* out);
+
+// FP4: packs K-packed E2M1 codes ([E, N, K / 2], low nibble = even k) in the FP4 bit layout.
+void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out);
+
+// Where the FP4 layout puts the bits of half h's code of pair j (0..3) of a word: bit i of the
+// magnitude (i = 0..2) or the sign (i = 3).
+QMOE_HD int mma_fp4_bit(int mag_bit, int j, int half, int i) {
+  const int b = i < 3 ? mag_bit + 3 * j + i : mag_bit + 12 + j;
+  return (b + 16 * half) % 32;
+}
+
+// The scales of an FP4 FC as the decode kernel applies them, each exactly:
+//   NVFP4: `channel` [E, N] fp32 = global * 2^c and `mult` [E, N, fp4_blocks] the 16-bit (bf16 or
+//          f16, as the layout) values e4m3(scale) * 2^(126 - c) (bf16, c = 8) or * 2^(14 - c) (f16,
+//          c = 7): the kernel multiplies each decoded pair, E2M1 * 2^-126 (or 2^-14), by its
+//          block's multiplier, which gives E2M1 * scale * 2^-c exactly (at most 6 significant
+//          bits, inside both types' ranges for every e4m3 value), and the tile's fp32 sums by
+//          `channel` once.
+//   MXFP4: `channel` [E, N, K / 32] fp32 = 2^(c - 127) * global (e8m0 255: nan), applied to the
+//          fp32 sums per block, as the integer formats' scales; `mult` stays empty (the decoded
+//          pairs are multiplied by the constant 2^126 or 2^14).
+// Both are in ORT's [E, N, blocks] order; mma_pack_scales then puts them in tile order.
+void mma_fp4_scales(const MmaPackShape& s, const FcFormat& f, const uint8_t* scales,
+                    const float* global, int64_t experts, std::vector<float>* channel,
+                    std::vector<uint16_t>* mult);
+// The exponent c above: the fp32 sums of an NVFP4 tile are E2M1 * scale * 2^-c weighted.
+constexpr int nvfp4_mult_shift(bool bf16) { return bf16 ? 8 : 7; }
 
 // Scales and zero points in tile order, so that a block copies the scales of consecutive tiles
 // with 16-byte loads and no index arithmetic: entry (e, packed row pr, block b) sits at

@@ -88,6 +88,45 @@ __device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Pair j of a word in the FP4 layout (mma_pack.h) as a bf16x2/f16x2, times mult: the magnitudes
+// (the word rotated right by 3 j) and the signs (rotated by P - 3 + j) masked into place give the
+// E2M1 values times 2^-126 (bf16) or 2^-14 (f16) exactly, subnormals included; the HMUL2 by mult
+// (NVFP4: the block's multiplier, MXFP4: 2^126 or 2^14) is exact as well (mma_fp4_scales). Two
+// LOP3s and a multiply per pair, and the word's five distinct rotations.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int j, uint32_t mult) {
+  constexpr int kP = kBf16 ? 6 : 9;
+  const uint32_t mag = __funnelshift_r(w, w, 3 * j) & ((7u << kP) | (7u << (kP + 16)));
+  const uint32_t v = and_or(__funnelshift_r(w, w, kP - 3 + j), 0x80008000u, mag);
+  if constexpr (kBf16) {
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&mult));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 r =
+        __hmul2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&mult));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// Half h of a word of two 16-bit values, in both halves of the result (an HMUL2 operand).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t dup_half(uint32_t w, int h) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&w);
+    const __nv_bfloat162 r = h ? __high2bfloat162(x) : __low2bfloat162(x);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    const __half2 x = *reinterpret_cast<const __half2*>(&w);
+    const __half2 r = h ? __high2half2(x) : __low2half2(x);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// MXFP4's constant multiplier: 2^126 (bf16) or 2^14 (f16) in both halves.
+template <bool kBf16>
+constexpr uint32_t kFp4Unit = kBf16 ? 0x7E807E80u : 0x74007400u;
+
 // Ablation builds (src/CMakeLists.txt, QMOE_DECODE_ABLATION) remove one technique each, so that
 // scripts/gpu-ablations.sh can measure what it buys; a normal build defines none of these.
 //   NO_WINDOWS     one position per window: a shift for every code pair (code_windows.h)

@@ -40,6 +40,7 @@ DecodeGeometry geometry(const MmaPackShape& s) {
   if (g.spb == 0) {
     g.cpb = s.block_size ? s.block_size / chunk_k : static_cast<int>(s.chunks);
   }
+  g.mblk = s.codes == MmaCodes::kNvFp4 ? static_cast<int>(s.fp4_blocks) : 0;
   g.tpb = 1;
   g.rows_cap = 1;
   return g;
@@ -162,6 +163,18 @@ Status check_decode_args(const DecodeFcArgs& a) {
   if (a.zero != nullptr && (!a.fc1 || a.n_zero < 0)) {
     return Status::invalid("decode: counters are zeroed by FC1");
   }
+  if (a.shape.codes != MmaCodes::kInt) {
+    const int want_bit = a.dtype == DType::kBF16 ? 6 : 9;
+    const bool nv = a.shape.codes == MmaCodes::kNvFp4;
+    if (a.shape.bits != 4 || a.shape.steps_per_chunk != 4 || a.shape.fp4_mag_bit != want_bit ||
+        a.zero_points != nullptr || a.scale_dtype != DType::kF32 ||
+        a.shape.block_size != (nv ? 0 : 32) || (nv != (a.block_mult != nullptr)) ||
+        (nv && a.shape.fp4_blocks != a.shape.chunks * 4)) {
+      return Status::invalid(
+          "decode: FP4 weights must be packed for the activation dtype (mma_pack_shape's act), "
+          "with fp32 scales, no zero points, and NVFP4's multipliers (block_mult) only for NVFP4");
+    }
+  }
   const int bs = a.shape.block_size;
   if (bs != 0 && (bs < 16 || (bs & (bs - 1)) != 0 || a.shape.k % bs != 0)) {
     return Status::invalid(
@@ -179,6 +192,7 @@ Status prepare_decode_kernels() {
   QMOE_RETURN_IF_ERROR(prepare_decode_bits<2>());
   QMOE_RETURN_IF_ERROR(prepare_decode_bits<3>());
   QMOE_RETURN_IF_ERROR(prepare_decode_bits<4>());
+  QMOE_RETURN_IF_ERROR(prepare_decode_fp4());
   return prepare_decode_bits<8>();
 }
 
@@ -227,6 +241,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
   geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
   const size_t smem = decode_smem_bytes(geo, zp);
+  if (a.shape.codes != MmaCodes::kInt) return launch_decode_fp4(a, geo, smem, route_groups, stream);
   switch (a.shape.bits) {
     case 2:
       return launch_decode_bits<2>(a, geo, smem, route_groups, stream);

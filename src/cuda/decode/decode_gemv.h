@@ -40,7 +40,10 @@ struct DecodeFcArgs {
   const uint8_t* scales = nullptr;  // in scale_dtype (f32, f16 or bf16)
   DType scale_dtype = DType::kF32;
   const uint8_t* zero_points = nullptr;  // one byte per entry, or nullptr (symmetric)
-  DType dtype = DType::kBF16;            // activations: bf16 or f16
+  // NVFP4: the blocks' 16-bit multipliers in tile order ([E, tiles, 16, fp4_blocks], see
+  // mma_fp4_scales); `scales` then holds the fp32 global scale per row (per channel).
+  const uint16_t* block_mult = nullptr;
+  DType dtype = DType::kBF16;  // activations: bf16 or f16
 
   // Route p's activation row: x + row * ldx, row = by_token ? permuted_route[p] / slots : p.
   const void* x = nullptr;

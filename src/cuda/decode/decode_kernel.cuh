@@ -134,9 +134,18 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
 // pass, the codes and the route's activations turned into fp32 and multiplied with FMAs (no
 // columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
 // the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
-template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing>
+// kCode: the codes (MmaCodes): integers, or E2M1 (kBits 4) in the FP4 layout, decoded by fp4_pair.
+// NVFP4 multiplies each pair by its block's multiplier (staged in shared memory with the scales,
+// a chunk's four per row read with one 8-byte load) and its fp32 scale is the global one per row
+// (kSpb 0, one block over K); MXFP4 multiplies by a constant and takes its e8m0 block scales on
+// the fp32 sums every two K steps (kSpb 2), as the integer formats do.
+template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing, int kCode>
 __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
+  constexpr bool kFp4 = kCode != static_cast<int>(MmaCodes::kInt);
+  constexpr bool kNvFp4 = kCode == static_cast<int>(MmaCodes::kNvFp4);
+  static_assert(!kFp4 || (kBits == 4 && kSpb == (kNvFp4 ? 0 : 2)),
+                "FP4 codes are 4 bits; NVFP4 has one fp32 scale block, MXFP4 two K steps each");
   constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
@@ -165,7 +174,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   // Several tiles: each finished tile's sums wait here, [tile][kCols][4][32], for the epilogues
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
-  uint16_t* zrow = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kCols * 128 : 0));
+  // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
+  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kCols * 128 : 0));
+  uint16_t* zrow = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
 
@@ -244,6 +255,13 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
+  if constexpr (kNvFp4) {  // a tile's run is 32 mblk bytes, a whole number of 16-byte loads
+    const uint4* src =
+        reinterpret_cast<const uint4*>(a.block_mult) + (e * s.tiles + m0) * 2 * geo.mblk;
+    for (int i = tid; i < ntl * 2 * geo.mblk; i += kWarps * 32) {
+      reinterpret_cast<uint4*>(msm)[i] = __ldg(src + i);
+    }
+  }
 
   if (!a.fc1) {  // FC2's activations are FC1's output
     pdl_wait();
@@ -371,8 +389,16 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     int kc = kChunkK * c0;  // kSpb < 0: the chunk's K offset
     int bound = kc;         // kSpb < 0: where the current block ends
     if (kSpb == 0 && total > 0) load_scale(sp);
+    // NVFP4: the lane's row-g multipliers at the chunk's start (row g + 8's are 8 mblk further).
+    const int mblk8 = 8 * geo.mblk;
+    const uint16_t* mp = msm + (tile * 16 + g) * geo.mblk + 4 * c0;
     auto process = [&](const uint4& wv) {
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+      uint2 mv0 = make_uint2(0u, 0u), mv1 = make_uint2(0u, 0u);  // steps 0-1 and 2-3, two each
+      if constexpr (kNvFp4) {
+        mv0 = *reinterpret_cast<const uint2*>(mp);
+        mv1 = *reinterpret_cast<const uint2*>(mp + mblk8);
+      }
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
         if constexpr (kSpb > 0) {
@@ -394,7 +420,14 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
           const int pair = 4 * st + j;
           const uint32_t word = w[pair / kPairsPerWord];
           const int jj = pair % kPairsPerWord;
-          if constexpr (kUsesWindows<kBits, kBf16>) {
+          if constexpr (kFp4) {
+            uint32_t mult = kFp4Unit<kBf16>;
+            if constexpr (kNvFp4) {
+              const uint2 mv = (j & 1) ? mv1 : mv0;
+              mult = dup_half<kBf16>(st < 2 ? mv.x : mv.y, st & 1);
+            }
+            af[j] = fp4_pair<kBf16>(word, jj, mult);
+          } else if constexpr (kUsesWindows<kBits, kBf16>) {
             const int i = Windows<kBits, kBf16>::position_index(jj);
             af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
           } else {
@@ -446,6 +479,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         xa[ch] -= kChunkK * nw;  // a tile is nw chunks: back to its start
       }
       ++tile;
+      if constexpr (kNvFp4) mp = msm + (tile * 16 + g) * geo.mblk;
       srow += 16 * nbp;
       sp = srow;
       tleft = nw;
@@ -462,6 +496,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
       for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
       if constexpr (kSpb > 0) sp += kSteps / kSpb;
       if constexpr (kSpb < 0) kc += kChunkK;
+      if constexpr (kNvFp4) mp += kSteps;  // a block per K step
       if constexpr (kSpb == 0) {
         if (--left == 0) {
           flush();
@@ -586,13 +621,13 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   }
 }
 
-template <int kBits, bool kBf16, int kMC, int kSpb>
+template <int kBits, bool kBf16, int kMC, int kSpb, int kCode = 0>
 Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
                   static_cast<unsigned>(a.max_groups));
-  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kMC, kSpb, true>
-                               : &decode_fc_kernel<kBits, kBf16, kMC, kSpb, false>;
+  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kMC, kSpb, true, kCode>
+                               : &decode_fc_kernel<kBits, kBf16, kMC, kSpb, false, kCode>;
   QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
   return Status::ok();
@@ -650,13 +685,13 @@ Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& geo, size
               : launch_spb<kBits, false, 2>(a, geo, smem, stream);
 }
 
-template <int kBits, bool kBf16, int kMC, int kSpb>
+template <int kBits, bool kBf16, int kMC, int kSpb, int kCode = 0>
 Status opt_in() {
-  if constexpr (has_spb<kBits>(kSpb)) {
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, false>,
+  if constexpr (kCode != 0 || has_spb<kBits>(kSpb)) {
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, false, kCode>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kMaxDynamicSmem));
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, true>,
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, true, kCode>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kMaxDynamicSmem));
   }

@@ -52,16 +52,18 @@ struct DecodeGeometry {
   // Chunks per scale block where blocks span chunks (spb 0; per channel the whole K), else 1.
   int cpb = 1;
   bool smem_ring = false;  // the weight ring in shared memory (else in registers)
+  int mblk = 0;            // NVFP4: the multipliers' blocks per row (MmaPackShape::fp4_blocks)
   int prefetch = 0;        // register ring: rounds prefetched into L2 ahead of the loads
 };
 
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
-// points), their parked sums, a zero row, rows_cap rows.
+// points), their parked sums, NVFP4's multipliers, a zero row, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
   const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * g.mc * 128 * 4 : 0;
   const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
+  const size_t mult = static_cast<size_t>(32) * g.tpb * g.mblk;
   return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
-         static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
+         mult + static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
 }
 
 // The opt-in shared memory of sm_90 (227 KiB) less the kernel's static reduction buffer.
@@ -72,5 +74,9 @@ Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& g, size_t
                           int route_groups, cudaStream_t stream);
 template <int kBits>
 Status prepare_decode_bits();
+// NVFP4 and MXFP4 (decode_fp4.cu).
+Status launch_decode_fp4(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
+                         int route_groups, cudaStream_t stream);
+Status prepare_decode_fp4();
 
 }  // namespace qmoe::cuda::decode_detail

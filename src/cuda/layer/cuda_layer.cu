@@ -242,6 +242,10 @@ class CudaLayer final : public PreparedLayer {
   const uint8_t* tiled_scales2_ = nullptr;
   const uint8_t* tiled_zp1_ = nullptr;
   const uint8_t* tiled_zp2_ = nullptr;
+  // The tiled scales' dtype (FP4: fp32, see mma_fp4_scales) and NVFP4's multipliers.
+  DType tiled_dtype1_ = DType::kF32, tiled_dtype2_ = DType::kF32;
+  const uint16_t* tiled_mult1_ = nullptr;
+  const uint16_t* tiled_mult2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
   DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
@@ -308,8 +312,9 @@ Status CudaLayer::init(const LayerWeights& w) {
   return Status::ok();
 }
 
-// The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 4 or 8 bits
-// (blocks >= 16 or per channel, K a multiple of 16), with FC1 and the gate in one tensor.
+// The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 3, 4 or 8 bits
+// (blocks >= 16 or per channel) or NVFP4/MXFP4, K a multiple of 16, with FC1 and the gate in one
+// tensor.
 Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
   if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
@@ -321,8 +326,10 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
                                                            : MmaRowMap::kGatedConcatenated;
   }
-  pack1_ = mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter);
-  pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter);
+  pack1_ =
+      mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter, spec_.act_dtype);
+  pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter,
+                          spec_.act_dtype);
   if (!decode_fits(pack1_, spec_.fc1.zero_points) || !decode_fits(pack2_, spec_.fc2.zero_points)) {
     return Status::ok();
   }
@@ -336,8 +343,55 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   auto upload_bytes = [&](const void* data, size_t bytes, const void** dst) {
     return upload(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}), dst);
   };
+  // FP4: K-packed codes (ORT's N-packed layout repacked), the scales as the kernel applies them
+  // (fp32 per row or block, NVFP4's 16-bit multipliers), all in tile order.
+  auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
+                      const uint32_t** packed, const uint8_t** scales,
+                      const uint16_t** mult) -> Status {
+    std::vector<uint8_t> host, k_packed;
+    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
+    if (f.fp4_layout == Fp4Layout::kNPacked) {
+      k_packed.resize(host.size());
+      fp4_repack(Fp4Layout::kNPacked, host.data(), E, shape.n, shape.k, k_packed.data());
+      host.swap(k_packed);
+    }
+    std::vector<uint32_t> words;
+    mma_pack_fp4(shape, host.data(), E, &words);
+    const void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
+    *packed = static_cast<const uint32_t*>(p);
+    std::vector<uint8_t> global;
+    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
+    QMOE_RETURN_IF_ERROR(to_host(fw.global_scale, &global));
+    std::vector<float> channel;
+    std::vector<uint16_t> m;
+    mma_fp4_scales(shape, f, host.data(), reinterpret_cast<const float*>(global.data()), E,
+                   &channel, &m);
+    std::vector<uint8_t> tiled;
+    mma_pack_scales(shape, reinterpret_cast<const uint8_t*>(channel.data()), 4, E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
+    *scales = static_cast<const uint8_t*>(p);
+    *mult = nullptr;
+    if (!m.empty()) {  // NVFP4: the multipliers' blocks are 16-K blocks over the padded K
+      MmaPackShape blocks = shape;
+      blocks.block_size = 16;
+      blocks.scale_blocks = shape.fp4_blocks;
+      mma_pack_scales(blocks, reinterpret_cast<const uint8_t*>(m.data()), 2, E, &tiled);
+      QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
+      *mult = static_cast<const uint16_t*>(p);
+    }
+    return Status::ok();
+  };
   auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
+                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp,
+                  const uint16_t** mult, DType* tiled_dtype) -> Status {
+    *zp = nullptr;
+    *mult = nullptr;
+    *tiled_dtype = f.scale_dtype;
+    if (shape.codes != MmaCodes::kInt) {
+      *tiled_dtype = DType::kF32;
+      return pack_fp4(f, fw, shape, packed, scales, mult);
+    }
     std::vector<uint8_t> host;
     QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
     std::vector<uint32_t> words;
@@ -350,7 +404,6 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
     QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
     *scales = static_cast<const uint8_t*>(p);
-    *zp = nullptr;
     if (f.zero_points) {
       QMOE_RETURN_IF_ERROR(to_host(fw.zero_points, &host));
       mma_pack_zero_points(shape, host.data(), E, &tiled);
@@ -359,8 +412,10 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     }
     return Status::ok();
   };
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_,
+                            &tiled_mult1_, &tiled_dtype1_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_,
+                            &tiled_mult2_, &tiled_dtype2_));
   decode_ready_ = true;
   return Status::ok();
 }
@@ -389,8 +444,9 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.shape = pack1_;
   d.packed = packed1_;
   d.scales = tiled_scales1_;
-  d.scale_dtype = spec_.fc1.scale_dtype;
+  d.scale_dtype = tiled_dtype1_;
   d.zero_points = tiled_zp1_;
+  d.block_mult = tiled_mult1_;
   d.x = in.input.data;
   d.ldx = spec_.hidden;
   d.by_token = true;
@@ -415,8 +471,9 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.shape = pack2_;
   d.packed = packed2_;
   d.scales = tiled_scales2_;
-  d.scale_dtype = spec_.fc2.scale_dtype;
+  d.scale_dtype = tiled_dtype2_;
   d.zero_points = tiled_zp2_;
+  d.block_mult = tiled_mult2_;
   d.x = ws + l.xa;
   d.ldx = ip_;
   d.by_token = false;

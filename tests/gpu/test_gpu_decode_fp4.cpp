@@ -1,0 +1,241 @@
+// The decode kernel on NVFP4 and MXFP4 weights against the fp64 oracle and the generic path: both
+// dtypes (each has its own bit layout), the window's edge (64 tokens decode, 65 go the generic
+// way), odd shapes (partial tiles and chunks), long K (several passes), every form and ring, and
+// extreme scales (zero, the e4m3 subnormals and maximum, e8m0's ends, tiny and huge global scales).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "gpu_layer_harness.h"
+
+namespace qmoe::test {
+namespace {
+
+constexpr WeightFormat kFp4Formats[] = {WeightFormat::kNvFp4, WeightFormat::kMxFp4};
+
+// Runs `tokens` on tl, checks the path the dispatch took (decode up to the window's end, generic
+// past it) and the error against the oracle.
+void check_fp4(const TestLayer& tl, int64_t tokens, uint64_t seed, bool expect_decode = true) {
+  std::unique_ptr<PreparedLayer> layer;
+  Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  const std::string choice = layer->dispatch_choice(tokens);
+  if (expect_decode) {
+    EXPECT_EQ(choice.rfind("decode", 0), 0u) << "took " << choice << " at " << tokens << " tokens";
+  } else {
+    EXPECT_EQ(choice, "generic") << tokens << " tokens";
+  }
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
+  GpuRun r;
+  gpu_run(tl, ti, &r, {}, 0xFF, true, layer.get());
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_LE(r.error, gpu_budget(tl.spec.act_dtype))
+      << tl.spec.fc1.to_string() << " " << dtype_name(tl.spec.act_dtype) << ", " << tokens
+      << " tokens, seed " << seed;
+}
+
+std::string name_of(const LayerSpec& s) {
+  return s.fc1.to_string() + " / " + s.fc2.to_string() + " " + dtype_name(s.act_dtype) + " H " +
+         std::to_string(s.hidden) + " I " + std::to_string(s.inter);
+}
+
+// Calls f(tl, seed) on a fresh random layer (h, i, e, k) of each FP4 format and dtype.
+template <typename F>
+void for_fp4_layers(int64_t h, int64_t i, int64_t e, int k, F&& f) {
+  for (WeightFormat fmt : kFp4Formats) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      LayerSpec s = small_spec(fmt, h, i, e, k);
+      s.act_dtype = dt;
+      const uint64_t seed = fresh_seed();
+      TestLayer tl;
+      make_layer(s, seed, &tl);
+      SCOPED_TRACE(name_of(s));
+      f(tl, seed);
+    }
+  }
+}
+
+TEST(GpuDecodeFp4, MatchesOracle) {
+  QMOE_REQUIRE_GPU();
+  for_fp4_layers(512, 256, 16, 4, [](const TestLayer& tl, uint64_t seed) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 33}) check_fp4(tl, tokens, seed);
+  });
+}
+
+// 64 tokens is the decode window's last count; 65 goes the generic way, which dequantizes only the
+// touched experts. E = k = 8: every expert takes every token, 64 routes per expert.
+TEST(GpuDecodeFp4, WindowEdge) {
+  QMOE_REQUIRE_GPU();
+  for_fp4_layers(256, 128, 8, 8, [](const TestLayer& tl, uint64_t seed) {
+    check_fp4(tl, 64, seed);
+    check_fp4(tl, 65, seed, false);
+  });
+}
+
+// Mixed FP4 / integer FCs, odd shapes (K not a multiple of a 64-K chunk, partial tiles), gated
+// concatenated layout, and a K so long that fewer than 16 rows fit a pass.
+TEST(GpuDecodeFp4, ShapesAndMixes) {
+  QMOE_REQUIRE_GPU();
+  struct Shape {
+    WeightFormat fc1, fc2;
+    int64_t h, i, e;
+    int k;
+    DType dt;
+    int64_t tokens;
+  };
+  for (const Shape& c :
+       {Shape{WeightFormat::kNvFp4, WeightFormat::kNvFp4, 208, 80, 8, 2, DType::kBF16, 5},
+        Shape{WeightFormat::kMxFp4, WeightFormat::kMxFp4, 224, 96, 8, 2, DType::kF16, 33},
+        Shape{WeightFormat::kNvFp4, WeightFormat::kInt4, 256, 192, 16, 4, DType::kF16, 9},
+        Shape{WeightFormat::kInt8, WeightFormat::kMxFp4, 320, 128, 16, 4, DType::kBF16, 17},
+        Shape{WeightFormat::kMxFp4, WeightFormat::kNvFp4, 8192, 128, 8, 8, DType::kBF16, 20}}) {
+    LayerSpec s = small_spec(c.fc1, c.h, c.i, c.e, c.k);
+    s.fc2 = default_fc_format(c.fc2);
+    if (c.fc2 == WeightFormat::kInt4) s.fc2.block_size = 64;
+    if (c.fc1 == WeightFormat::kInt8) s.fc1.block_size = 64;
+    s.act_dtype = c.dt;
+    if (c.h == 256) s.activation.glu = GluLayout::kConcatenated;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    SCOPED_TRACE(name_of(s));
+    check_fp4(tl, c.tokens, seed);
+    check_fp4(tl, 1, seed);
+  }
+}
+
+// ORT's N-packed FP4 layout ([E, K, N/2]) decodes to the same bits as the K-packed one.
+TEST(GpuDecodeFp4, NPackedLayoutKeepsTheBits) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat f : kFp4Formats) {
+    LayerSpec s = small_spec(f, 256, 128, 8, 2);
+    s.act_dtype = DType::kBF16;
+    const uint64_t seed = fresh_seed();
+    TestLayer k_packed;
+    make_layer(s, seed, &k_packed);
+    TestLayer n_packed = k_packed;
+    for (QuantizedFc* q : {&n_packed.fc1, &n_packed.fc2}) {
+      std::vector<uint8_t> src = q->weight;
+      fp4_repack(Fp4Layout::kKPacked, src.data(), q->experts, q->n, q->k, q->weight.data());
+      q->format.fp4_layout = Fp4Layout::kNPacked;
+    }
+    n_packed.spec.fc1.fp4_layout = n_packed.spec.fc2.fp4_layout = Fp4Layout::kNPacked;
+    bind_weights(&n_packed);
+    bind_weights(&k_packed);
+    TestInputs ti;
+    make_inputs(s, 6, seed, false, &ti);
+    GpuRun a, b;
+    gpu_run(k_packed, ti, &a);
+    gpu_run(n_packed, ti, &b);
+    EXPECT_LE(a.error, gpu_budget(s.act_dtype));
+    EXPECT_EQ(a.out, b.out) << format_info(f).name;
+  }
+}
+
+// Every form (CUDA cores, one and two column groups), tiles per block and ring: the forms within
+// the budget; tiles per block of 4 and more, and both rings, the same bits.
+TEST(GpuDecodeFp4, FormsTilesAndRings) {
+  QMOE_REQUIRE_GPU();
+  for_fp4_layers(1024, 768, 8, 4, [](const TestLayer& tl, uint64_t seed) {
+    const DType dt = tl.spec.act_dtype;
+    for (int64_t tokens : {1, 7, 40}) {
+      SCOPED_TRACE("tokens " + std::to_string(tokens) + " seed " + std::to_string(seed));
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+      for (const char* form : {"decode/cc", "decode/1", "decode/2"}) {
+        GpuRun r;
+        gpu_run_with("QMOE_DISPATCH", form, tl, ti, &r);
+        EXPECT_LE(r.error, gpu_budget(dt)) << form;
+      }
+      std::vector<uint8_t> first;
+      for (const char* tpb : {"4", "8"}) {
+        EnvOverride knob("QMOE_DECODE_TPB", tpb);
+        GpuRun regs, smem;
+        gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
+        gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
+        EXPECT_LE(regs.error, gpu_budget(dt)) << tpb << " tiles per block";
+        EXPECT_EQ(smem.out, regs.out) << tpb << " tiles per block";
+        if (first.empty()) first = regs.out;
+        EXPECT_EQ(regs.out, first) << tpb << " tiles per block differs from 4";
+      }
+    }
+  });
+}
+
+// Scales at the ends of their ranges. The oracle reads the same modified tensors.
+//   NVFP4: a quarter of the blocks at scale 0; every scale among the e4m3 subnormals and
+//          smallest normals (codes 1..15; with f16 the decoded weights are then f16 subnormals,
+//          the global scale raised to keep the outputs normal); every scale near the maximum
+//          (0x70..0x7E, 448), the global scale cut to keep the outputs in range; global scales of
+//          2^-40 on FC1 and 2^+30 on FC2 (bf16 only: f16 cannot hold FC1's output then).
+//   MXFP4: e8m0 at 2^127 (code 254) on blocks whose codes are all zero (0 * 2^127 must stay 0),
+//          2^-127 (code 0, an fp32 subnormal) on a quarter of the blocks, and scales spread over
+//          2^-27..2^13 (codes 100..140).
+void modify_scales(TestLayer* tl, const std::string& how, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (QuantizedFc* q : {&tl->fc1, &tl->fc2}) {
+    const bool nv = q->format.format == WeightFormat::kNvFp4;
+    const int block = nv ? 16 : 32;
+    const int64_t blocks = q->k / block;
+    for (size_t i = 0; i < q->scales.size(); ++i) {
+      uint8_t& c = q->scales[i];
+      const unsigned r = static_cast<unsigned>(rng() % 1024);
+      if (how == "zero" && r % 4 == 0) c = 0;
+      if (how == "tiny") c = static_cast<uint8_t>(1 + r % 15);
+      if (how == "huge") c = static_cast<uint8_t>(0x70 + r % 15);
+      if (how == "e8m0-ends" && r % 4 == 0) c = 0;
+      if (how == "e8m0-ends" && r % 4 == 1) {
+        c = 254;
+        const int64_t row = static_cast<int64_t>(i) / blocks, b = static_cast<int64_t>(i) % blocks;
+        uint8_t* codes = q->weight.data() + row * (q->k / 2) + b * (block / 2);
+        std::fill(codes, codes + block / 2, uint8_t{0});
+      }
+      if (how == "e8m0-spread") c = static_cast<uint8_t>(100 + r % 41);
+    }
+    if (how == "huge" || how == "tiny") {  // keep the outputs inside f16's normal range
+      for (float& g : q->global_scale) g = std::ldexp(g, how == "huge" ? -2 : 12);
+    }
+  }
+  if (how == "global") {
+    for (float& g : tl->fc1.global_scale) g = std::ldexp(g, -40);
+    for (float& g : tl->fc2.global_scale) g = std::ldexp(g, 30);
+  }
+  bind_weights(tl);
+}
+
+TEST(GpuDecodeFp4, ExtremeScales) {
+  QMOE_REQUIRE_GPU();
+  struct Case {
+    WeightFormat f;
+    const char* how;
+    DType dt;
+  };
+  for (const Case& c : {Case{WeightFormat::kNvFp4, "zero", DType::kBF16},
+                        Case{WeightFormat::kNvFp4, "tiny", DType::kBF16},
+                        Case{WeightFormat::kNvFp4, "tiny", DType::kF16},
+                        Case{WeightFormat::kNvFp4, "huge", DType::kBF16},
+                        Case{WeightFormat::kNvFp4, "huge", DType::kF16},
+                        Case{WeightFormat::kNvFp4, "global", DType::kBF16},
+                        Case{WeightFormat::kMxFp4, "zero", DType::kF16},
+                        Case{WeightFormat::kMxFp4, "e8m0-ends", DType::kBF16},
+                        Case{WeightFormat::kMxFp4, "e8m0-ends", DType::kF16},
+                        Case{WeightFormat::kMxFp4, "e8m0-spread", DType::kBF16},
+                        Case{WeightFormat::kMxFp4, "global", DType::kBF16}}) {
+    LayerSpec s = small_spec(c.f, 512, 256, 16, 4);
+    s.act_dtype = c.dt;
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    modify_scales(&tl, c.how, seed);
+    SCOPED_TRACE(name_of(s) + " scales " + c.how);
+    check_fp4(tl, 1, seed);
+    check_fp4(tl, 12, seed);
+    check_fp4(tl, 80, seed, false);  // the generic path on the same tensors
+  }
+}
+
+}  // namespace
+}  // namespace qmoe::test
