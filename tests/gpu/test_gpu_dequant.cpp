@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/formats/mma_pack.h"
 #include "core/numeric.h"
 #include "cuda/dequant/dequant.h"
 #include "gpu_test_util.h"
@@ -14,9 +15,32 @@ namespace qmoe::test {
 namespace {
 
 struct DeviceFcCopy {
-  GpuBuffer weight, scales, zp, global;
+  GpuBuffer weight, scales, zp, global, words, tiled;
   cuda::DeviceFc fc;
 };
+
+// FP4 kept only in the decode layout, as the layer keeps it (cuda_layer.cu): packed codes and
+// tile-ordered 8-bit scales; no codes or scales in ORT's layout.
+void use_packed_copy(const QuantizedFc& q, const std::vector<uint8_t>& k_packed, MmaRowMap map,
+                     int64_t inter, DType act, DeviceFcCopy* d) {
+  const MmaPackShape s = mma_pack_shape(q.format, q.n, q.k, map, inter, act);
+  std::vector<uint32_t> words;
+  mma_pack_fp4(s, k_packed.data(), q.experts, &words);
+  MmaPackShape blocks = s;
+  if (s.codes == MmaCodes::kNvFp4) {
+    blocks.block_size = 16;
+    blocks.scale_blocks = s.fp4_blocks;
+  }
+  std::vector<uint8_t> tiled;
+  mma_pack_scales(blocks, q.scales.data(), 1, q.experts, &tiled);
+  ASSERT_TRUE(d->words.upload(words));
+  ASSERT_TRUE(d->tiled.upload(tiled));
+  d->fc.packed = s;
+  d->fc.packed_words = d->words.as<uint32_t>();
+  d->fc.packed_scales = d->tiled.as<uint8_t>();
+  d->fc.weight = nullptr;
+  d->fc.scales = nullptr;
+}
 
 void upload_fc(const QuantizedFc& q, DeviceFcCopy* d) {
   d->fc.format = q.format;
@@ -39,9 +63,18 @@ void upload_fc(const QuantizedFc& q, DeviceFcCopy* d) {
 }
 
 // Dequantizes experts `ids` (as the touched list) in waves of `slots` and compares every slot.
-void check_format(const FcFormat& f, int64_t experts, int64_t n, int64_t k, DType out_dtype) {
+// packed: FP4 from the decode layout (use_packed_copy) with this row map and layout dtype.
+struct Packed {
+  bool on = false;
+  MmaRowMap map = MmaRowMap::kIdentity;
+  int64_t inter = 0;
+  DType act = DType::kBF16;
+};
+
+void check_format(const FcFormat& f, int64_t experts, int64_t n, int64_t k, DType out_dtype,
+                  const Packed& packed = {}) {
   SCOPED_TRACE(f.to_string() + " n " + std::to_string(n) + " k " + std::to_string(k) + " -> " +
-               dtype_name(out_dtype));
+               dtype_name(out_dtype) + (packed.on ? " from the packed copy" : ""));
   const uint64_t seed = fresh_seed();
   QuantizedFc q;
   make_fc(f, experts, n, k, seed, &q);
@@ -58,6 +91,11 @@ void check_format(const FcFormat& f, int64_t experts, int64_t n, int64_t k, DTyp
     ASSERT_TRUE(d.weight.upload(repacked));
     d.fc.weight = d.weight.as<uint8_t>();
     d.fc.format.fp4_layout = Fp4Layout::kKPacked;
+  }
+  if (packed.on) {
+    use_packed_copy(q, repacked.empty() ? q.weight : repacked, packed.map, packed.inter, packed.act,
+                    &d);
+    if (::testing::Test::HasFatalFailure()) return;
   }
   std::vector<int32_t> touched;
   for (int64_t e = experts - 1; e >= 0; e -= 2) touched.push_back(static_cast<int32_t>(e));
@@ -161,6 +199,25 @@ TEST(GpuDequant, Fp4AndFp8Layouts) {
   fb.block_size = 64;
   check_format(fb, 3, 70, 201, DType::kBF16);
   check_format(default_fc_format(WeightFormat::kFp8), 3, 33, 77, DType::kF32);
+}
+
+// FP4 from the decode kernels' packed copy: the same bits as from ORT's layout, for both bit
+// layouts, gated row maps (FC1's permuted rows), partial tiles and chunks, every output dtype.
+TEST(GpuDequant, Fp4FromThePackedCopy) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf : {WeightFormat::kNvFp4, WeightFormat::kMxFp4}) {
+    FcFormat f = default_fc_format(wf);
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
+        check_format(f, 5, 96, 256, out, {true, MmaRowMap::kIdentity, 0, act});
+      }
+      check_format(f, 3, 40, 224, DType::kF32, {true, MmaRowMap::kIdentity, 0, act});
+      check_format(f, 3, 2 * 24, 160, DType::kBF16, {true, MmaRowMap::kGatedInterleaved, 24, act});
+      check_format(f, 3, 2 * 20, 96, DType::kF16, {true, MmaRowMap::kGatedConcatenated, 20, act});
+    }
+    f.fp4_layout = Fp4Layout::kNPacked;
+    check_format(f, 4, 64, 224, DType::kF32, {true, MmaRowMap::kIdentity, 0, DType::kBF16});
+  }
 }
 
 TEST(GpuDequant, RejectsBadArguments) {

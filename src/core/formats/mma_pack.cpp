@@ -192,36 +192,9 @@ void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
   });
 }
 
-void mma_fp4_scales(const MmaPackShape& s, const FcFormat& f, const uint8_t* scales,
-                    const float* global, int64_t experts, std::vector<float>* channel,
-                    std::vector<uint16_t>* mult) {
-  mult->clear();
-  if (s.codes == MmaCodes::kMxFp4) {
-    const int64_t nblk = s.k / f.block_size;
-    channel->resize(static_cast<size_t>(experts * s.n * nblk));
-    for (int64_t e = 0; e < experts; ++e) {
-      for (int64_t i = 0; i < s.n * nblk; ++i) {
-        const int64_t at = e * s.n * nblk + i;
-        (*channel)[static_cast<size_t>(at)] = num::e8m0_to_f32(scales[at]) * global[e];
-      }
-    }
-    return;
-  }
-  const bool bf16 = s.fp4_mag_bit == 6;
+float nvfp4_multiplier(uint8_t e4m3, bool bf16) {
   const int c = nvfp4_mult_shift(bf16);
-  channel->resize(static_cast<size_t>(experts * s.n));
-  for (int64_t e = 0; e < experts; ++e) {
-    for (int64_t r = 0; r < s.n; ++r) {
-      (*channel)[static_cast<size_t>(e * s.n + r)] = std::ldexp(global[e], c);
-    }
-  }
-  // Every e4m3 value times 2^(126 - c) (bf16) or 2^(14 - c) (f16) is exact in that type.
-  const int64_t nblk = s.k / 16;
-  mult->resize(static_cast<size_t>(experts * s.n * nblk));
-  for (size_t i = 0; i < mult->size(); ++i) {
-    const float m = std::ldexp(num::e4m3_to_f32(scales[i]), bf16 ? 126 - c : 14 - c);
-    (*mult)[i] = bf16 ? num::f32_to_bf16(m) : num::f32_to_f16(m);
-  }
+  return std::ldexp(num::e4m3_to_f32(e4m3), bf16 ? 126 - c : 14 - c);
 }
 
 void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,

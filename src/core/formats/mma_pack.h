@@ -51,7 +51,7 @@ enum class MmaCodes : uint8_t { kInt, kNvFp4, kMxFp4 };
 struct MmaPackShape {
   MmaCodes codes = MmaCodes::kInt;
   int fp4_mag_bit = 6;  // FP4: where a code's magnitude starts in each half (6 bf16, 9 f16)
-  // NVFP4: 16-K blocks over the padded K (chunks * 4), the row length of the tiled multipliers.
+  // NVFP4: 16-K blocks over the padded K (chunks * 4), the row length of the tiled e4m3 scales.
   int64_t fp4_blocks = 0;
   int bits = 4;
   int steps_per_chunk = 4;  // SC
@@ -61,7 +61,7 @@ struct MmaPackShape {
   int64_t chunks = 0;       // chunks per tile
   MmaRowMap map = MmaRowMap::kIdentity;
   // Scale block along K; 0 per channel. NVFP4: 0, its fp32 scale per row is the global scale
-  // (the e4m3 block scales are multipliers of the codes, see mma_pack_fp4_scales); MXFP4: 32.
+  // (the e4m3 block scales become multipliers of the codes, see nvfp4_multiplier); MXFP4: 32.
   int block_size = 0;
   int64_t scale_blocks = 1;  // scale blocks over the padded K (chunks * 16 SC); 1 per channel
 
@@ -103,22 +103,18 @@ QMOE_HD int mma_fp4_bit(int mag_bit, int j, int half, int i) {
   return (b + 16 * half) % 32;
 }
 
-// The scales of an FP4 FC as the decode kernel applies them, each exactly:
-//   NVFP4: `channel` [E, N] fp32 = global * 2^c and `mult` [E, N, fp4_blocks] the 16-bit (bf16 or
-//          f16, as the layout) values e4m3(scale) * 2^(126 - c) (bf16, c = 8) or * 2^(14 - c) (f16,
-//          c = 7): the kernel multiplies each decoded pair, E2M1 * 2^-126 (or 2^-14), by its
-//          block's multiplier, which gives E2M1 * scale * 2^-c exactly (at most 6 significant
-//          bits, inside both types' ranges for every e4m3 value), and the tile's fp32 sums by
-//          `channel` once.
-//   MXFP4: `channel` [E, N, K / 32] fp32 = 2^(c - 127) * global (e8m0 255: nan), applied to the
-//          fp32 sums per block, as the integer formats' scales; `mult` stays empty (the decoded
-//          pairs are multiplied by the constant 2^126 or 2^14).
-// Both are in ORT's [E, N, blocks] order; mma_pack_scales then puts them in tile order.
-void mma_fp4_scales(const MmaPackShape& s, const FcFormat& f, const uint8_t* scales,
-                    const float* global, int64_t experts, std::vector<float>* channel,
-                    std::vector<uint16_t>* mult);
-// The exponent c above: the fp32 sums of an NVFP4 tile are E2M1 * scale * 2^-c weighted.
+// The scales of an FP4 FC as the decode kernel applies them, each exactly. The packed copy keeps
+// ORT's 8-bit scales (e4m3 per 16 K, e8m0 per 32 K) in tile order (mma_pack_scales; NVFP4 with
+// blocks of 16 over the padded K, fp4_blocks per row) and the fp32 global scale per expert:
+//   NVFP4: the kernel multiplies each decoded pair, E2M1 * 2^-126 (bf16) or 2^-14 (f16), by its
+//          block's multiplier e4m3 * 2^(126 - c) or e4m3 * 2^(14 - c) (nvfp4_multiplier), which
+//          gives E2M1 * scale * 2^-c exactly (at most 6 significant bits, inside both types'
+//          ranges for every e4m3 value), and the tile's fp32 sums by global * 2^c once.
+//   MXFP4: the decoded pairs are multiplied by the constant 2^126 (2^14), and the fp32 sums of
+//          each 32-K block by e8m0 * global.
 constexpr int nvfp4_mult_shift(bool bf16) { return bf16 ? 8 : 7; }
+// An e4m3 scale's multiplier, as a float (exact in the layout's 16-bit type).
+float nvfp4_multiplier(uint8_t e4m3, bool bf16);
 
 // Scales and zero points in tile order, so that a block copies the scales of consecutive tiles
 // with 16-byte loads and no index arithmetic: entry (e, packed row pr, block b) sits at

@@ -105,6 +105,35 @@ DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, boo
   return a.ring == 2 || keeps_blocks ? with : geo;
 }
 
+// The launch geometry for tpb tiles per block (the request; fewer where they do not fit) and
+// passes of up to max_routes rows, then the ring and the prefetch.
+DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_groups, int tpb) {
+  DecodeGeometry geo = geometry(a.shape);
+  geo.mc = std::max(route_groups, 1);  // the kernel's accumulator groups (CUDA cores: one)
+  const bool zp = a.zero_points != nullptr;
+  // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
+  // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
+  const int ring = decode_ring(a.shape.bits, geo.mc);
+  tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
+  if (a.shape.chunks < ring) tpb = 1;
+  while (tpb > 1) {
+    geo.tpb = tpb;
+    geo.rows_cap = route_groups == 0 ? 1 : std::min(max_routes, 8);
+    if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
+    tpb = tpb > 4 ? tpb / 2 / 4 * 4 : 1;
+  }
+  geo.tpb = tpb;
+  geo.rows_cap = 1;
+  const size_t fixed = decode_smem_bytes(geo, zp);
+  const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
+  geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
+  if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
+  geo = choose_ring(a, geo, zp);
+  // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
+  geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
+  return geo;
+}
+
 }  // namespace
 
 // The bound alone (the token count) sizes a pass for an expert that takes every token, which
@@ -167,12 +196,12 @@ Status check_decode_args(const DecodeFcArgs& a) {
     const int want_bit = a.dtype == DType::kBF16 ? 6 : 9;
     const bool nv = a.shape.codes == MmaCodes::kNvFp4;
     if (a.shape.bits != 4 || a.shape.steps_per_chunk != 4 || a.shape.fp4_mag_bit != want_bit ||
-        a.zero_points != nullptr || a.scale_dtype != DType::kF32 ||
-        a.shape.block_size != (nv ? 0 : 32) || (nv != (a.block_mult != nullptr)) ||
-        (nv && a.shape.fp4_blocks != a.shape.chunks * 4)) {
+        a.zero_points != nullptr || a.global == nullptr ||
+        a.scale_dtype != (nv ? DType::kF8E4M3 : DType::kF8E8M0) ||
+        a.shape.block_size != (nv ? 0 : 32) || (nv && a.shape.fp4_blocks != a.shape.chunks * 4)) {
       return Status::invalid(
           "decode: FP4 weights must be packed for the activation dtype (mma_pack_shape's act), "
-          "with fp32 scales, no zero points, and NVFP4's multipliers (block_mult) only for NVFP4");
+          "with their 8-bit scales (e4m3 NVFP4, e8m0 MXFP4), a global scale and no zero points");
     }
   }
   const int bs = a.shape.block_size;
@@ -212,34 +241,27 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
         "decode: tiles_per_block must be 0 (automatic), 1 or a multiple of 4, got " +
         std::to_string(tiles_per_block));
   }
-  DecodeGeometry geo = geometry(a.shape);
-  geo.mc = std::max(route_groups, 1);  // the kernel's accumulator groups (CUDA cores: one)
   const bool zp = a.zero_points != nullptr;
   if (!decode_fits(a.shape, zp)) {
     return Status::invalid("decode: K = " + std::to_string(a.shape.k) +
                            " too large to stage one activation row in shared memory");
   }
-  // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
-  // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
-  const int ring = decode_ring(a.shape.bits, geo.mc);
-  int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a, max_routes);
-  tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
-  if (a.shape.chunks < ring) tpb = 1;
-  while (tpb > 1) {
-    geo.tpb = tpb;
-    geo.rows_cap = route_groups == 0 ? 1 : std::min(max_routes, 8);
-    if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
-    tpb = tpb > 4 ? tpb / 2 / 4 * 4 : 1;
+  const int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a, max_routes);
+  DecodeGeometry geo = plan_geometry(a, max_routes, route_groups, tpb);
+  // Shared memory may hold fewer blocks per multiprocessor than the kernel's registers allow
+  // where K is long (a staged row per route) or the scales are many per tile (FP4: one per 16 or
+  // 32 K): then fewer rows per pass (down to half the mean-based choice, a.max_rows) and, where
+  // the launcher chose them, 4 tiles per block rather than 8, until a.min_blocks fit.
+  if (a.min_blocks > 0 && route_groups > 0 && blocks_per_sm(geo, zp) < a.min_blocks) {
+    const int floor_rows = std::max(2, (a.max_rows > 0 ? a.max_rows : geo.rows_cap) / 2);
+    int rows = geo.rows_cap;
+    while (rows > floor_rows && blocks_per_sm(geo, zp) < a.min_blocks) {
+      geo = plan_geometry(a, std::min(max_routes, --rows), route_groups, geo.tpb);
+    }
+    if (blocks_per_sm(geo, zp) < a.min_blocks && tiles_per_block == 0 && geo.tpb > 4) {
+      geo = plan_geometry(a, std::min(max_routes, rows), route_groups, 4);
+    }
   }
-  geo.tpb = tpb;
-  geo.rows_cap = 1;
-  const size_t fixed = decode_smem_bytes(geo, zp);
-  const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
-  geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
-  if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
-  geo = choose_ring(a, geo, zp);
-  // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
-  geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
   const size_t smem = decode_smem_bytes(geo, zp);
   if (a.shape.codes != MmaCodes::kInt) return launch_decode_fp4(a, geo, smem, route_groups, stream);
   switch (a.shape.bits) {

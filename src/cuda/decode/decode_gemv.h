@@ -1,5 +1,6 @@
 // The decode kernel for integer weights (int2, int3, int4, int8; symmetric or with zero points; per
-// channel or blocks of 16, 32, ...): one FC of every touched expert, each expert's weights read
+// channel or blocks of 16, 32, ...) and FP4 (NVFP4, MXFP4: E2M1 codes decoded to exact bf16/f16
+// pairs, fp4_pair in decode_common.cuh): one FC of every touched expert, each expert's weights read
 // once per call whatever the number of routes that chose it (calls of up to kDecodeMaxRoutes
 // tokens, so up to that many routes per expert).
 //
@@ -40,9 +41,9 @@ struct DecodeFcArgs {
   const uint8_t* scales = nullptr;  // in scale_dtype (f32, f16 or bf16)
   DType scale_dtype = DType::kF32;
   const uint8_t* zero_points = nullptr;  // one byte per entry, or nullptr (symmetric)
-  // NVFP4: the blocks' 16-bit multipliers in tile order ([E, tiles, 16, fp4_blocks], see
-  // mma_fp4_scales); `scales` then holds the fp32 global scale per row (per channel).
-  const uint16_t* block_mult = nullptr;
+  // FP4 (shape.codes): `scales` holds the 8-bit block scales in tile order (NVFP4 e4m3 with
+  // fp4_blocks per row, MXFP4 e8m0 with scale_blocks), and global the fp32 scale per expert.
+  const float* global = nullptr;
   DType dtype = DType::kBF16;  // activations: bf16 or f16
 
   // Route p's activation row: x + row * ldx, row = by_token ? permuted_route[p] / slots : p.
@@ -93,6 +94,10 @@ struct DecodeFcArgs {
   // Register ring: rounds of the ring (kRing chunks each) a warp prefetches into L2 ahead of its
   // loads; 0 none, -1 the launcher's choice (decode_gemv.cu). Either way the same bits.
   int prefetch = -1;
+  // Blocks per multiprocessor the launcher keeps room for in shared memory, trading rows per pass
+  // (down to half of max_rows) and its own choice of 8 tiles per block (decode_gemv.cu); 0: no
+  // such trade. Every choice gives the same bits.
+  int min_blocks = 4;
 };
 
 // The checks the launcher makes before any launch.

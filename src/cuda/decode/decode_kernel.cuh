@@ -19,6 +19,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "core/formats/codec.h"
 #include "cuda/common/cuda_check.h"
@@ -93,6 +94,58 @@ __device__ __forceinline__ void copy_scales(const DecodeFcArgs& a, int64_t first
   }
 }
 
+// FP4: the block's tiles' scales into shared memory. NVFP4: every row's fp32 scale is the expert's
+// global scale times 2^c (nbp is 1), and the e4m3 block scales (tile order, mblk per row) become
+// 16-bit multipliers (nvfp4_multiplier): a cvt turns two into an f16x2, times 2^(14 - c) for f16
+// or, through fp32, 2^(126 - c) for bf16, every step exact. MXFP4: e8m0 * global as fp32 per
+// 32-K block, as the integer formats' scales.
+template <int kCode, bool kBf16>
+__device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e, int m0, int ntl,
+                                                int nbp, int mblk, float* sc, uint16_t* msm,
+                                                int tid) {
+  const MmaPackShape& s = a.shape;
+  const float g = a.global[e];
+  if constexpr (kCode == static_cast<int>(MmaCodes::kNvFp4)) {
+    const float row_scale = g * (kBf16 ? 256.0f : 128.0f);  // 2^nvfp4_mult_shift
+    for (int i = tid; i < ntl * 16; i += kWarps * 32) sc[i] = row_scale;
+    const uint4* src = reinterpret_cast<const uint4*>(a.scales + (e * s.tiles + m0) * 16 * mblk);
+    for (int i = tid; i < ntl * mblk; i += kWarps * 32) {  // 16 scales per load
+      const uint4 v = __ldg(src + i);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint32_t o[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w[j / 2] >> (16 * (j % 2))), __NV_E4M3);
+        const __half2 h = *reinterpret_cast<const __half2*>(&hr);
+        if constexpr (kBf16) {
+          const float2 f = __half22float2(h);
+          const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * 0x1p118f, f.y * 0x1p118f);
+          o[j] = *reinterpret_cast<const uint32_t*>(&b);
+        } else {
+          const __half2 m = __hmul2(h, __float2half2_rn(128.0f));
+          o[j] = *reinterpret_cast<const uint32_t*>(&m);
+        }
+      }
+      reinterpret_cast<uint4*>(msm)[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<uint4*>(msm)[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+  } else {
+    const uint4* src = reinterpret_cast<const uint4*>(a.scales + (e * s.tiles + m0) * 16 * nbp);
+    for (int i = tid; i < ntl * nbp; i += kWarps * 32) {  // 16 scales per load
+      const uint4 v = __ldg(src + i);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float f[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) f[b] = num::e8m0_to_f32((w[j] >> (8 * b)) & 0xFFu) * g;
+        reinterpret_cast<float4*>(sc)[4 * i + j] = make_float4(f[0], f[1], f[2], f[3]);
+      }
+    }
+  }
+}
+
 // The fused combine's end of an FC2 block (see DecodeFcArgs::fuse_combine): rows [r0, r0 + nr)
 // of the output are this block's column of tiles. The fences order this block's y stores before
 // its count, and the other blocks' stores before the last block's reads.
@@ -135,8 +188,8 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
 // columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
 // the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
 // kCode: the codes (MmaCodes): integers, or E2M1 (kBits 4) in the FP4 layout, decoded by fp4_pair.
-// NVFP4 multiplies each pair by its block's multiplier (staged in shared memory with the scales,
-// a chunk's four per row read with one 8-byte load) and its fp32 scale is the global one per row
+// NVFP4 multiplies each pair by its block's multiplier (copy_fp4_scales stages them in shared
+// memory; a chunk's four per row are one 8-byte load) and its fp32 scale is the global one per row
 // (kSpb 0, one block over K); MXFP4 multiplies by a constant and takes its e8m0 block scales on
 // the fp32 sums every two K steps (kSpb 2), as the integer formats do.
 template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing, int kCode>
@@ -254,13 +307,10 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
-  copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
-  if constexpr (kNvFp4) {  // a tile's run is 32 mblk bytes, a whole number of 16-byte loads
-    const uint4* src =
-        reinterpret_cast<const uint4*>(a.block_mult) + (e * s.tiles + m0) * 2 * geo.mblk;
-    for (int i = tid; i < ntl * 2 * geo.mblk; i += kWarps * 32) {
-      reinterpret_cast<uint4*>(msm)[i] = __ldg(src + i);
-    }
+  if constexpr (kFp4) {
+    copy_fp4_scales<kCode, kBf16>(a, e, m0, ntl, nbp, geo.mblk, sc, msm, tid);
+  } else {
+    copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
   }
 
   if (!a.fc1) {  // FC2's activations are FC1's output

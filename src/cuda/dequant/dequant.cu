@@ -215,8 +215,9 @@ Status launch_dequant(const DequantArgs& a, cudaStream_t stream) {
   }
   const bool needs_scales = f.format.format != WeightFormat::kFp8;
   const bool needs_global = f.format.info().global_scale_required;
-  if (f.weight == nullptr || (needs_scales && f.scales == nullptr) ||
-      (needs_global && f.global_scale == nullptr) ||
+  const bool packed = f.packed_words != nullptr;
+  if ((!packed && f.weight == nullptr) || (needs_scales && !packed && f.scales == nullptr) ||
+      (packed && f.packed_scales == nullptr) || (needs_global && f.global_scale == nullptr) ||
       (f.format.zero_points && f.zero_points == nullptr) || a.out == nullptr ||
       a.touched == nullptr || a.n_touched == nullptr) {
     return Status::invalid(
@@ -229,6 +230,7 @@ Status launch_dequant(const DequantArgs& a, cudaStream_t stream) {
   if (f.k > (int64_t{1} << 24) || a.ld > (int64_t{1} << 24)) {
     return Status::invalid("dequant k, ld: expected at most 2^24");
   }
+  if (packed) return launch_dequant_packed(a, stream);
   const int64_t blocks = (f.n + kWarps - 1) / kWarps;
   const dim3 grid(static_cast<unsigned>(blocks < 65535 ? blocks : 65535),
                   static_cast<unsigned>(a.max_groups));

@@ -28,4 +28,7 @@ struct DequantArgs {
 // Validates and launches on `stream` (asynchronous, no allocation, graph-capturable).
 Status launch_dequant(const DequantArgs& args, cudaStream_t stream);
 
+// The same from an FP4 FC's packed copy (fc.packed_words, dequant_packed.cu): the same fp32 values.
+Status launch_dequant_packed(const DequantArgs& args, cudaStream_t stream);
+
 }  // namespace qmoe::cuda

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/formats/mma_pack.h"
 #include "qmoe/format.h"
 #include "qmoe/tensor.h"
 
@@ -18,6 +19,12 @@ struct DeviceFc {
   const float* global_scale = nullptr;   // [E], formats with a global scale
   const void* bias = nullptr;            // [E, n] in bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
+  // FP4 kept only in the decode kernels' layout (one copy of the weights on the device; weight
+  // and scales are then null): the packed codes and the tile-ordered 8-bit scales (mma_pack.h),
+  // which the generic path dequantizes from (dequant_packed.cu).
+  MmaPackShape packed;
+  const uint32_t* packed_words = nullptr;
+  const uint8_t* packed_scales = nullptr;
 };
 
 }  // namespace qmoe::cuda

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/formats/mma_pack.h"
@@ -112,6 +113,10 @@ int decode_ring_kind() { return env_int("QMOE_DECODE_RING", 0); }
 // of its loads (DecodeFcArgs::prefetch; A/B runs, 0 turns it off); unset: the launcher chooses.
 int decode_prefetch_rounds() { return env_int("QMOE_DECODE_PREFETCH", -1); }
 
+// QMOE_DECODE_MIN_BLOCKS: the blocks per multiprocessor the decode launcher keeps room for in
+// shared memory (DecodeFcArgs::min_blocks; 0: none).
+int decode_min_blocks_knob() { return env_int("QMOE_DECODE_MIN_BLOCKS", 4); }
+
 class CudaLayer final : public PreparedLayer {
  public:
   CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
@@ -211,7 +216,12 @@ class CudaLayer final : public PreparedLayer {
     return Status::ok();
   }
 
-  Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, DeviceFc* out);
+  // codes: upload the codes and scales in ORT's layout (FP4 that the decode path packs keeps only
+  // the packed copy).
+  Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
+                   DeviceFc* out);
+  // Whether the decode path takes this layer (sets pack1_ and pack2_).
+  bool plan_decode();
   Status pack_for_decode(const LayerWeights& w);
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                     const FinalizeArgs* combine, int route_groups, cudaStream_t stream,
@@ -232,7 +242,7 @@ class CudaLayer final : public PreparedLayer {
   DeviceFc fc1_, fc2_, fc3_;
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are integer formats that layout supports.
-  bool decode_ready_ = false;
+  bool decode_planned_ = false, decode_ready_ = false;
   DispatchTable dispatch_;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
@@ -242,10 +252,6 @@ class CudaLayer final : public PreparedLayer {
   const uint8_t* tiled_scales2_ = nullptr;
   const uint8_t* tiled_zp1_ = nullptr;
   const uint8_t* tiled_zp2_ = nullptr;
-  // The tiled scales' dtype (FP4: fp32, see mma_fp4_scales) and NVFP4's multipliers.
-  DType tiled_dtype1_ = DType::kF32, tiled_dtype2_ = DType::kF32;
-  const uint16_t* tiled_mult1_ = nullptr;
-  const uint16_t* tiled_mult2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
   DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
@@ -264,13 +270,15 @@ Status CudaLayer::upload(const TensorView& v, const void** dst) {
   return Status::ok();
 }
 
-Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k,
+Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
                             DeviceFc* out) {
   out->format = f;
   out->n = n;
   out->k = k;
   const void* p = nullptr;
-  if (f.info().kind == FormatKind::kFp4 && f.fp4_layout == Fp4Layout::kNPacked) {
+  if (!codes) {  // the codes and scales live in the packed copy only
+    out->format.fp4_layout = Fp4Layout::kKPacked;
+  } else if (f.info().kind == FormatKind::kFp4 && f.fp4_layout == Fp4Layout::kNPacked) {
     // The kernels read K-packed rows; repack ORT's N-packed layout once, exactly.
     std::vector<uint8_t> src(w.weight.bytes()), dst(w.weight.bytes());
     QMOE_CUDA_TRY(cudaMemcpy(src.data(), w.weight.data, src.size(), cudaMemcpyDefault));
@@ -282,7 +290,7 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
     QMOE_RETURN_IF_ERROR(upload(w.weight, &p));
   }
   out->weight = static_cast<const uint8_t*>(p);
-  QMOE_RETURN_IF_ERROR(upload(w.scales, &p));
+  if (codes) QMOE_RETURN_IF_ERROR(upload(w.scales, &p));
   out->scales = static_cast<const uint8_t*>(p);
   QMOE_RETURN_IF_ERROR(upload(w.zero_points, &p));
   out->zero_points = f.zero_points ? static_cast<const uint8_t*>(p) : nullptr;
@@ -295,10 +303,17 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
 }
 
 Status CudaLayer::init(const LayerWeights& w) {
-  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &fc1_));
-  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &fc2_));
+  // FP4 FCs the decode path packs keep only that copy (pack_for_decode).
+  decode_planned_ = plan_decode();
+  auto raw = [&](const FcFormat& f) {
+    return !decode_planned_ || f.info().kind != FormatKind::kFp4;
+  };
+  QMOE_RETURN_IF_ERROR(
+      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, raw(spec_.fc1), &fc1_));
+  QMOE_RETURN_IF_ERROR(
+      upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, raw(spec_.fc2), &fc2_));
   if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, &fc3_));
+    QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, true, &fc3_));
   }
   const void* p = nullptr;
   if (spec_.routing.method == RoutingMethod::kGroupedTopK) {
@@ -315,11 +330,11 @@ Status CudaLayer::init(const LayerWeights& w) {
 // The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 3, 4 or 8 bits
 // (blocks >= 16 or per channel) or NVFP4/MXFP4, K a multiple of 16, with FC1 and the gate in one
 // tensor.
-Status CudaLayer::pack_for_decode(const LayerWeights& w) {
+bool CudaLayer::plan_decode() {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
   if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
       !mma_pack_supported(spec_.fc2, spec_.inter)) {
-    return Status::ok();
+    return false;
   }
   MmaRowMap map1 = MmaRowMap::kIdentity;
   if (spec_.activation.gated()) {
@@ -330,9 +345,11 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
       mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter, spec_.act_dtype);
   pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter,
                           spec_.act_dtype);
-  if (!decode_fits(pack1_, spec_.fc1.zero_points) || !decode_fits(pack2_, spec_.fc2.zero_points)) {
-    return Status::ok();
-  }
+  return decode_fits(pack1_, spec_.fc1.zero_points) && decode_fits(pack2_, spec_.fc2.zero_points);
+}
+
+Status CudaLayer::pack_for_decode(const LayerWeights& w) {
+  if (!decode_planned_) return Status::ok();
   QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
   const int64_t E = spec_.num_experts;
   auto to_host = [](const TensorView& v, std::vector<uint8_t>* host) -> Status {
@@ -345,9 +362,10 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   };
   // FP4: K-packed codes (ORT's N-packed layout repacked), the scales as the kernel applies them
   // (fp32 per row or block, NVFP4's 16-bit multipliers), all in tile order.
+  // FP4: K-packed codes (ORT's N-packed layout repacked) and the 8-bit scales in tile order (NVFP4
+  // in blocks of 16 over the padded K). The kernels turn the scales into what they apply.
   auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                      const uint32_t** packed, const uint8_t** scales,
-                      const uint16_t** mult) -> Status {
+                      const uint32_t** packed, const uint8_t** scales) -> Status {
     std::vector<uint8_t> host, k_packed;
     QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
     if (f.fp4_layout == Fp4Layout::kNPacked) {
@@ -360,38 +378,22 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     const void* p = nullptr;
     QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
     *packed = static_cast<const uint32_t*>(p);
-    std::vector<uint8_t> global;
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
-    QMOE_RETURN_IF_ERROR(to_host(fw.global_scale, &global));
-    std::vector<float> channel;
-    std::vector<uint16_t> m;
-    mma_fp4_scales(shape, f, host.data(), reinterpret_cast<const float*>(global.data()), E,
-                   &channel, &m);
-    std::vector<uint8_t> tiled;
-    mma_pack_scales(shape, reinterpret_cast<const uint8_t*>(channel.data()), 4, E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-    *scales = static_cast<const uint8_t*>(p);
-    *mult = nullptr;
-    if (!m.empty()) {  // NVFP4: the multipliers' blocks are 16-K blocks over the padded K
-      MmaPackShape blocks = shape;
+    MmaPackShape blocks = shape;
+    if (shape.codes == MmaCodes::kNvFp4) {
       blocks.block_size = 16;
       blocks.scale_blocks = shape.fp4_blocks;
-      mma_pack_scales(blocks, reinterpret_cast<const uint8_t*>(m.data()), 2, E, &tiled);
-      QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-      *mult = static_cast<const uint16_t*>(p);
     }
+    std::vector<uint8_t> tiled;
+    mma_pack_scales(blocks, host.data(), 1, E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
+    *scales = static_cast<const uint8_t*>(p);
     return Status::ok();
   };
   auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp,
-                  const uint16_t** mult, DType* tiled_dtype) -> Status {
+                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
     *zp = nullptr;
-    *mult = nullptr;
-    *tiled_dtype = f.scale_dtype;
-    if (shape.codes != MmaCodes::kInt) {
-      *tiled_dtype = DType::kF32;
-      return pack_fp4(f, fw, shape, packed, scales, mult);
-    }
+    if (shape.codes != MmaCodes::kInt) return pack_fp4(f, fw, shape, packed, scales);
     std::vector<uint8_t> host;
     QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
     std::vector<uint32_t> words;
@@ -412,10 +414,16 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     }
     return Status::ok();
   };
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_,
-                            &tiled_mult1_, &tiled_dtype1_));
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_,
-                            &tiled_mult2_, &tiled_dtype2_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
+  // FP4 FCs keep only this copy: the generic path dequantizes from it.
+  for (auto [fc, shape, words, scales] : {std::tuple{&fc1_, &pack1_, packed1_, tiled_scales1_},
+                                          std::tuple{&fc2_, &pack2_, packed2_, tiled_scales2_}}) {
+    if (shape->codes == MmaCodes::kInt) continue;
+    fc->packed = *shape;
+    fc->packed_words = words;
+    fc->packed_scales = scales;
+  }
   decode_ready_ = true;
   return Status::ok();
 }
@@ -440,13 +448,14 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.max_rows = decode_rows(tokens, spec_);
   d.ring = decode_ring_kind();
   d.prefetch = decode_prefetch_rounds();
+  d.min_blocks = decode_min_blocks_knob();
 
   d.shape = pack1_;
   d.packed = packed1_;
   d.scales = tiled_scales1_;
-  d.scale_dtype = tiled_dtype1_;
+  d.scale_dtype = spec_.fc1.scale_dtype;
   d.zero_points = tiled_zp1_;
-  d.block_mult = tiled_mult1_;
+  d.global = fc1_.global_scale;
   d.x = in.input.data;
   d.ldx = spec_.hidden;
   d.by_token = true;
@@ -471,9 +480,9 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.shape = pack2_;
   d.packed = packed2_;
   d.scales = tiled_scales2_;
-  d.scale_dtype = tiled_dtype2_;
+  d.scale_dtype = spec_.fc2.scale_dtype;
   d.zero_points = tiled_zp2_;
-  d.block_mult = tiled_mult2_;
+  d.global = fc2_.global_scale;
   d.x = ws + l.xa;
   d.ldx = ip_;
   d.by_token = false;

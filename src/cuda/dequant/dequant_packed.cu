@@ -1,0 +1,130 @@
+// Dequantization of FP4 weights from the decode kernels' packed copy (mma_pack.h), for the generic
+// path when the layer keeps no other: a warp per (tile, chunk), each lane decoding its 16 bytes
+// (rows g and g + 8, four K steps, four consecutive k per row and step) with the host's formula
+// (E2M1 * scale) * global, so every value equals the one dequant.cu computes from ORT's layout.
+// The tile-ordered scales are ORT's 8-bit ones; the chunks past the packed K write the zero columns
+// up to ld.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+#include <type_traits>
+
+#include "core/numeric.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/dequant/dequant.h"
+
+namespace qmoe::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+// Four consecutive results, rounded to the output type (nearest even, as dequant.cu).
+template <typename T>
+__device__ __forceinline__ void store4(T* out, const float v[4]) {
+  if constexpr (std::is_same<T, float>::value) {
+    *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    uint16_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[i] = std::is_same<T, __nv_bfloat16>::value ? num::f32_to_bf16(v[i]) : num::f32_to_f16(v[i]);
+    }
+    *reinterpret_cast<uint2*>(out) =
+        make_uint2(h[0] | (uint32_t{h[1]} << 16), h[2] | (uint32_t{h[3]} << 16));
+  }
+}
+
+template <bool kNv, typename T>
+__global__ void __launch_bounds__(kWarps * 32) dequant_packed_kernel(DequantArgs a) {
+  const int slot = blockIdx.y;
+  const int i = a.first_group + slot;
+  if (i >= *a.n_touched) return;
+  const int64_t e = a.touched[i];
+  const MmaPackShape& s = a.fc.packed;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t wchunks = (a.ld + 63) / 64;  // chunks of 64 K up to ld
+  const int64_t items = s.tiles * wchunks;
+  const int64_t nblk = kNv ? s.fp4_blocks : s.scale_blocks;
+  const int shift = kNv ? 4 : 5;  // 16 or 32 K per scale
+  const float glob = a.fc.global_scale[e];
+  T* out = static_cast<T*>(a.out) + slot * a.slot_stride;
+  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); it < items;
+       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t m = it / wchunks, c = it - m * wchunks;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (c < s.chunks) {
+      v = *reinterpret_cast<const uint4*>(a.fc.packed_words + e * s.words_per_expert() +
+                                          (m * s.chunks + c) * 128 + lane * 4);
+    }
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int64_t pr = 16 * m + g + 8 * rr;
+      const int64_t lr = s.logical_row(pr);
+      if (lr < 0) continue;
+      const int64_t row_entry = ((e * s.tiles + m) * 16 + g + 8 * rr) * nblk;  // tile order
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        const int64_t k0 = 64 * c + 16 * st + 4 * t;
+        if (k0 >= a.ld) continue;
+        float val[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // k0 + q: pair rr + 2 (q / 2), half q % 2
+          const int j = rr + 2 * (q >> 1);
+          unsigned code = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            code |= ((w[st] >> mma_fp4_bit(s.fp4_mag_bit, j, q & 1, b)) & 1u) << b;
+          }
+          const int64_t k = k0 + q;
+          val[q] = 0.0f;
+          if (k < s.k) {
+            const uint8_t sc = a.fc.packed_scales[row_entry + (k >> shift)];
+            const float sv = kNv ? num::e4m3_to_f32(sc) : num::e8m0_to_f32(sc);
+            val[q] = (num::e2m1_to_f32(static_cast<uint8_t>(code)) * sv) * glob;
+          }
+        }
+        store4(out + lr * a.ld + k0, val);
+      }
+    }
+  }
+}
+
+template <bool kNv>
+Status launch_typed(const DequantArgs& a, dim3 grid, cudaStream_t stream) {
+  switch (a.out_dtype) {
+    case DType::kBF16:
+      dequant_packed_kernel<kNv, __nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(a);
+      break;
+    case DType::kF16:
+      dequant_packed_kernel<kNv, __half><<<grid, kWarps * 32, 0, stream>>>(a);
+      break;
+    default:
+      dequant_packed_kernel<kNv, float><<<grid, kWarps * 32, 0, stream>>>(a);
+      break;
+  }
+  QMOE_CUDA_CHECK_LAUNCH("dequant_packed_kernel");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_dequant_packed(const DequantArgs& a, cudaStream_t stream) {
+  const DeviceFc& f = a.fc;
+  const MmaPackShape& s = f.packed;
+  if (s.codes == MmaCodes::kInt || s.n != f.n || s.k != f.k || f.packed_scales == nullptr ||
+      f.global_scale == nullptr || a.ld % 8 != 0 || a.ld < f.k) {
+    return Status::invalid(
+        "dequant: a packed FC must be FP4 with its shape's n and k, scales and a global scale, "
+        "and ld a multiple of 8 >= k");
+  }
+  const int64_t items = s.tiles * ((a.ld + 63) / 64);
+  const int64_t blocks = (items + kWarps - 1) / kWarps;
+  const dim3 grid(static_cast<unsigned>(blocks < 65535 ? blocks : 65535),
+                  static_cast<unsigned>(a.max_groups));
+  return s.codes == MmaCodes::kNvFp4 ? launch_typed<true>(a, grid, stream)
+                                     : launch_typed<false>(a, grid, stream);
+}
+
+}  // namespace qmoe::cuda
