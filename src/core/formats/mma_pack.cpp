@@ -151,14 +151,49 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
 }
 
 // FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0.
+// K is a multiple of 16, so a K step lies inside K or past it whole, and lane (g, t)'s word of a
+// step is two bytes of row g (pairs 0 and 2: codes 4t..4t+3) and two of row g + 8 (pairs 1 and 3),
+// each byte spread to its pair's bits by a table: four lookups per word (a slot at a time, the
+// prepare of a large layer spent seconds here).
 void pack_fp4_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  for_each_slot(s, dst_e, [&](uint32_t* words, int pair, int half, int64_t lr, int64_t k) {
-    if (lr < 0 || k >= s.k) return;
-    const unsigned code = (raw[(e * s.n + lr) * (s.k / 2) + k / 2] >> (4 * (k & 1))) & 15u;
-    for (int i = 0; i < 4; ++i) {
-      words[pair / 4] |= ((code >> i) & 1u) << mma_fp4_bit(s.fp4_mag_bit, pair % 4, half, i);
+  uint32_t spread[4][256];  // [pair j][byte: first code low nibble, second high]
+  for (int j = 0; j < 4; ++j) {
+    for (unsigned v = 0; v < 256; ++v) {
+      uint32_t w = 0;
+      for (int half = 0; half < 2; ++half) {
+        const unsigned code = (v >> (4 * half)) & 15u;
+        for (int i = 0; i < 4; ++i) {
+          w |= ((code >> i) & 1u) << mma_fp4_bit(s.fp4_mag_bit, j, half, i);
+        }
+      }
+      spread[j][v] = w;
     }
-  });
+  }
+  const int64_t steps = s.k / 16, row_bytes = s.k / 2;
+  for (int64_t m = 0; m < s.tiles; ++m) {
+    const uint8_t* rows[16];
+    for (int r = 0; r < 16; ++r) {
+      const int64_t lr = s.logical_row(16 * m + r);
+      rows[r] = lr >= 0 ? raw + (e * s.n + lr) * row_bytes : nullptr;
+    }
+    for (int64_t c = 0; c < s.chunks; ++c) {
+      uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint8_t* ra = rows[lane / 4];
+        const uint8_t* rb = rows[lane / 4 + 8];
+        for (int st = 0; st < 4; ++st) {
+          const int64_t step = 4 * c + st;
+          uint32_t w = 0;
+          if (step < steps) {
+            const int64_t at = (16 * step + 4 * (lane % 4)) / 2;
+            if (ra != nullptr) w |= spread[0][ra[at]] | spread[2][ra[at + 1]];
+            if (rb != nullptr) w |= spread[1][rb[at]] | spread[3][rb[at + 1]];
+          }
+          chunk[lane * 4 + st] = w;
+        }
+      }
+    }
+  }
 }
 
 // Runs pack(e) for every expert, over every core: experts are independent and write disjoint
