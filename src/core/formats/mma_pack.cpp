@@ -22,13 +22,6 @@ Slot slot_of(int bits, int pair, int half) {
   return {pair / p, half * 16 + bits * (pair % p)};
 }
 
-// The (row in tile, k in step) of lane L's pair j, half h.
-void fragment_position(int lane, int j, int half, int* row, int* kk) {
-  const int g = lane / 4, t = lane % 4;
-  *row = g + 8 * (j & 1);
-  *kk = 4 * t + 2 * (j >> 1) + half;
-}
-
 }  // namespace
 
 bool mma_pack_supported(const FcFormat& f, int64_t k) {
@@ -114,40 +107,53 @@ void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t expe
 
 namespace {
 
-// Calls put(word, pair, half, lr, k) for every code slot of expert e's packed tiles: word is the
-// lane's word array of the chunk (4 words), lr the slot's logical row (-1 for padding), k its K.
-template <typename F>
-void for_each_slot(const MmaPackShape& s, uint32_t* dst_e, F&& put) {
-  const int sc = s.steps_per_chunk;
+// Codes k0..k0 + 3 of an LSB-first row (4 bits <= 32 bits, from at most 5 bytes, none past the
+// codes' own).
+unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
+  const int64_t bit = k0 * bits;
+  const uint8_t* p = row + (bit >> 3);
+  const int shift = static_cast<int>(bit & 7);
+  const int bytes = (shift + 4 * bits + 7) / 8;
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<unsigned>((v >> shift) & ((uint64_t{1} << (4 * bits)) - 1));
+}
+
+// Packs expert e into dst_e (words_per_expert() words, zeroed). K is a multiple of 16, so a K
+// step lies inside K or past it whole, and lane (g, t)'s codes of a step are four consecutive ones
+// of row g (pairs 0 and 2) and of row g + 8 (pairs 1 and 3), read at once (a slot at a time, the
+// prepare of a large layer spent seconds here).
+void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  const int b = s.bits, sc = s.steps_per_chunk, per_word = 16 / b;
+  const unsigned mask = (1u << b) - 1u;
+  const unsigned mid_quad = (1u << (b - 1)) * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
+  const int64_t steps = s.k / 16, row_bytes = formats::packed_bytes(s.k, b);
   for (int64_t m = 0; m < s.tiles; ++m) {
-    int64_t lrow[16];
-    for (int r = 0; r < 16; ++r) lrow[r] = s.logical_row(16 * m + r);
+    const uint8_t* rows[16];
+    for (int r = 0; r < 16; ++r) {
+      const int64_t lr = s.logical_row(16 * m + r);
+      rows[r] = lr >= 0 ? raw + (e * s.n + lr) * row_bytes : nullptr;
+    }
     for (int64_t c = 0; c < s.chunks; ++c) {
       uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
       for (int lane = 0; lane < 32; ++lane) {
-        for (int pair = 0; pair < 4 * sc; ++pair) {
-          const int64_t step = c * sc + pair / 4;
-          for (int half = 0; half < 2; ++half) {
-            int row, kk;
-            fragment_position(lane, pair % 4, half, &row, &kk);
-            put(chunk + lane * 4, pair, half, lrow[row], 16 * step + kk);
+        uint32_t* words = chunk + lane * 4;
+        for (int st = 0; st < sc; ++st) {
+          const int64_t step = c * sc + st;
+          const int64_t k0 = 16 * step + 4 * (lane % 4);
+          for (int rr = 0; rr < 2; ++rr) {
+            const uint8_t* row = rows[lane / 4 + 8 * rr];
+            const unsigned quad = row != nullptr && step < steps ? read_quad(row, k0, b) : mid_quad;
+            for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
+              const int pair = 4 * st + rr + 2 * (q >> 1);
+              const unsigned code = (quad >> (b * q)) & mask;
+              words[pair / per_word] |= code << (16 * (q & 1) + b * (pair % per_word));
+            }
           }
         }
       }
     }
   }
-}
-
-// Packs expert e into dst_e (words_per_expert() words, zeroed).
-void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  const int b = s.bits;
-  const int64_t row_bytes = formats::packed_bytes(s.k, b);
-  for_each_slot(s, dst_e, [&](uint32_t* words, int pair, int half, int64_t lr, int64_t k) {
-    unsigned code = 1u << (b - 1);
-    if (lr >= 0 && k < s.k) code = formats::read_bits(raw + (e * s.n + lr) * row_bytes, k, b);
-    const Slot sl = slot_of(b, pair, half);
-    words[sl.word] |= code << sl.bit;
-  });
 }
 
 // FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0.
@@ -245,7 +251,7 @@ unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t 
   const int64_t m = pr / 16, r = pr % 16;
   const int64_t step = k / 16, kk = k % 16;
   const int64_t c = step / sc;
-  // Invert fragment_position: row r = g + 8 (j & 1), kk = 4 t + 2 (j >> 1) + half.
+  // Lane (g, t)'s pair j, half h holds row g + 8 (j & 1), kk = 4 t + 2 (j >> 1) + h (mma_pack.h).
   const int g = static_cast<int>(r % 8), t = static_cast<int>(kk / 4);
   const int j = static_cast<int>((r >= 8 ? 1 : 0) + 2 * ((kk % 4) / 2));
   const int half = static_cast<int>(kk % 2);
