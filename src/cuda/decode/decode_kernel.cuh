@@ -444,7 +444,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     const uint16_t* mp = msm + (tile * 16 + g) * geo.mblk + 4 * c0;
     auto process = [&](const uint4& wv) {
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
-      uint2 mv0 = make_uint2(0u, 0u), mv1 = make_uint2(0u, 0u);  // steps 0-1 and 2-3, two each
+      // NVFP4: rows g (mv0) and g + 8 (mv1); .x holds steps 0-1, .y steps 2-3.
+      uint2 mv0 = make_uint2(0u, 0u), mv1 = make_uint2(0u, 0u);
       if constexpr (kNvFp4) {
         mv0 = *reinterpret_cast<const uint2*>(mp);
         mv1 = *reinterpret_cast<const uint2*>(mp + mblk8);
