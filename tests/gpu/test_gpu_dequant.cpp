@@ -26,13 +26,8 @@ void use_packed_copy(const QuantizedFc& q, const std::vector<uint8_t>& k_packed,
   const MmaPackShape s = mma_pack_shape(q.format, q.n, q.k, map, inter, act);
   std::vector<uint32_t> words;
   mma_pack_fp4(s, k_packed.data(), q.experts, &words);
-  MmaPackShape blocks = s;
-  if (s.codes == MmaCodes::kNvFp4) {
-    blocks.block_size = 16;
-    blocks.scale_blocks = s.fp4_blocks;
-  }
   std::vector<uint8_t> tiled;
-  mma_pack_scales(blocks, q.scales.data(), 1, q.experts, &tiled);
+  mma_pack_scales(mma_fp4_scale_shape(s), q.scales.data(), 1, q.experts, &tiled);
   ASSERT_TRUE(d->words.upload(words));
   ASSERT_TRUE(d->tiled.upload(tiled));
   d->fc.packed = s;

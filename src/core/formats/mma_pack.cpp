@@ -119,15 +119,16 @@ unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
   return static_cast<unsigned>((v >> shift) & ((uint64_t{1} << (4 * bits)) - 1));
 }
 
-// Packs expert e into dst_e (words_per_expert() words, zeroed). K is a multiple of 16, so a K
-// step lies inside K or past it whole, and lane (g, t)'s codes of a step are four consecutive ones
-// of row g (pairs 0 and 2) and of row g + 8 (pairs 1 and 3), read at once (a slot at a time, the
-// prepare of a large layer spent seconds here).
-void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  const int b = s.bits, sc = s.steps_per_chunk, per_word = 16 / b;
-  const unsigned mask = (1u << b) - 1u;
-  const unsigned mid_quad = (1u << (b - 1)) * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
-  const int64_t steps = s.k / 16, row_bytes = formats::packed_bytes(s.k, b);
+// Calls f(words, st, k0, ra, rb) for every lane and K step of expert e's packed tiles: words is
+// the lane's 4 words of the chunk, k0 the step's first K of the lane's codes (4 t into the step),
+// or -1 for a step past K (K is a multiple of 16, so a step lies inside K or past it whole), and
+// ra, rb rows g and g + 8 of the raw codes (null for padding rows). Lane (g, t)'s codes of a step
+// are k0..k0 + 3 of row g (pairs 0 and 2) and of row g + 8 (pairs 1 and 3).
+template <typename F>
+void for_each_lane_step(const MmaPackShape& s, const uint8_t* raw, int64_t e, int64_t row_bytes,
+                        uint32_t* dst_e, F&& f) {
+  const int sc = s.steps_per_chunk;
+  const int64_t steps = s.k / 16;
   for (int64_t m = 0; m < s.tiles; ++m) {
     const uint8_t* rows[16];
     for (int r = 0; r < 16; ++r) {
@@ -137,30 +138,40 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
     for (int64_t c = 0; c < s.chunks; ++c) {
       uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
       for (int lane = 0; lane < 32; ++lane) {
-        uint32_t* words = chunk + lane * 4;
         for (int st = 0; st < sc; ++st) {
           const int64_t step = c * sc + st;
-          const int64_t k0 = 16 * step + 4 * (lane % 4);
-          for (int rr = 0; rr < 2; ++rr) {
-            const uint8_t* row = rows[lane / 4 + 8 * rr];
-            const unsigned quad = row != nullptr && step < steps ? read_quad(row, k0, b) : mid_quad;
-            for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
-              const int pair = 4 * st + rr + 2 * (q >> 1);
-              const unsigned code = (quad >> (b * q)) & mask;
-              words[pair / per_word] |= code << (16 * (q & 1) + b * (pair % per_word));
-            }
-          }
+          const int64_t k0 = step < steps ? 16 * step + 4 * (lane % 4) : -1;
+          f(chunk + lane * 4, st, k0, rows[lane / 4], rows[lane / 4 + 8]);
         }
       }
     }
   }
 }
 
-// FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0.
-// K is a multiple of 16, so a K step lies inside K or past it whole, and lane (g, t)'s word of a
-// step is two bytes of row g (pairs 0 and 2: codes 4t..4t+3) and two of row g + 8 (pairs 1 and 3),
-// each byte spread to its pair's bits by a table: four lookups per word (a slot at a time, the
-// prepare of a large layer spent seconds here).
+// Packs expert e into dst_e (words_per_expert() words, zeroed): each lane's codes of a step read at
+// once (a slot at a time, the prepare of a large layer spent seconds here).
+void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  const int b = s.bits, per_word = 16 / b;
+  const unsigned mask = (1u << b) - 1u;
+  const unsigned mid_quad = (1u << (b - 1)) * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
+  for_each_lane_step(
+      s, raw, e, formats::packed_bytes(s.k, b), dst_e,
+      [&](uint32_t* words, int st, int64_t k0, const uint8_t* ra, const uint8_t* rb) {
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint8_t* row = rr ? rb : ra;
+          const unsigned quad = row != nullptr && k0 >= 0 ? read_quad(row, k0, b) : mid_quad;
+          for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
+            const int pair = 4 * st + rr + 2 * (q >> 1);
+            const unsigned code = (quad >> (b * q)) & mask;
+            words[pair / per_word] |= code << (16 * (q & 1) + b * (pair % per_word));
+          }
+        }
+      });
+}
+
+// FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0. A
+// lane's word of a step is two bytes of row g and two of row g + 8, each spread to its pair's bits
+// by a table: four lookups per word.
 void pack_fp4_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
   uint32_t spread[4][256];  // [pair j][byte: first code low nibble, second high]
   for (int j = 0; j < 4; ++j) {
@@ -175,31 +186,14 @@ void pack_fp4_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint3
       spread[j][v] = w;
     }
   }
-  const int64_t steps = s.k / 16, row_bytes = s.k / 2;
-  for (int64_t m = 0; m < s.tiles; ++m) {
-    const uint8_t* rows[16];
-    for (int r = 0; r < 16; ++r) {
-      const int64_t lr = s.logical_row(16 * m + r);
-      rows[r] = lr >= 0 ? raw + (e * s.n + lr) * row_bytes : nullptr;
-    }
-    for (int64_t c = 0; c < s.chunks; ++c) {
-      uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
-      for (int lane = 0; lane < 32; ++lane) {
-        const uint8_t* ra = rows[lane / 4];
-        const uint8_t* rb = rows[lane / 4 + 8];
-        for (int st = 0; st < 4; ++st) {
-          const int64_t step = 4 * c + st;
-          uint32_t w = 0;
-          if (step < steps) {
-            const int64_t at = (16 * step + 4 * (lane % 4)) / 2;
-            if (ra != nullptr) w |= spread[0][ra[at]] | spread[2][ra[at + 1]];
-            if (rb != nullptr) w |= spread[1][rb[at]] | spread[3][rb[at + 1]];
-          }
-          chunk[lane * 4 + st] = w;
-        }
-      }
-    }
-  }
+  for_each_lane_step(
+      s, raw, e, s.k / 2, dst_e,
+      [&](uint32_t* words, int st, int64_t k0, const uint8_t* ra, const uint8_t* rb) {
+        if (k0 < 0) return;  // zeroed: +0
+        const int64_t at = k0 / 2;
+        if (ra != nullptr) words[st] |= spread[0][ra[at]] | spread[2][ra[at + 1]];
+        if (rb != nullptr) words[st] |= spread[1][rb[at]] | spread[3][rb[at + 1]];
+      });
 }
 
 // Runs pack(e) for every expert, over every core: experts are independent and write disjoint
@@ -258,13 +252,8 @@ unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t 
   const int lane = 4 * g + t;
   const int pair = static_cast<int>(4 * (step % sc)) + j;
   const uint32_t* chunk = packed + e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4;
-  if (s.codes != MmaCodes::kInt) {
-    unsigned code = 0;
-    for (int i = 0; i < 4; ++i) {
-      code |= ((chunk[pair / 4] >> mma_fp4_bit(s.fp4_mag_bit, pair % 4, half, i)) & 1u) << i;
-    }
-    return code;
-  }
+  if (s.codes != MmaCodes::kInt)
+    return mma_fp4_code(chunk[pair / 4], s.fp4_mag_bit, pair % 4, half);
   const Slot sl = slot_of(b, pair, half);
   return (chunk[sl.word] >> sl.bit) & ((1u << b) - 1u);
 }

@@ -45,7 +45,7 @@ enum class MmaRowMap : uint8_t {
 };
 
 // What a packed code is: an integer (q - zp) or an E2M1 value; the FP4 formats differ in their
-// scales (see mma_pack_fp4_scales).
+// scales (see nvfp4_multiplier).
 enum class MmaCodes : uint8_t { kInt, kNvFp4, kMxFp4 };
 
 struct MmaPackShape {
@@ -101,6 +101,23 @@ void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
 QMOE_HD int mma_fp4_bit(int mag_bit, int j, int half, int i) {
   const int b = i < 3 ? mag_bit + 3 * j + i : mag_bit + 12 + j;
   return (b + 16 * half) % 32;
+}
+// The E2M1 code of half h of pair j in word w (the inverse of mma_fp4_bit).
+QMOE_HD unsigned mma_fp4_code(uint32_t w, int mag_bit, int j, int half) {
+  unsigned code = 0;
+  for (int i = 0; i < 4; ++i) code |= ((w >> mma_fp4_bit(mag_bit, j, half, i)) & 1u) << i;
+  return code;
+}
+
+// The shape the FP4 scales take in tile order (mma_pack_scales): NVFP4's e4m3 per 16-K block over
+// the padded K (fp4_blocks per row), MXFP4's e8m0 per 32-K block (scale_blocks).
+inline MmaPackShape mma_fp4_scale_shape(const MmaPackShape& s) {
+  MmaPackShape blocks = s;
+  if (s.codes == MmaCodes::kNvFp4) {
+    blocks.block_size = 16;
+    blocks.scale_blocks = s.fp4_blocks;
+  }
+  return blocks;
 }
 
 // The scales of an FP4 FC as the decode kernel applies them, each exactly. The packed copy keeps

@@ -91,7 +91,7 @@ __device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
 // Pair j of a word in the FP4 layout (mma_pack.h) as a bf16x2/f16x2, times mult: the magnitudes
 // (the word rotated right by 3 j) and the signs (rotated by P - 3 + j) masked into place give the
 // E2M1 values times 2^-126 (bf16) or 2^-14 (f16) exactly, subnormals included; the HMUL2 by mult
-// (NVFP4: the block's multiplier, MXFP4: 2^126 or 2^14) is exact as well (mma_fp4_scales). Two
+// (NVFP4: the block's multiplier, MXFP4: 2^126 or 2^14) is exact as well (nvfp4_multiplier). Two
 // LOP3s and a multiply per pair, and the word's five distinct rotations.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int j, uint32_t mult) {

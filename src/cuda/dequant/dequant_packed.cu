@@ -71,12 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32) dequant_packed_kernel(DequantArgs
         float val[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // k0 + q: pair rr + 2 (q / 2), half q % 2
-          const int j = rr + 2 * (q >> 1);
-          unsigned code = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            code |= ((w[st] >> mma_fp4_bit(s.fp4_mag_bit, j, q & 1, b)) & 1u) << b;
-          }
+          const unsigned code = mma_fp4_code(w[st], s.fp4_mag_bit, rr + 2 * (q >> 1), q & 1);
           const int64_t k = k0 + q;
           val[q] = 0.0f;
           if (k < s.k) {

@@ -241,7 +241,7 @@ class CudaLayer final : public PreparedLayer {
   int64_t hp_, ip_, n1p_, slot_elems_;
   DeviceFc fc1_, fc2_, fc3_;
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
-  // present when both FCs are integer formats that layout supports.
+  // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
   DispatchTable dispatch_;
   MmaPackShape pack1_, pack2_;
@@ -360,8 +360,6 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   auto upload_bytes = [&](const void* data, size_t bytes, const void** dst) {
     return upload(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}), dst);
   };
-  // FP4: K-packed codes (ORT's N-packed layout repacked), the scales as the kernel applies them
-  // (fp32 per row or block, NVFP4's 16-bit multipliers), all in tile order.
   // FP4: K-packed codes (ORT's N-packed layout repacked) and the 8-bit scales in tile order (NVFP4
   // in blocks of 16 over the padded K). The kernels turn the scales into what they apply.
   auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
@@ -379,13 +377,8 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
     *packed = static_cast<const uint32_t*>(p);
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
-    MmaPackShape blocks = shape;
-    if (shape.codes == MmaCodes::kNvFp4) {
-      blocks.block_size = 16;
-      blocks.scale_blocks = shape.fp4_blocks;
-    }
     std::vector<uint8_t> tiled;
-    mma_pack_scales(blocks, host.data(), 1, E, &tiled);
+    mma_pack_scales(mma_fp4_scale_shape(shape), host.data(), 1, E, &tiled);
     QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
     *scales = static_cast<const uint8_t*>(p);
     return Status::ok();
