@@ -2,7 +2,6 @@
 #include "core/formats/mma_pack.h"
 
 #include <algorithm>
-#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -228,8 +227,7 @@ void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
 }
 
 float nvfp4_multiplier(uint8_t e4m3, bool bf16) {
-  const int c = nvfp4_mult_shift(bf16);
-  return std::ldexp(num::e4m3_to_f32(e4m3), bf16 ? 126 - c : 14 - c);
+  return num::e4m3_to_f32(e4m3) * nvfp4_mult_factor(bf16);  // exact: a power of two
 }
 
 void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,

@@ -130,6 +130,15 @@ inline MmaPackShape mma_fp4_scale_shape(const MmaPackShape& s) {
 //   MXFP4: the decoded pairs are multiplied by the constant 2^126 (2^14), and the fp32 sums of
 //          each 32-K block by e8m0 * global.
 constexpr int nvfp4_mult_shift(bool bf16) { return bf16 ? 8 : 7; }
+// 2^e as a float, at compile time (e in [-126, 127]).
+constexpr float exp2_int(int e) {
+  return e == 0 ? 1.0f : e > 0 ? 2.0f * exp2_int(e - 1) : 0.5f * exp2_int(e + 1);
+}
+// A multiplier over its e4m3 value: 2^(126 - c) (bf16) or 2^(14 - c) (f16). The kernels apply
+// these (copy_fp4_scales) and nvfp4_multiplier below, so host and device share one definition.
+constexpr float nvfp4_mult_factor(bool bf16) {
+  return exp2_int((bf16 ? 126 : 14) - nvfp4_mult_shift(bf16));
+}
 // An e4m3 scale's multiplier, as a float (exact in the layout's 16-bit type).
 float nvfp4_multiplier(uint8_t e4m3, bool bf16);
 

@@ -106,7 +106,8 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
   const MmaPackShape& s = a.shape;
   const float g = a.global[e];
   if constexpr (kCode == static_cast<int>(MmaCodes::kNvFp4)) {
-    const float row_scale = g * (kBf16 ? 256.0f : 128.0f);  // 2^nvfp4_mult_shift
+    constexpr float kRowFactor = exp2_int(nvfp4_mult_shift(kBf16));
+    const float row_scale = g * kRowFactor;
     for (int i = tid; i < ntl * 16; i += kWarps * 32) sc[i] = row_scale;
     const uint4* src = reinterpret_cast<const uint4*>(a.scales + (e * s.tiles + m0) * 16 * mblk);
     for (int i = tid; i < ntl * mblk; i += kWarps * 32) {  // 16 scales per load
@@ -120,10 +121,12 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
         const __half2 h = *reinterpret_cast<const __half2*>(&hr);
         if constexpr (kBf16) {
           const float2 f = __half22float2(h);
-          const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * 0x1p118f, f.y * 0x1p118f);
+          constexpr float kFactor = nvfp4_mult_factor(true);
+          const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * kFactor, f.y * kFactor);
           o[j] = *reinterpret_cast<const uint32_t*>(&b);
         } else {
-          const __half2 m = __hmul2(h, __float2half2_rn(128.0f));
+          constexpr float kFactor = nvfp4_mult_factor(false);
+          const __half2 m = __hmul2(h, __float2half2_rn(kFactor));
           o[j] = *reinterpret_cast<const uint32_t*>(&m);
         }
       }
