@@ -30,8 +30,8 @@ TEST(Dispatch, AnalyticDefault) {
   const DispatchTable t(true, 8, 128);  // 8 routes per token over 128 experts
   EXPECT_EQ(chosen(t, 1), "decode/1");
   EXPECT_EQ(chosen(t, 8), "decode/1");
-  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes), "decode/1");  // 4 routes per expert on average
-  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");
+  EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens), "decode/1");  // 4 routes per expert
+  EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens + 1), "generic");
   const DispatchTable crowded(true, 8, 8);  // every token on every expert
   EXPECT_EQ(chosen(crowded, 8), "decode/1");
   EXPECT_EQ(chosen(crowded, 9), "decode/2");
@@ -46,8 +46,10 @@ TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
   EXPECT_EQ(chosen(t, 3), "generic");
   EXPECT_EQ(chosen(t, 16), "generic");
   EXPECT_EQ(chosen(t, 17), "decode/1");
-  EXPECT_EQ(chosen(t, 65), "generic");  // decode cannot take 65 tokens
-  EXPECT_EQ(chosen(t, 101), "generic");
+  EXPECT_EQ(chosen(t, 101), "generic");  // past the rows: the analytic default
+  ASSERT_TRUE(t.apply_tuned({{cuda::kDecodeMaxRoutes + 10, "decode/2"}}).is_ok());
+  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes), "decode/2");
+  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");  // past the decode kernel's bound
   const Status bad = t.apply_tuned({{4, "decode/3"}});
   EXPECT_FALSE(bad.is_ok());
   EXPECT_NE(bad.message().find("decode/3"), std::string::npos);
@@ -59,7 +61,8 @@ TEST(Dispatch, EnvironmentOverride) {
   {
     EnvOverride o("QMOE_DISPATCH", "decode/2");
     EXPECT_EQ(chosen(t, 1), "decode/2");
-    EXPECT_EQ(chosen(t, 65), "generic");
+    EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens + 1), "decode/2");
+    EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");
   }
   {
     EnvOverride o("QMOE_CUDA_PATH", "generic");
@@ -74,6 +77,8 @@ TEST(Dispatch, EnvironmentOverride) {
   EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 3u);   // generic, decode/1, decode/cc
   EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // generic, decode/1, decode/2
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
+  EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes).size(), 3u);
+  EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes + 1).size(), 1u);
 }
 
 // Rows per pass on the decode path: four times the mean routes per expert, to the nearest power
@@ -112,6 +117,36 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
       EXPECT_LE(runs[i].error, gpu_budget(s.act_dtype)) << names[i] << ", " << tokens << " tokens";
     }
     EXPECT_EQ(runs[1].out, runs[2].out) << tokens << " tokens";
+  }
+}
+
+// Past the analytic default's window the decode kernel still takes a call when a tune file or the
+// override asks for it: experts with many more routes than a pass holds (16) run several passes.
+// 8 experts of 8 routes per token: every expert takes every token.
+TEST(GpuDispatch, DecodePastTheDefaultWindow) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 8, 8);
+  s.act_dtype = DType::kBF16;
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  for (int64_t tokens : {cuda::kDecodeDefaultMaxTokens + 1, int64_t{200}, int64_t{1000}}) {
+    {
+      EnvOverride o("QMOE_DISPATCH", "decode/1");
+      EXPECT_EQ(layer->dispatch_choice(tokens), "decode/1") << tokens << " tokens";
+    }
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun one, two;
+    gpu_run_with("QMOE_DISPATCH", "decode/1", tl, ti, &one);
+    if (::testing::Test::HasFatalFailure()) return;
+    gpu_run_with("QMOE_DISPATCH", "decode/2", tl, ti, &two);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_LE(one.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    EXPECT_LE(two.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    EXPECT_EQ(one.out, two.out) << tokens << " tokens";
   }
 }
 

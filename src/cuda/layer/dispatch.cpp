@@ -74,7 +74,9 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
 }
 
 DispatchChoice DispatchTable::analytic(int64_t tokens) const {
-  if (!decode_supported_ || tokens > kDecodeMaxRoutes) return DispatchChoice{CallPath::kGeneric, 1};
+  if (!decode_supported_ || tokens > kDecodeDefaultMaxTokens) {
+    return DispatchChoice{CallPath::kGeneric, 1};
+  }
   const bool crowded = tokens * slots_ > 8 * experts_ && tokens > 8;
   return DispatchChoice{CallPath::kDecode, crowded ? 2 : 1};
 }

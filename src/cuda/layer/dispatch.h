@@ -1,7 +1,7 @@
 // The CUDA backend's one dispatch table: for a prepared layer and a call's token count, which path
 // runs (the decode kernel, with one or two mma column groups per pass, or the generic path).
 //
-//   analytic default  decode up to kDecodeMaxRoutes tokens where the decode kernel takes both FCs,
+//   analytic default  decode up to kDecodeDefaultMaxTokens where the decode kernel takes both FCs,
 //                     generic elsewhere; two column groups (16 routes per pass) only where an
 //                     expert averages more than 8 routes (tokens x slots / experts), since a pass
 //                     of 16 staged rows costs shared memory, hence blocks per SM, on every expert;
@@ -27,6 +27,10 @@
 namespace qmoe::cuda {
 
 enum class CallPath : uint8_t { kDecode, kGeneric };
+
+// The analytic default's decode window. The decode kernel takes calls up to kDecodeMaxRoutes
+// tokens (decode_gemv.h), and the tuner and QMOE_DISPATCH may choose it anywhere there.
+constexpr int64_t kDecodeDefaultMaxTokens = 64;
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
