@@ -30,11 +30,19 @@ TEST(Dispatch, AnalyticDefault) {
   const DispatchTable t(true, 8, 128);  // 8 routes per token over 128 experts
   EXPECT_EQ(chosen(t, 1), "decode/1");
   EXPECT_EQ(chosen(t, 8), "decode/1");
-  EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens), "decode/1");  // 4 routes per expert
-  EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens + 1), "generic");
+  EXPECT_EQ(chosen(t, 64), "decode/1");   // 4 routes per expert on average
+  EXPECT_EQ(chosen(t, 256), "decode/1");  // 16: the largest mean past 64 tokens
+  EXPECT_EQ(chosen(t, 257), "generic");
   const DispatchTable crowded(true, 8, 8);  // every token on every expert
-  EXPECT_EQ(chosen(crowded, 8), "decode/1");
-  EXPECT_EQ(chosen(crowded, 9), "decode/2");
+  EXPECT_EQ(chosen(crowded, 9), "decode/1");
+  EXPECT_EQ(chosen(crowded, cuda::kDecodeWindowTokens), "decode/1");  // 64 routes, the window
+  EXPECT_EQ(chosen(crowded, cuda::kDecodeWindowTokens + 1), "generic");
+  const DispatchTable mixtral(true, 2, 8);
+  EXPECT_EQ(chosen(mixtral, 64), "decode/1");  // 16 routes per expert
+  EXPECT_EQ(chosen(mixtral, 65), "generic");
+  const DispatchTable wide(true, 8, 1 << 14);  // the window never passes the kernel's bound
+  EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes), "decode/1");
+  EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes + 1), "generic");
   const DispatchTable none(false, 8, 128);
   EXPECT_EQ(chosen(none, 1), "generic");
 }
@@ -46,7 +54,8 @@ TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
   EXPECT_EQ(chosen(t, 3), "generic");
   EXPECT_EQ(chosen(t, 16), "generic");
   EXPECT_EQ(chosen(t, 17), "decode/1");
-  EXPECT_EQ(chosen(t, 101), "generic");  // past the rows: the analytic default
+  EXPECT_EQ(chosen(t, 101), "decode/1");  // past the rows: the analytic default
+  EXPECT_EQ(chosen(t, 300), "generic");
   ASSERT_TRUE(t.apply_tuned({{cuda::kDecodeMaxRoutes + 10, "decode/2"}}).is_ok());
   EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes), "decode/2");
   EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");  // past the decode kernel's bound
@@ -61,7 +70,7 @@ TEST(Dispatch, EnvironmentOverride) {
   {
     EnvOverride o("QMOE_DISPATCH", "decode/2");
     EXPECT_EQ(chosen(t, 1), "decode/2");
-    EXPECT_EQ(chosen(t, cuda::kDecodeDefaultMaxTokens + 1), "decode/2");
+    EXPECT_EQ(chosen(t, 1000), "decode/2");
     EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");
   }
   {
@@ -132,7 +141,7 @@ TEST(GpuDispatch, DecodePastTheDefaultWindow) {
   make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
-  for (int64_t tokens : {cuda::kDecodeDefaultMaxTokens + 1, int64_t{200}, int64_t{1000}}) {
+  for (int64_t tokens : {cuda::kDecodeWindowTokens + 1, int64_t{200}, int64_t{1000}}) {
     {
       EnvOverride o("QMOE_DISPATCH", "decode/1");
       EXPECT_EQ(layer->dispatch_choice(tokens), "decode/1") << tokens << " tokens";

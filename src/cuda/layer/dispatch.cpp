@@ -74,11 +74,12 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
 }
 
 DispatchChoice DispatchTable::analytic(int64_t tokens) const {
-  if (!decode_supported_ || tokens > kDecodeDefaultMaxTokens) {
+  const bool in_window = tokens <= kDecodeWindowTokens ||
+                         tokens * slots_ <= kDecodeMaxMeanRoutes * experts_;
+  if (!decode_supported_ || tokens > kDecodeMaxRoutes || !in_window) {
     return DispatchChoice{CallPath::kGeneric, 1};
   }
-  const bool crowded = tokens * slots_ > 8 * experts_ && tokens > 8;
-  return DispatchChoice{CallPath::kDecode, crowded ? 2 : 1};
+  return DispatchChoice{CallPath::kDecode, 1};
 }
 
 DispatchChoice DispatchTable::feasible(DispatchChoice c, int64_t tokens) const {

@@ -1,20 +1,23 @@
 // The CUDA backend's one dispatch table: for a prepared layer and a call's token count, which path
 // runs (the decode kernel, with one or two mma column groups per pass, or the generic path).
 //
-//   analytic default  decode up to kDecodeDefaultMaxTokens where the decode kernel takes both FCs,
-//                     generic elsewhere; two column groups (16 routes per pass) only where an
-//                     expert averages more than 8 routes (tokens x slots / experts), since a pass
-//                     of 16 staged rows costs shared memory, hence blocks per SM, on every expert;
+//   analytic default  decode/1 where the decode kernel takes both FCs and the call is inside its
+//                     default window: up to kDecodeWindowTokens tokens, and past that while an
+//                     expert averages at most kDecodeMaxMeanRoutes routes (tokens x slots /
+//                     experts); generic elsewhere;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
+//   decode/2          16 routes per pass: a tuner candidate past 8 tokens, never the analytic
+//                     default (it lost to decode/1 at every count measured on an H200, from 16 to
+//                     64 routes per expert: docs/cuda-backend.md);
 //   decode/cc         the decode kernel on CUDA cores, one route per pass (an expert with r routes
 //                     reads its weights r times, all but the first from L2): a tuner candidate up
 //                     to 8 tokens, never the analytic default (it lost to decode/1 at every count
 //                     measured on an H200, docs/cuda-backend.md);
 //   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc: forces one choice (A/B runs);
 //                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
-// A choice the call cannot take (decode beyond its window or for a layer it does not support)
-// falls back to the generic path, which takes every call.
+// A choice the call cannot take (decode past kDecodeMaxRoutes tokens or for a layer it does not
+// support) falls back to the generic path, which takes every call.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +32,15 @@ namespace qmoe::cuda {
 enum class CallPath : uint8_t { kDecode, kGeneric };
 
 // The analytic default's decode window. The decode kernel takes calls up to kDecodeMaxRoutes
-// tokens (decode_gemv.h), and the tuner and QMOE_DISPATCH may choose it anywhere there.
-constexpr int64_t kDecodeDefaultMaxTokens = 64;
+// tokens (decode_gemv.h), and the tuner and QMOE_DISPATCH may choose it anywhere there; the
+// default takes it where it won on an H200 (bench/results/2026-12-01-h200-window.md): against
+// the generic path (dequantize the touched experts, grouped GEMM), qwen3-30b-a3b INT4 at 128 /
+// 256 / 512 tokens (8 / 16 / 32 routes per expert) 230 / 395 / 651 us against 1028 / 1045 /
+// 1075, a tie at 64 routes (1024 tokens); INT8 a tie at 32; Mixtral-8x7B INT4 1650 against 2560
+// us at 16 routes per expert (64 tokens) and 3093 against 2584 at 32. So: every call of up to
+// 64 tokens (as before), and larger ones while an expert averages at most 16 routes.
+constexpr int64_t kDecodeWindowTokens = 64;
+constexpr int64_t kDecodeMaxMeanRoutes = 16;
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
