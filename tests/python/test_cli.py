@@ -16,6 +16,7 @@ from ortqmoe import (Layer, QuantFc, dequantize_int, encode_header, make_layer, 
 FORMATS = ["int2", "int3", "int4", "int8", "nvfp4", "mxfp4", "fp8", "fp8_block"]
 README = Path(__file__).resolve().parents[2] / "README.md"
 BAD_INPUT_EXIT = 2
+IO_EXIT = 3  # a file that cannot be read or written
 
 
 def _words(text):
@@ -217,9 +218,9 @@ def _rewrite(src, dst, edit):
     Path(dst).write_bytes(encode_header(header) + data)
 
 
-def _expect_bad(r, *patterns):
-    assert r.returncode == BAD_INPUT_EXIT, (
-        f"exit code {r.returncode}, expected {BAD_INPUT_EXIT}\n"
+def _expect_bad(r, *patterns, exit_code=BAD_INPUT_EXIT):
+    assert r.returncode == exit_code, (
+        f"exit code {r.returncode}, expected {exit_code}\n"
         f"stdout: {r.stdout}\nstderr: {r.stderr}")
     err = r.stderr
     for p in patterns:
@@ -290,7 +291,7 @@ def test_header_not_json(good, tmp_path):
 
 def test_missing_file(good, tmp_path):
     r = good.run(layer_path=tmp_path / "does_not_exist.safetensors")
-    _expect_bad(r, "does_not_exist.safetensors")
+    _expect_bad(r, "does_not_exist.safetensors", exit_code=IO_EXIT)
 
 
 @pytest.mark.parametrize("name", ["fc1_experts_weights", "fc1_scales", "fc2_experts_weights",

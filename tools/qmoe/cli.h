@@ -11,14 +11,22 @@
 
 namespace qmoe::cli {
 
-// Exit codes: 0 success, 1 a failed accuracy check, 2 bad usage or input (message on stderr).
+// Exit codes (every command; `qmoe --help` lists them): 0 success, 1 a failed accuracy check,
+// 2 bad usage or input (an option, a shape, a file's content), 3 an I/O error (a file that cannot
+// be read or written), 4 a valid request this build or machine cannot run (no GPU, a format a
+// backend lacks), 5 an internal error (a bug: please report). Messages go to stderr.
 constexpr int kExitOk = 0;
 constexpr int kExitCheckFailed = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitIo = 3;
+constexpr int kExitUnsupported = 4;
+constexpr int kExitInternal = 5;
+// The text of the list above, for the help footers.
+extern const char* const kExitCodesHelp;
 
 // Prints "qmoe: error: <message>" to stderr and returns kExitUsage.
 int usage_error(const std::string& message);
-// The same for a Status (its code name and message).
+// The same for a Status (its code name and message); returns the exit code of its StatusCode.
 int status_error(const Status& s);
 
 // Parses f32 | f16 | bf16 (activation dtypes); `flag` names the option in the message.

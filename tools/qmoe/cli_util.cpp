@@ -10,7 +10,26 @@ int usage_error(const std::string& message) {
   return kExitUsage;
 }
 
-int status_error(const Status& s) { return usage_error(s.to_string()); }
+const char* const kExitCodesHelp =
+    "Exit codes: 0 success, 1 a failed accuracy check, 2 bad usage or input, 3 an I/O error,\n"
+    "4 a request this build or machine cannot run (e.g. no GPU), 5 an internal error.";
+
+int status_error(const Status& s) {
+  std::fprintf(stderr, "qmoe: error: %s\n", s.to_string().c_str());
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kInvalidArgument:
+      return kExitUsage;
+    case StatusCode::kIoError:
+      return kExitIo;
+    case StatusCode::kUnsupported:
+      return kExitUnsupported;
+    case StatusCode::kInternal:
+      break;
+  }
+  return kExitInternal;
+}
 
 Status parse_act_dtype(const std::string& s, const char* flag, DType* out) {
   DType t;

@@ -22,7 +22,10 @@
 #include "presets.h"
 #include "qmoe/routing.h"
 #include "qmoe/tuning.h"
+#include "record.h"
 #include "synth.h"
+
+#include <nlohmann/json.hpp>
 
 namespace qmoe::cli {
 
@@ -44,7 +47,8 @@ struct BenchArgs {
   int threads = 0;
   int repeat = 0;   // 0: 100 on the GPU, 5 on the CPU
   int warmup = -1;  // -1: 10 on the GPU, 1 on the CPU
-  std::string csv = "bench-results.csv";
+  std::string csv;   // --csv FILE: append rows there (nothing is written unless asked)
+  std::string json;  // --json FILE: the rows and the run's record as one JSON document
   bool cold_l2 = false, warm_l2 = false;
   std::string l2_flush = "read";
   uint64_t seed = 0;
@@ -60,7 +64,8 @@ struct BenchArgs {
 constexpr const char* kHeader =
     "preset,format,dtype,tokens,experts_touched,bytes_touched,us_median,us_p10,us_p90,gbps,"
     "pct_of_read_ceiling,tflops,read_ceiling_gbps,error,budget,check,backend,device,graph,l2,"
-    "warmup,repeat,seed,read_ceiling_method,hidden,inter,experts,top_k,shared,path";
+    "warmup,repeat,seed,read_ceiling_method,hidden,inter,experts,top_k,shared,path,commit,"
+    "driver,cuda_runtime,settings,time_utc";
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -114,6 +119,7 @@ struct BenchContext {
   uint64_t seed = 0;
   std::string device;
   ReadCeiling ceiling;  // gbps 0: none (the CPU backend)
+  RunRecord record;     // the build, the machine and the settings every row names
 };
 
 // The CSV's l2 column: warm, or cold with the flush that made it (BenchTiming::Flush).
@@ -178,7 +184,10 @@ Status run_case(const BenchContext& ctx, const Layers& layers, const SyntheticLa
   r->budget = error_budget(spec.act_dtype, ctx.backend);
   if (!ctx.check) return Status::ok();
   std::vector<double> ref;
-  QMOE_RETURN_IF_ERROR(reference_forward(spec, synth.weights(), in.inputs, &ref));
+  {
+    StepNote note("the fp64 oracle at " + std::to_string(tokens) + " tokens");
+    QMOE_RETURN_IF_ERROR(reference_forward(spec, synth.weights(), in.inputs, &ref));
+  }
   std::vector<double> got(ref.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] = load_float(out.data, out.dtype, i);
   r->checked = true;
@@ -219,7 +228,40 @@ std::vector<std::string> csv_row(const BenchContext& ctx, const std::string& pre
           std::to_string(spec.num_experts),
           std::to_string(spec.routing.top_k),
           std::to_string(spec.routing.num_shared),
-          r.path};
+          r.path,
+          ctx.record.commit,
+          ctx.record.driver,
+          ctx.record.runtime,
+          settings_text(ctx.record),
+          ctx.record.time_utc};
+}
+
+// The --json document: the record once, then each row as an object keyed by the CSV's columns.
+std::string json_document(const BenchContext& ctx,
+                          const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::string> names;
+  std::string header = kHeader;
+  for (size_t at = 0; at <= header.size();) {
+    const size_t comma = std::min(header.find(',', at), header.size());
+    names.push_back(header.substr(at, comma - at));
+    at = comma + 1;
+  }
+  nlohmann::json doc;
+  doc["qmoe"] = ctx.record.version;
+  doc["commit"] = ctx.record.commit;
+  doc["device"] = ctx.device;
+  doc["driver"] = ctx.record.driver;
+  doc["cuda_runtime"] = ctx.record.runtime;
+  doc["settings"] = nlohmann::json::object();
+  for (const auto& [k, v] : ctx.record.settings) doc["settings"][k] = v;
+  doc["time_utc"] = ctx.record.time_utc;
+  doc["rows"] = nlohmann::json::array();
+  for (const auto& row : rows) {
+    nlohmann::json o;
+    for (size_t i = 0; i < names.size() && i < row.size(); ++i) o[names[i]] = row[i];
+    doc["rows"].push_back(o);
+  }
+  return doc.dump(2) + "\n";
 }
 
 void print_table_header() {
@@ -340,8 +382,10 @@ Status tune_preset(const BenchContext& ctx, const BenchArgs& a, const Layers& la
   return save_tuned_rows(a.tune, tune_key(synth.spec, ctx.device), rows);
 }
 
+// csv: the open --csv file or nullptr; rows: every row so far (for --json).
 Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCase& pc,
-                    std::ofstream* csv, bool* any_failed) {
+                    std::ofstream* csv, std::vector<std::vector<std::string>>* rows,
+                    bool* any_failed) {
   const LayerSpec& spec = pc.spec;
   std::printf("\n%s (%s): %s; %s; %s; %s\n", pc.name.c_str(), pc.preset->model.c_str(),
               describe_shape(spec).c_str(), describe_routing(spec).c_str(),
@@ -355,7 +399,10 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   po.num_threads = a.threads;
   std::unique_ptr<PreparedLayer> layer;
   t0 = Clock::now();
-  QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+  {
+    StepNote note("preparing the layer");
+    QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
+  }
   const double prepare_ms = seconds_since(t0) * 1e3;
   // --l2-flush rotate: copies of the prepared layer, each call running the next.
   std::vector<std::unique_ptr<PreparedLayer>> copies;
@@ -391,9 +438,12 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
     CaseResult r;
     QMOE_RETURN_IF_ERROR(run_case(ctx, layers, synth, tokens, &r));
     print_row(ctx, r);
-    *csv << csv_line(csv_row(ctx, pc.name, spec, r)) << '\n';
-    csv->flush();
-    if (!*csv) return Status::io_error("--csv: " + a.csv + ": write failed");
+    rows->push_back(csv_row(ctx, pc.name, spec, r));
+    if (csv != nullptr) {
+      *csv << csv_line(rows->back()) << '\n';
+      csv->flush();
+      if (!*csv) return Status::io_error("--csv: " + a.csv + ": write failed");
+    }
     *any_failed = *any_failed || r.failed;
   }
   return Status::ok();
@@ -424,9 +474,18 @@ int run_bench(const BenchArgs& a) {
   ctx.check = !a.no_check;
   ctx.seed = a.seed;
   ctx.device = host_device(a.threads);
+  // Every output path is checked before any work starts.
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--csv", a.csv},
+                                   {"--json", a.json},
+                                   {"--tune", a.tune}}) {
+    if (!path.empty()) s = check_output_path(flag, path);
+    if (!s.is_ok()) return status_error(s);
+  }
   std::ofstream csv;
-  s = open_csv(a.csv, &csv);
-  if (!s.is_ok()) return status_error(s);
+  if (!a.csv.empty()) {
+    s = open_csv(a.csv, &csv);
+    if (!s.is_ok()) return status_error(s);
+  }
 
 #ifdef QMOE_WITH_CUDA
   if (gpu) {
@@ -435,6 +494,14 @@ int run_bench(const BenchArgs& a) {
     if (!s.is_ok()) return status_error(s);
   }
 #endif
+  ctx.record = make_record(ctx.device);
+  std::printf("build    %s%s\n", version_line().c_str(),
+              ctx.record.runtime.empty()
+                  ? ""
+                  : ("; CUDA runtime " + ctx.record.runtime + ", driver " + ctx.record.driver)
+                        .c_str());
+  std::printf("settings %s\n", settings_text(ctx.record).c_str());
+  std::printf("started  %s\n", ctx.record.time_utc.c_str());
   std::printf("backend  %s, %s\n", backend_name(ctx.backend), ctx.device.c_str());
   std::printf("timing   %d warm-up and %d timed calls per case; %s\n", ctx.timing.warmup,
               ctx.timing.repeat,
@@ -450,11 +517,17 @@ int run_bench(const BenchArgs& a) {
     std::printf("ceiling  %.1f GB/s read (%s, median of 20)\n", ctx.ceiling.gbps,
                 ctx.ceiling.method.c_str());
   }
-  std::printf("csv      %s\n", a.csv.c_str());
+  if (!a.csv.empty()) std::printf("csv      %s\n", a.csv.c_str());
+  if (!a.json.empty()) std::printf("json     %s\n", a.json.c_str());
 
   bool any_failed = false;
+  std::vector<std::vector<std::string>> rows;
   for (const PresetCase& pc : cases) {
-    s = bench_preset(ctx, a, pc, &csv, &any_failed);
+    s = bench_preset(ctx, a, pc, a.csv.empty() ? nullptr : &csv, &rows, &any_failed);
+    if (!s.is_ok()) return status_error(s);
+  }
+  if (!a.json.empty()) {
+    s = write_file_atomically("--json", a.json, json_document(ctx, rows));
     if (!s.is_ok()) return status_error(s);
   }
   if (any_failed) std::printf("\nsome cases exceed the error budget (check FAIL)\n");
@@ -500,7 +573,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       "time preset layers over token counts (decode and prefill): us per call, GB/s of the "
       "experts touched against the device's read ceiling, TFLOP/s, error against the fp64 "
       "oracle; a table and a CSV");
-  cmd->add_option("--presets", a->presets,
+  cmd->add_option("--presets,--preset", a->presets,
                   "comma-separated model shapes: " + preset_names() + ", or all")
       ->delimiter(',')
       ->capture_default_str();
@@ -525,8 +598,12 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed calls per case (default: 10 GPU, 1 CPU)")
       ->check(CLI::Range(0, 100000));
-  cmd->add_option("--csv", a->csv, "appends one row per case (the header once)")
-      ->capture_default_str();
+  cmd->add_option("--csv", a->csv,
+                  "append one row per case to this CSV file (the header once); without it no "
+                  "file is written");
+  cmd->add_option("--json", a->json,
+                  "write the rows and the run's record (commit, device, driver, settings, time) "
+                  "to this JSON file");
   CLI::Option* cold =
       cmd->add_flag("--cold-l2", a->cold_l2, "flush the L2 before each timed call (the default)");
   CLI::Option* warm =
@@ -546,6 +623,13 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tune", a->tune,
                   "time every dispatch choice per token count first, store the fastest in this "
                   "tune file (see QMOE_TUNE_FILE), then run the cases with it");
+  cmd->footer(std::string(
+                 "Examples:\n"
+                 "  qmoe bench --presets qwen3-30b-a3b --tokens 1,8,64\n"
+                 "  qmoe bench --presets mixtral-8x7b --format int8 --tokens 1,4 --csv runs.csv\n"
+                 "  qmoe bench --presets qwen3-30b-a3b --tokens 64,128,256 --tune tune.json\n"
+                 "  QMOE_DISPATCH=generic qmoe bench --tokens 8 --json generic.json\n") +
+             kExitCodesHelp);
   cmd->callback([a, exit_code] { *exit_code = run_bench(*a); });
 }
 

@@ -8,6 +8,7 @@
 #include "format_flags.h"
 #include "presets.h"
 #include "qmoe/io.h"
+#include "record.h"
 #include "synth.h"
 
 namespace qmoe::cli {
@@ -37,6 +38,8 @@ int make_layer(const MakeLayerArgs& a) {
   // Fail before the (possibly long) synthesis when the file could not describe the layer.
   std::map<std::string, std::string> metadata;
   if (s.is_ok()) s = layer_file_metadata(spec, &metadata);
+  if (s.is_ok()) s = check_output_path("--layer-out", a.layer_out);
+  if (s.is_ok() && !a.input_out.empty()) s = check_output_path("--input-out", a.input_out);
   if (!s.is_ok()) return status_error(s);
 
   SyntheticLayer layer;
@@ -65,7 +68,8 @@ void add_make_layer_command(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<MakeLayerArgs>();
   CLI::App* cmd = app.add_subcommand(
       "make-layer", "write a preset layer on synthetic weights as a layer file, and an input file");
-  cmd->add_option("--preset", a->preset, "model shape: " + preset_names())->capture_default_str();
+  cmd->add_option("--preset,--presets", a->preset, "model shape: " + preset_names())
+      ->capture_default_str();
   add_format_flags(cmd, &a->formats);
   cmd->add_option("--tokens", a->tokens, "tokens in the input file")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
@@ -78,6 +82,11 @@ void add_make_layer_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--layer-out", a->layer_out, "layer file to write")->required();
   cmd->add_option("--input-out", a->input_out, "input file to write");
+  cmd->footer(std::string("Examples:\n"
+                          "  qmoe make-layer --layer-out L.safetensors --input-out X.safetensors\n"
+                          "  qmoe make-layer --preset gpt-oss-20b --tokens 8 --layer-out "
+                          "gpt.safetensors\n") +
+              kExitCodesHelp);
   cmd->callback([a, exit_code] { *exit_code = make_layer(*a); });
 }
 

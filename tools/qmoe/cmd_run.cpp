@@ -11,6 +11,7 @@
 #include "format_flags.h"
 #include "presets.h"
 #include "qmoe/io.h"
+#include "record.h"
 #include "synth.h"
 
 namespace qmoe::cli {
@@ -63,6 +64,7 @@ int run_file(const RunArgs& a) {
   }
   ExecOptions options;
   Status s = exec_options(a, &options);
+  if (s.is_ok() && !a.output.empty()) s = check_output_path("--output", a.output);
   if (!s.is_ok()) return status_error(s);
   LoadedLayer layer;
   s = load_layer_file(a.layer, &layer);
@@ -138,7 +140,7 @@ void add_run_command(CLI::App& app, int* exit_code) {
       "synthetic weights (default: " +
           std::string(kDefaultPreset) +
           ", INT4, 16 bf16 tokens), or --layer L --input X [--output Y]");
-  a->preset_opt = cmd->add_option("--preset", a->preset, "model shape: " + preset_names())
+  a->preset_opt = cmd->add_option("--preset,--presets", a->preset, "model shape: " + preset_names())
                       ->capture_default_str();
   a->tokens_opt = cmd->add_option("--tokens", a->tokens, "tokens per call")
                       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
@@ -161,6 +163,13 @@ void add_run_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--layer", a->layer, "layer file (safetensors, docs/layer-file.md)");
   cmd->add_option("--input", a->input, "input file: input [T, H], router_probs [T, E]");
   cmd->add_option("--output", a->output, "writes output [T, H] here (with --layer)");
+  cmd->footer(std::string("Examples:\n"
+                          "  qmoe run\n"
+                          "  qmoe run --preset mixtral-8x7b --format int8 --tokens 4\n"
+                          "  qmoe run --preset deepseek-v3 --tokens 1 --backend cuda\n"
+                          "  qmoe run --layer L.safetensors --input X.safetensors --output "
+                          "Y.safetensors\n") +
+              kExitCodesHelp);
   cmd->callback([a, exit_code] {
     if (!a->output.empty() && a->layer.empty()) {
       *exit_code = usage_error("run: --output needs --layer and --input");

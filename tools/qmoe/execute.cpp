@@ -12,6 +12,7 @@
 #include "cuda/device_info.h"
 #include "describe.h"
 #include "host_buffer.h"
+#include "record.h"
 #include "qmoe/routing.h"
 
 namespace qmoe::cli {
@@ -107,7 +108,10 @@ Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
   po.num_threads = options.threads;
   std::unique_ptr<PreparedLayer> layer;
   Clock::time_point t0 = Clock::now();
-  QMOE_RETURN_IF_ERROR(prepare_layer(options.backend, spec, weights, po, &layer));
+  {
+    StepNote note("preparing the layer");
+    QMOE_RETURN_IF_ERROR(prepare_layer(options.backend, spec, weights, po, &layer));
+  }
   const double prepare_ms = ms_since(t0);
 
   TimedRuns runs;
@@ -154,7 +158,10 @@ Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
   }
   t0 = Clock::now();
   std::vector<double> ref;
-  QMOE_RETURN_IF_ERROR(reference_forward(spec, weights, inputs, &ref));
+  {
+    StepNote note("the fp64 oracle");
+    QMOE_RETURN_IF_ERROR(reference_forward(spec, weights, inputs, &ref));
+  }
   const double oracle_ms = ms_since(t0);
   std::vector<double> got(ref.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] = load_float(out.data, out.dtype, i);

@@ -3,11 +3,20 @@
 #include <cstdio>
 
 #include "cli.h"
+#include "record.h"
 
 int main(int argc, char** argv) {
   CLI::App app("qmoe: quantized Mixture-of-Experts layers with ONNX Runtime QMoE semantics",
                "qmoe");
+  app.set_version_flag("--version", qmoe::cli::version_line());
   app.require_subcommand(1);
+  app.footer(std::string("Examples:\n"
+                         "  qmoe run                      one Qwen3-30B-A3B INT4 layer, 16 tokens, "
+                         "checked\n"
+                         "  qmoe bench --tokens 1,8,64    time it over token counts\n"
+                         "  qmoe info                     formats, backends, GPU, presets\n"
+                         "  qmoe COMMAND --help           a command's options and examples\n") +
+             qmoe::cli::kExitCodesHelp);
   int exit_code = qmoe::cli::kExitOk;
   qmoe::cli::add_run_command(app, &exit_code);
   qmoe::cli::add_make_layer_command(app, &exit_code);
@@ -18,6 +27,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "qmoe: error: %s\nRun with --help for usage.\n", e.what());

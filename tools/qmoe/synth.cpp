@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/tensor_check.h"
+#include "record.h"
 
 namespace qmoe::cli {
 
@@ -126,6 +127,11 @@ LayerWeights SyntheticLayer::weights() const {
 Status make_synthetic_layer(const LayerSpec& spec, uint64_t seed, int threads,
                             SyntheticLayer* out) {
   QMOE_RETURN_IF_ERROR(check_spec(spec));
+  const double layer_bytes =
+      static_cast<double>(expert_bytes(spec)) * static_cast<double>(spec.num_experts);
+  warn_if_short_of_memory(layer_bytes, "synthesizing the layer's weights");
+  StepNote note("synthesizing and quantizing " + std::to_string(spec.num_experts) + " experts (" +
+                std::to_string(static_cast<int64_t>(layer_bytes / 1e6)) + " MB)");
   SyntheticLayer& l = *out;
   l = SyntheticLayer();
   l.spec = spec;
