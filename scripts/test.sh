@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds qmoe and runs every test: the GoogleTest suite and the Python suites (CLI behaviour,
-# onnxruntime conformance) through ctest, then the CPU suite again under AddressSanitizer and
-# UndefinedBehaviorSanitizer. Exits non-zero if anything fails.
+# onnxruntime conformance; the qmoe Python package, torch operator and transformers models
+# against the module built into build/python) through ctest, then the CPU suite again under
+# AddressSanitizer and UndefinedBehaviorSanitizer. Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs="$(nproc)"
 
 # The python3 on PATH is the one install-deps.sh gave the test packages to.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
+  -DQMOE_PYTHON=ON
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
