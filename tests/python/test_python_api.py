@@ -200,3 +200,35 @@ def test_cuda_layer_with_torch_tensors(rng):
     assert rel(y.float().cpu().numpy(), ref) < 2e-2
     with pytest.raises(qmoe.Error, match="input: expected an array on cuda:0"):
         gpu.run(xt, lt)
+
+
+@pytest.mark.parametrize("num_threads", [
+    1,
+    pytest.param(0, marks=pytest.mark.skip(
+        reason="the CPU backend's worker pool takes one call at a time per layer (a second "
+               "concurrent call hangs) until the core's concurrency work (issue 20, item 4) "
+               "lands; remove this skip then")),
+])
+def test_threads_share_one_layer(rng, num_threads):
+    """Several Python threads run one layer at once (the bindings release the GIL), each call
+    with its own workspace; every result equals the sequential one."""
+    import threading
+    w1, w2 = make_weights(rng)
+    layer = qmoe.Layer.from_float(w1, w2, top_k=K, format="int8", block_size=64,
+                                  num_threads=num_threads)
+    calls = [make_inputs(rng, t=16) for _ in range(4)]
+    want = [layer.run(x, logits) for x, logits in calls]
+    wrong = []
+
+    def work(i):
+        for _ in range(50):
+            if not np.array_equal(layer.run(*calls[i]), want[i]):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish in 120 s"
+    assert wrong == []
