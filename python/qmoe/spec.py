@@ -21,7 +21,7 @@ def as_enum(enum, value, what):
     raise ValueError(f"{what}: expected one of {names}, got {value!r}")
 
 
-_TORCH_TO_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_TORCH_TO_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
 
 
 def as_dtype(value, what="dtype"):
@@ -30,7 +30,13 @@ def as_dtype(value, what="dtype"):
         return value
     if not isinstance(value, str):
         name = str(value).replace("torch.", "")
-        value = _TORCH_TO_DTYPE.get(name, {"float32": "f32", "float16": "f16"}.get(name, name))
+        if name not in _TORCH_TO_DTYPE:
+            try:  # numpy dtypes and scalar types
+                import numpy as np
+                name = np.dtype(value).name
+            except TypeError:
+                pass
+        value = _TORCH_TO_DTYPE.get(name, name)
     return as_enum(DType, value, what)
 
 

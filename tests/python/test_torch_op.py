@@ -189,3 +189,12 @@ def test_cuda_compile_fullgraph_and_streams(rng):
         side = block(x)
     torch.cuda.current_stream().wait_stream(s)
     assert torch.equal(side, eager)
+
+
+def test_inputs_needing_a_gradient_are_refused(rng):
+    m, _ = make_module(rng)
+    x, logits = inputs(rng)
+    with pytest.raises(RuntimeError, match="qmoe::moe_forward: no gradient"):
+        m(x.requires_grad_(), logits)
+    with torch.no_grad():
+        assert m(x, logits).shape == x.shape
