@@ -1,4 +1,4 @@
-"""transformers MoE models with qmoe blocks: a tiny, randomly initialised Qwen3-MoE (and Mixtral)
+"""transformers MoE models with qmoe blocks: tiny, randomly initialised Qwen3-MoE, Mixtral, OLMoE
 built from a local config, nothing downloaded. Its logits with qmoe INT8 / INT4 blocks must match
 the same model whose expert weights were replaced by their dequantized values, in plain torch:
 on the CPU in fp32, on the GPU in bf16."""
@@ -34,6 +34,9 @@ def tiny_config(kind):
                                            num_experts=8, num_experts_per_tok=2,
                                            norm_topk_prob=True, **common)
     common.pop("head_dim")
+    if kind == "olmoe":  # routing weights not renormalized
+        return transformers.OlmoeConfig(intermediate_size=64, num_experts=8,
+                                        num_experts_per_tok=2, norm_topk_prob=False, **common)
     return transformers.MixtralConfig(intermediate_size=64, num_local_experts=8,
                                       num_experts_per_tok=2, **common)
 
@@ -42,7 +45,8 @@ def build(kind, seed):
     torch.manual_seed(seed)
     cfg = tiny_config(kind)
     cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM,
-           "mixtral": transformers.MixtralForCausalLM}[kind]
+           "mixtral": transformers.MixtralForCausalLM,
+           "olmoe": transformers.OlmoeForCausalLM}[kind]
     model = cls(cfg).eval()
     # Random init gives tiny router weights (all experts near-equal): spread them so routing is
     # decided, not a near-tie that any rounding flips.
@@ -76,7 +80,7 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "olmoe"])
 @pytest.mark.parametrize("fmt,block", [("int8", 64), ("int4", 32)])
 @torch.no_grad()
 def test_tiny_model_cpu_fp32(seed, kind, fmt, block):
