@@ -103,7 +103,11 @@ def time_eager(fn, n, reps):
 
 def bench_model(args, rows):
     """One decode step (1 token, no KV cache) of a tiny random Qwen3-MoE with qmoe blocks."""
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        print("--model: transformers is not installed; no model rows", file=sys.stderr)
+        return
     cfg = transformers.Qwen3MoeConfig(vocab_size=1024, hidden_size=512, moe_intermediate_size=256,
                                       intermediate_size=1024, num_experts=16,
                                       num_experts_per_tok=4, num_hidden_layers=2,
