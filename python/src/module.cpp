@@ -46,6 +46,9 @@ qmoe::DType dtype_of(const ArrayInfo& a, const char* what) {
 }
 
 void check_dense(const ArrayInfo& a, const char* what) {
+  for (size_t i = 0; i < a.ndim; ++i) {
+    if (a.shape[i] == 0) return;  // empty: no element to misplace, whatever the strides say
+  }
   int64_t expect = 1;
   for (size_t i = a.ndim; i-- > 0;) {
     if (a.shape[i] != 1 && a.strides[i] != expect) {
