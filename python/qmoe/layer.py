@@ -1,6 +1,6 @@
 """qmoe.Layer: one prepared MoE layer on the CPU or a CUDA device.
 
-Three ways in:
+Four ways in:
     Layer(spec, tensors)                       spec + ORT-named weight tensors (docs/layer-file.md)
     Layer.from_ort(attributes, tensors)        ORT QMoE attributes + inputs, as an ORT node has them
     Layer.from_file(path)                      a layer file
