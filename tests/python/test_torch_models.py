@@ -22,8 +22,9 @@ HAVE_GPU = torch.cuda.is_available() and qmoe.backend_available(qmoe.Backend.cud
 
 # Relative-norm budgets of the logits against the dequantized plain-torch model. fp32: both sides
 # compute on the same exactly dequantized weights, so only summation order differs. bf16: both
-# round activations to bf16 at different points (qmoe keeps fp32 inside an expert).
-BUDGET = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+# round activations to bf16 at different points (qmoe keeps fp32 inside an expert); measured
+# 1..1.5e-2 on the CPU backend over seeds and formats.
+BUDGET = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
 
 
 def tiny_config(kind):
@@ -93,6 +94,16 @@ def test_tiny_model_cpu_fp32(seed, kind, fmt, block):
     got = model(ids).logits
     want = ref(ids).logits
     assert rel(got, want) < BUDGET[torch.float32]
+
+
+@pytest.mark.parametrize("fmt,block", [("int8", 64), ("int4", 32)])
+@torch.no_grad()
+def test_tiny_qwen3_moe_cpu_bf16(seed, fmt, block):
+    model = build("qwen3_moe", seed % 2**31).to(torch.bfloat16)
+    ref = dequantize_experts(model, fmt, block)
+    qt.replace_moe_blocks(model, format=fmt, block_size=block)
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(seed % 2**31))
+    assert rel(model(ids).logits, ref(ids).logits) < BUDGET[torch.bfloat16]
 
 
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and a CUDA build of qmoe")
