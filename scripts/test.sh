@@ -17,3 +17,14 @@ cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMOE_S
 cmake --build build-sanitize --target qmoe_tests -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize -L cpu --output-on-failure -j "$jobs"
+
+# The concurrency tests (one prepared layer run from several threads, the CPU worker pool's
+# concurrent callers) under ThreadSanitizer, which fails them on any data race. CPU only, and
+# only those tests: the rest of the suite is single-threaded at the API and covered above.
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQMOE_TSAN=ON -DQMOE_CUDA=OFF
+cmake --build build-tsan --target qmoe_tests -j "$jobs"
+# setarch -R where the kernel lets us: ThreadSanitizer's shadow memory needs an address layout that
+# randomization with many entropy bits (recent kernels) can break; containers may forbid it.
+tsan_run=(build-tsan/tests/qmoe_tests --gtest_filter='Concurrency.*')
+if setarch "$(uname -m)" -R true 2>/dev/null; then tsan_run=(setarch "$(uname -m)" -R "${tsan_run[@]}"); fi
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "${tsan_run[@]}"

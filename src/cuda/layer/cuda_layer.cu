@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -113,6 +114,15 @@ int decode_ring_kind() { return env_int("QMOE_DECODE_RING", 0); }
 // of its loads (DecodeFcArgs::prefetch; A/B runs, 0 turns it off); unset: the launcher chooses.
 int decode_prefetch_rounds() { return env_int("QMOE_DECODE_PREFETCH", -1); }
 
+// Moves the layer's error record (error[0..1]: bits, first token) to error[2..3] and clears it,
+// each word by one atomic exchange, so that an error a kernel on another stream records meanwhile
+// is either taken here or left for the next take, never lost. (Its token word can then belong to
+// the other take: the bits are exact, the first token is a hint.)
+__global__ void take_error_kernel(int32_t* error) {
+  error[2] = atomicExch(&error[0], 0);
+  error[3] = atomicExch(&error[1], INT32_MAX);
+}
+
 // QMOE_DECODE_MIN_BLOCKS: the blocks per multiprocessor the decode launcher keeps room for in
 // shared memory (DecodeFcArgs::min_blocks; 0: none).
 int decode_min_blocks_knob() { return env_int("QMOE_DECODE_MIN_BLOCKS", 4); }
@@ -133,6 +143,7 @@ class CudaLayer final : public PreparedLayer {
     for (cudaEvent_t& e : events_) {
       if (e) cudaEventDestroy(e);
     }
+    if (take_stream_) cudaStreamDestroy(take_stream_);
   }
 
   Status init(const LayerWeights& w);
@@ -142,9 +153,10 @@ class CudaLayer final : public PreparedLayer {
   BackendKind backend() const override { return BackendKind::kCuda; }
   const LayerSpec& spec() const override { return spec_; }
 
+  // 0 for max_tokens <= 0: a call of zero tokens touches no memory.
   size_t workspace_size(int64_t max_tokens) const override {
     Layout l;
-    return layout(max_tokens < 0 ? 0 : max_tokens, &l).is_ok() ? l.total : 0;
+    return max_tokens > 0 && layout(max_tokens, &l).is_ok() ? l.total : 0;
   }
 
   Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
@@ -254,7 +266,13 @@ class CudaLayer final : public PreparedLayer {
   const uint8_t* tiled_zp2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
-  DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
+  // int32[4]: the record every call adds to (error bits, first token; see device_routing.h),
+  // then take_error_kernel's copy of it.
+  DeviceBuffer error_;
+  std::mutex take_mu_;                  // one take_deferred_error() at a time
+  cudaStream_t take_stream_ = nullptr;  // non-blocking: a take never waits on the legacy stream
+  // The profile's events: one set per layer, so calls with a profile take turns (profile_mu_).
+  std::mutex profile_mu_;
   cudaEvent_t events_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
 };
 
@@ -321,9 +339,10 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  const int32_t clear[2] = {0, INT32_MAX};
+  const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
+  QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
   return Status::ok();
 }
 
@@ -509,19 +528,27 @@ Status CudaLayer::load_dispatch(const std::string& tune_file) {
   return Status::ok();
 }
 
+// Waits for the device (every stream: calls may have run on any), then takes the record with
+// atomic exchanges, so that calls other threads enqueue meanwhile lose no error.
 Status CudaLayer::take_deferred_error() {
+  std::lock_guard<std::mutex> lock(take_mu_);
   DeviceGuard guard(device_);
+  if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
+  QMOE_CUDA_TRY(cudaDeviceSynchronize());
+  int32_t* record = error_.as<int32_t>();
+  take_error_kernel<<<1, 1, 0, take_stream_>>>(record);
+  QMOE_CUDA_TRY(cudaGetLastError());
   int32_t word[2];
-  QMOE_CUDA_TRY(cudaMemcpy(word, error_.get(), sizeof(word), cudaMemcpyDeviceToHost));
+  QMOE_CUDA_TRY(
+      cudaMemcpyAsync(word, record + 2, sizeof(word), cudaMemcpyDeviceToHost, take_stream_));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(take_stream_));
   if (word[0] == 0) return Status::ok();
-  const int32_t clear[2] = {0, INT32_MAX};
-  QMOE_CUDA_TRY(cudaMemcpy(error_.get(), clear, sizeof(clear), cudaMemcpyHostToDevice));
   std::string what;
   if (word[0] & kErrorLogits) what += "router_probs";
   if (word[0] & kErrorRouterWeights) what += what.empty() ? "router_weights" : ", router_weights";
   if (word[0] & kErrorInput) what += what.empty() ? "input" : ", input";
-  return Status::invalid(what + ": non-finite value(s), first at token " + std::to_string(word[1]) +
-                         "; those tokens' outputs are NaN");
+  const std::string at = word[1] == INT32_MAX ? "" : ", first at token " + std::to_string(word[1]);
+  return Status::invalid(what + ": non-finite value(s)" + at + "; those tokens' outputs are NaN");
 }
 
 // One FC over every wave: dequantize the wave's experts, then the grouped GEMM into c.
@@ -573,6 +600,15 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
                       size_t workspace_bytes, void* stream_ptr, RunProfile* profile) {
   int64_t tokens = 0;
   QMOE_RETURN_IF_ERROR(check_run(spec_, in, out, &tokens));
+  // Zero tokens: an empty output. No CUDA call at all (a captured graph gets no node); the
+  // workspace, the stream and the (possibly null) data pointers are not looked at.
+  if (tokens == 0) {
+    if (profile) *profile = RunProfile{};
+    return Status::ok();
+  }
+  // The profile's events are the layer's: calls with a profile take turns.
+  std::unique_lock<std::mutex> profile_lock(profile_mu_, std::defer_lock);
+  if (profile) profile_lock.lock();
   DeviceGuard guard(device_);
   if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -604,7 +640,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   }
   DispatchChoice choice;  // before any launch: a bad QMOE_DISPATCH value launches nothing
   QMOE_RETURN_IF_ERROR(dispatch_.choose(tokens, &choice));
-  if (tokens == 0) return Status::ok();
 
   char* ws = static_cast<char*>(workspace);
   const int slots = spec_.slots();
