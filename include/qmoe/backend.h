@@ -50,7 +50,8 @@ struct RunProfile {
 //   - take_deferred_error() may be called from any thread, concurrently with run() and with
 //     itself; the error record is the layer's, shared by every call on every stream, so a take
 //     reports what any call recorded since the previous take and cannot say which call it was.
-//     Each recorded error is reported exactly once. See take_deferred_error() for what it waits on.
+//     No error is lost or reported twice (errors recorded between two takes come as one report).
+//     See take_deferred_error() for what it waits on.
 //   - apply_tune_file() replaces the dispatch table: the caller must not run it concurrently with
 //     any other call on the same layer (serialize it, e.g. do it before sharing the layer).
 //   - destruction: after every call has returned and, on the GPU, its work has completed.

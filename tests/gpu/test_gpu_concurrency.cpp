@@ -37,33 +37,35 @@ struct Failures {
   }
 };
 
-// Runs c on `stream` with its own poisoned workspace and output; the output's bytes into *out.
-Status run_on_stream(PreparedLayer& layer, const Call& c, cudaStream_t stream, RunProfile* prof,
-                     std::vector<uint8_t>* out) {
+// One thread's device buffers for its call, allocated once (cudaFree would synchronize the
+// device between calls and hide the overlap this suite is about).
+struct Buffers {
+  GpuBuffer ws, y;
+  Status allocate(const PreparedLayer& layer, const Call& c) {
+    const LayerSpec& s = layer.spec();
+    const size_t out_bytes = static_cast<size_t>(c.tokens * s.hidden) * dtype_size(s.act_dtype);
+    if (!ws.allocate(layer.workspace_size(c.tokens)) || !y.allocate(out_bytes)) {
+      return Status::internal("cannot allocate the call's buffers");
+    }
+    return Status::ok();
+  }
+};
+
+// Runs c on `stream` with its workspace and output poisoned first; the output's bytes into *out.
+Status run_on_stream(PreparedLayer& layer, const Call& c, Buffers& b, cudaStream_t stream,
+                     RunProfile* prof, std::vector<uint8_t>* out) {
   const LayerSpec& s = layer.spec();
-  const size_t ws_bytes = layer.workspace_size(c.tokens);
-  const size_t out_bytes = static_cast<size_t>(c.tokens * s.hidden) * dtype_size(s.act_dtype);
-  void* ws = nullptr;
-  void* y = nullptr;
   auto cuda = [](cudaError_t e) {
     return e == cudaSuccess ? Status::ok() : Status::internal(cudaGetErrorString(e));
   };
-  Status st = cuda(cudaMalloc(&ws, ws_bytes + 256));
-  if (st.is_ok()) st = cuda(cudaMalloc(&y, out_bytes + 256));
-  if (st.is_ok()) st = cuda(cudaMemsetAsync(ws, 0xFF, ws_bytes, stream));
-  if (st.is_ok()) st = cuda(cudaMemsetAsync(y, 0xFF, out_bytes, stream));
-  if (st.is_ok()) {
-    const MutableTensorView ov(c.tokens > 0 ? y : nullptr, s.act_dtype, {c.tokens, s.hidden});
-    st = layer.run(c.d.in, ov, ws, ws_bytes, stream, prof);
-  }
-  out->assign(out_bytes, 0);
-  if (st.is_ok()) {
-    st = cuda(cudaMemcpyAsync(out->data(), y, out_bytes, cudaMemcpyDeviceToHost, stream));
-  }
-  if (st.is_ok()) st = cuda(cudaStreamSynchronize(stream));
-  cudaFree(ws);
-  cudaFree(y);
-  return st;
+  QMOE_RETURN_IF_ERROR(cuda(cudaMemsetAsync(b.ws.get(), 0xFF, b.ws.bytes(), stream)));
+  QMOE_RETURN_IF_ERROR(cuda(cudaMemsetAsync(b.y.get(), 0xFF, b.y.bytes(), stream)));
+  const MutableTensorView ov(c.tokens > 0 ? b.y.get() : nullptr, s.act_dtype, {c.tokens, s.hidden});
+  QMOE_RETURN_IF_ERROR(layer.run(c.d.in, ov, b.ws.get(), b.ws.bytes(), stream, prof));
+  out->assign(b.y.bytes(), 0);
+  QMOE_RETURN_IF_ERROR(
+      cuda(cudaMemcpyAsync(out->data(), b.y.get(), b.y.bytes(), cudaMemcpyDeviceToHost, stream)));
+  return cuda(cudaStreamSynchronize(stream));
 }
 
 void check_concurrent(const LayerSpec& spec, const std::vector<int64_t>& tokens, int rounds) {
@@ -81,7 +83,9 @@ void check_concurrent(const LayerSpec& spec, const std::vector<int64_t>& tokens,
     c.tokens = tokens[i];
     make_inputs(tl.spec, c.tokens, seed + 1000 * (i + 1), i % 2 == 1, &c.ti);
     ASSERT_TRUE(stage_inputs(c.ti, &c.d));
-    st = run_on_stream(*layer, c, serial_stream, nullptr, &c.serial);
+    Buffers buffers;
+    ASSERT_TRUE(buffers.allocate(*layer, c).is_ok());
+    st = run_on_stream(*layer, c, buffers, serial_stream, nullptr, &c.serial);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
   }
   cudaStreamDestroy(serial_stream);
@@ -92,8 +96,11 @@ void check_concurrent(const LayerSpec& spec, const std::vector<int64_t>& tokens,
   for (size_t i = 0; i < calls.size(); ++i) {
     threads.emplace_back([&, i] {
       cudaStream_t stream;
-      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-        failures.add("thread " + std::to_string(i) + ": no stream");
+      Buffers buffers;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+          !buffers.allocate(*layer, calls[i]).is_ok()) {
+        failures.add("thread " + std::to_string(i) + ": no stream or buffers");
+        ready.fetch_add(1);
         return;
       }
       ready.fetch_add(1);
@@ -102,7 +109,8 @@ void check_concurrent(const LayerSpec& spec, const std::vector<int64_t>& tokens,
       for (int r = 0; r < rounds; ++r) {
         RunProfile prof;  // odd threads profile every other round: those calls take turns
         const bool profiled = i % 2 == 1 && r % 2 == 0;
-        const Status s = run_on_stream(*layer, calls[i], stream, profiled ? &prof : nullptr, &out);
+        const Status s =
+            run_on_stream(*layer, calls[i], buffers, stream, profiled ? &prof : nullptr, &out);
         const std::string where = "thread " + std::to_string(i) + " (" +
                                   std::to_string(calls[i].tokens) + " tokens) round " +
                                   std::to_string(r);
@@ -178,9 +186,11 @@ TEST(GpuConcurrency, DeferredErrorsAreReportedOnceUnderConcurrentTakes) {
   threads.emplace_back([&] {  // the bad caller: one bad call at a time, each taken before the next
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    Buffers buffers;
+    if (!buffers.allocate(*layer, calls[0]).is_ok()) failures.add("bad caller: no buffers");
     std::vector<uint8_t> out;
     for (int b = 0; b < kBadCalls; ++b) {
-      const Status s = run_on_stream(*layer, calls[0], stream, nullptr, &out);
+      const Status s = run_on_stream(*layer, calls[0], buffers, stream, nullptr, &out);
       if (!s.is_ok()) failures.add("bad call: " + s.to_string());
       bad_done.fetch_add(1);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -195,9 +205,11 @@ TEST(GpuConcurrency, DeferredErrorsAreReportedOnceUnderConcurrentTakes) {
     threads.emplace_back([&, i] {
       cudaStream_t stream;
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      Buffers buffers;
+      if (!buffers.allocate(*layer, calls[i]).is_ok()) failures.add("taker: no buffers");
       std::vector<uint8_t> out;
       while (!stop.load()) {
-        const Status s = run_on_stream(*layer, calls[i], stream, nullptr, &out);
+        const Status s = run_on_stream(*layer, calls[i], buffers, stream, nullptr, &out);
         if (!s.is_ok()) failures.add("clean call: " + s.to_string());
         take("taker");
       }
