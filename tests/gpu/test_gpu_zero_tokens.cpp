@@ -128,7 +128,7 @@ TEST(GpuZeroTokens, DecodeLayerLaunchesNothing) {
 
 TEST(GpuZeroTokens, GenericLayerLaunchesNothing) {
   QMOE_REQUIRE_GPU();
-  LayerSpec s = small_spec(WeightFormat::kInt8, 128, 64, 8, 2);
+  LayerSpec s = small_spec(WeightFormat::kInt8, 256, 128, 8, 2);
   s.activation.glu = GluLayout::kSeparateFc3;  // f32 with FC3: the generic path only
   s.has_fc2_bias = true;
   check_zero_tokens(s);
