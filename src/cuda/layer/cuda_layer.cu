@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/formats/mma_pack.h"
@@ -303,13 +304,16 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
 }
 
 Status CudaLayer::init(const LayerWeights& w) {
-  // FP4 FCs the decode path packs keep only that copy (pack_for_decode).
+  // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode).
   decode_planned_ = plan_decode();
   auto raw = [&](const FcFormat& f) {
-    return !decode_planned_ || f.info().kind != FormatKind::kFp4;
+    return !decode_planned_ ||
+           (f.info().kind != FormatKind::kFp4 && f.info().kind != FormatKind::kFp8);
   };
-  QMOE_RETURN_IF_ERROR(
-      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, raw(spec_.fc1), &fc1_));
+  // With a separate FC3 the generic path reads FC1 and FC3 in ORT's layout (the decode copy holds
+  // both as one FC).
+  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden,
+                                 raw(spec_.fc1) || spec_.has_fc3(), &fc1_));
   QMOE_RETURN_IF_ERROR(
       upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, raw(spec_.fc2), &fc2_));
   if (spec_.has_fc3()) {
@@ -328,11 +332,19 @@ Status CudaLayer::init(const LayerWeights& w) {
 }
 
 // The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 3, 4 or 8 bits
-// (blocks >= 16 or per channel) or NVFP4/MXFP4, K a multiple of 16, with FC1 and the gate in one
-// tensor.
+// (blocks >= 16 or per channel), NVFP4/MXFP4 or fp8/fp8_block (blocks >= 32), K a multiple of 16,
+// with FC1 and the gate in one tensor, or FP8 with a separate FC3 (the linear half) of FC1's
+// format and no FC1/FC3 biases: FC1 and FC3 then pack as one gated concatenated FC (gate rows from
+// FC1, linear rows from FC3), their scales per row (fp8's global scales as f32).
 bool CudaLayer::plan_decode() {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
-  if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
+  const FcFormat &f1 = spec_.fc1, &f3 = spec_.fc3;
+  const bool fc3_ok = !spec_.has_fc3() ||
+                      (f1.info().kind == FormatKind::kFp8 && f3.format == f1.format &&
+                       f3.block_size == f1.block_size && f3.scale_dtype == f1.scale_dtype &&
+                       (f1.format == WeightFormat::kFp8Block || f1.scale_dtype == DType::kF32) &&
+                       !spec_.has_fc1_bias && !spec_.has_fc3_bias);
+  if (!dtype_ok || !fc3_ok || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
       !mma_pack_supported(spec_.fc2, spec_.inter)) {
     return false;
   }
@@ -341,8 +353,9 @@ bool CudaLayer::plan_decode() {
     map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
                                                            : MmaRowMap::kGatedConcatenated;
   }
-  pack1_ =
-      mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter, spec_.act_dtype);
+  const int64_t rows1 = spec_.has_fc3() ? 2 * spec_.inter : spec_.fc1_rows();
+  pack1_ = mma_pack_shape(spec_.fc1, rows1, spec_.hidden, map1, spec_.inter, spec_.act_dtype);
+  if (spec_.has_fc3()) pack1_.scale_rows = 1;  // scales expanded per row (pack_for_decode)
   pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter,
                           spec_.act_dtype);
   return decode_fits(pack1_, spec_.fc1.zero_points) && decode_fits(pack2_, spec_.fc2.zero_points);
@@ -357,8 +370,13 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     QMOE_CUDA_TRY(cudaMemcpy(host->data(), v.data, host->size(), cudaMemcpyDefault));
     return Status::ok();
   };
-  auto upload_bytes = [&](const void* data, size_t bytes, const void** dst) {
-    return upload(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}), dst);
+  // The packed words and the tile-ordered scales or zero points, uploaded.
+  auto upload_vector = [&](const auto& v, auto** dst) -> Status {
+    const void* p = nullptr;
+    const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(v[0]));
+    QMOE_RETURN_IF_ERROR(upload(TensorView(v.data(), DType::kU8, {bytes}), &p));
+    *dst = static_cast<std::remove_reference_t<decltype(*dst)>>(p);
+    return Status::ok();
   };
   // FP4: K-packed codes (ORT's N-packed layout repacked) and the 8-bit scales in tile order (NVFP4
   // in blocks of 16 over the padded K). The kernels turn the scales into what they apply.
@@ -373,46 +391,90 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     }
     std::vector<uint32_t> words;
     mma_pack_fp4(shape, host.data(), E, &words);
-    const void* p = nullptr;
-    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
-    *packed = static_cast<const uint32_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
     std::vector<uint8_t> tiled;
     mma_pack_scales(mma_fp4_scale_shape(shape), host.data(), 1, E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-    *scales = static_cast<const uint8_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
+    return Status::ok();
+  };
+  // FP8: the e4m3 codes; fp8_block's scales per packed row in tile order, fp8 none (its global).
+  auto pack_fp8 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
+                      const uint32_t** packed, const uint8_t** scales) -> Status {
+    std::vector<uint8_t> host;
+    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
+    std::vector<uint32_t> words;
+    mma_pack_fp8(shape, host.data(), E, &words);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
+    *scales = nullptr;
+    if (shape.block_size == 0) return Status::ok();
+    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
+    std::vector<uint8_t> tiled;
+    mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
+    return Status::ok();
+  };
+  // FP8 FC1 (gate) and a separate FC3 (linear) as one FC (plan_decode): the codes of both, and
+  // each row's scales (fp8_block's block of rows; fp8's global scale, f32) in tile order.
+  auto pack_fp8_fc3 = [&](const FcFormat& f, const MmaPackShape& shape, const uint32_t** packed,
+                          const uint8_t** scales) -> Status {
+    const int64_t I = spec_.inter, nbk = shape.k_blocks();
+    const bool block = f.format == WeightFormat::kFp8Block;
+    const int64_t bs = block ? f.block_size : 1, nbn = (I + bs - 1) / bs;
+    const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
+    std::vector<uint8_t> gate, lin, src[2];
+    QMOE_RETURN_IF_ERROR(to_host(w.fc1.weight, &gate));
+    QMOE_RETURN_IF_ERROR(to_host(w.fc3.weight, &lin));
+    std::vector<uint32_t> words;
+    mma_pack_fp8(shape, gate.data(), E, &words, lin.data());
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
+    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc1.scales : w.fc1.global_scale, &src[0]));
+    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc3.scales : w.fc3.global_scale, &src[1]));
+    std::vector<uint8_t> rows(static_cast<size_t>(E * 2 * I * nbk * eb)), tiled;
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < 2 * I; ++r) {
+        const int64_t h = r / I, lr = r % I;
+        for (int64_t b = 0; b < nbk; ++b) {
+          const int64_t from = block ? (e * nbn + lr / bs) * nbk + b : e;
+          std::copy_n(src[h].data() + from * eb, eb,
+                      rows.data() + ((e * 2 * I + r) * nbk + b) * eb);
+        }
+      }
+    }
+    mma_pack_scales(shape, rows.data(), eb, E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
     return Status::ok();
   };
   auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
                   const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
     *zp = nullptr;
+    if (shape.codes == MmaCodes::kFp8 && &fw == &w.fc1 && spec_.has_fc3()) {
+      return pack_fp8_fc3(f, shape, packed, scales);
+    }
+    if (shape.codes == MmaCodes::kFp8) return pack_fp8(f, fw, shape, packed, scales);
     if (shape.codes != MmaCodes::kInt) return pack_fp4(f, fw, shape, packed, scales);
     std::vector<uint8_t> host;
     QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
     std::vector<uint32_t> words;
     mma_pack_int(shape, host.data(), E, &words);
-    const void* p = nullptr;
-    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
-    *packed = static_cast<const uint32_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
     std::vector<uint8_t> tiled;
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
     mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-    *scales = static_cast<const uint8_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
     if (f.zero_points) {
       QMOE_RETURN_IF_ERROR(to_host(fw.zero_points, &host));
       mma_pack_zero_points(shape, host.data(), E, &tiled);
-      QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-      *zp = static_cast<const uint8_t*>(p);
+      QMOE_RETURN_IF_ERROR(upload_vector(tiled, zp));
     }
     return Status::ok();
   };
   QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
   QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
-  // FP4 FCs keep only this copy: the generic path dequantizes from it.
+  // FP4 and FP8 FCs keep only this copy: the generic path dequantizes from it.
   for (auto [fc, shape, words, scales] : {std::tuple{&fc1_, &pack1_, packed1_, tiled_scales1_},
                                           std::tuple{&fc2_, &pack2_, packed2_, tiled_scales2_}}) {
-    if (shape->codes == MmaCodes::kInt) continue;
+    if (shape->codes == MmaCodes::kInt || (fc == &fc1_ && spec_.has_fc3())) continue;
     fc->packed = *shape;
     fc->packed_words = words;
     fc->packed_scales = scales;
