@@ -35,8 +35,8 @@ TEST(GpuDecodeFp8, WindowEdge) {
 }
 
 // Odd shapes and mixes: K a multiple of 16 but not of a 32-K chunk (H 208, I 80), fp8_block's K
-// not a multiple of its block (H 2880: a last block of 64; I 80, 200) and FC1's gate and linear
-// halves starting inside a block of rows (gated concatenated, I 200), blocks of 32 and 64, f16 and
+// not a multiple of its block (H 2880: a last block of 64; I 80, 208) and FC1's gate and linear
+// halves starting inside a block of rows (gated concatenated, I 208), blocks of 32 and 64, f16 and
 // bf16 block scales, FP8 next to integer and FP4 FCs, and a K so long that fewer than 16 rows fit
 // a pass.
 TEST(GpuDecodeFp8, ShapesAndMixes) {
@@ -56,9 +56,9 @@ TEST(GpuDecodeFp8, ShapesAndMixes) {
                                5, 0, f32, false},
                          Shape{WeightFormat::kFp8Block, WeightFormat::kFp8Block, 208, 80, 8, 2,
                                DType::kF16, 33, 32, DType::kBF16, false},
-                         Shape{WeightFormat::kFp8Block, WeightFormat::kFp8Block, 2880, 200, 8, 2,
+                         Shape{WeightFormat::kFp8Block, WeightFormat::kFp8Block, 2880, 208, 8, 2,
                                DType::kBF16, 7, 0, f32, true},
-                         Shape{WeightFormat::kFp8Block, WeightFormat::kFp8Block, 384, 200, 8, 4,
+                         Shape{WeightFormat::kFp8Block, WeightFormat::kFp8Block, 384, 208, 8, 4,
                                DType::kF16, 12, 64, DType::kF16, true},
                          Shape{WeightFormat::kFp8, WeightFormat::kInt4, 256, 192, 16, 4,
                                DType::kF16, 9, 0, f32, false},
@@ -92,7 +92,7 @@ TEST(GpuDecodeFp8, SeparateFc3) {
   QMOE_REQUIRE_GPU();
   for (WeightFormat fmt : kFp8Formats) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
-      for (int64_t inter : {256, 200}) {
+      for (int64_t inter : {256, 208}) {
         LayerSpec s = small_spec(fmt, 384, inter, 8, 8);
         s.activation.glu = GluLayout::kSeparateFc3;
         s.act_dtype = dt;
