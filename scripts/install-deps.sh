@@ -22,3 +22,11 @@ if ! python3 -c "import numpy, onnx, onnxruntime, pytest" >/dev/null 2>&1; then
   python3 -m pip install -q -r tests/python/requirements.txt ||
     python3 -m pip install -q --break-system-packages -r tests/python/requirements.txt
 fi
+
+# CUTLASS's headers for the CUDA build: pip package nvidia-cutlass at the version
+# scripts/requirements-build.txt pins (--no-deps: only its headers are used).
+pin="$(sed -n 's/^nvidia-cutlass==//p' scripts/requirements-build.txt)"
+if [ "$(python3 -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p')" != "$pin" ]; then
+  python3 -m pip install -q --no-deps -r scripts/requirements-build.txt ||
+    python3 -m pip install -q --no-deps --break-system-packages -r scripts/requirements-build.txt
+fi
