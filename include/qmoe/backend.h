@@ -28,6 +28,11 @@ struct PrepareOptions {
   // A tune file (qmoe/tuning.h) whose rows for this layer and device replace the backend's
   // default dispatch; empty: $QMOE_TUNE_FILE when set, else the default.
   std::string tune_file;
+  // CUDA: the generic path's grouped GEMM for bf16/f16 layers: "cutlass" (CUTLASS's SM90 TMA +
+  // wgmma kernel where the shapes allow it, else the mma.sync kernel) or "mma" (the mma.sync
+  // kernel always, for A/B runs). Empty: $QMOE_GEMM when set, else "cutlass". Read at prepare;
+  // another value is an error naming it.
+  std::string gemm;
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).

@@ -225,8 +225,7 @@ void run_case(const Case& c) {
   auto launch_all = [&](cudaStream_t stream) {
     for (size_t i = 0; i < launches.size(); ++i) {
       const Status st =
-          c.cutlass ? cuda::launch_cutlass_grouped_gemm(launches[i], sm_count,
-                                                        workspaces[i]->get(),
+          c.cutlass ? cuda::launch_cutlass_grouped_gemm(launches[i], sm_count, workspaces[i]->get(),
                                                         workspaces[i]->bytes(), stream)
                     : cuda::launch_grouped_gemm(launches[i], stream);
       EXPECT_TRUE(st.is_ok()) << st.to_string();
@@ -315,9 +314,9 @@ void run_case(const Case& c) {
   std::printf(
       "[gemm%s] %s n=%lld k=%lld rows=%lld checked=%lld rel=%.3g (bound %.3g) "
       "worst element err/bound=%.3g\n",
-      c.cutlass ? " cutlass" : "", dtype_name(c.dtype), static_cast<long long>(n), static_cast<long long>(k),
-      static_cast<long long>(s.rows), static_cast<long long>(checked), rel, norm_bound(k),
-      worst_ratio);
+      c.cutlass ? " cutlass" : "", dtype_name(c.dtype), static_cast<long long>(n),
+      static_cast<long long>(k), static_cast<long long>(s.rows), static_cast<long long>(checked),
+      rel, norm_bound(k), worst_ratio);
   EXPECT_GT(checked, 0) << "the case launches no rows: it tests nothing";
   EXPECT_EQ(nan_written, 0) << "NaN (or unwritten poison) in rows the launch covers";
   EXPECT_EQ(poison_broken, 0) << "writes outside the launched groups or past column n";
@@ -523,7 +522,6 @@ TEST(GpuGemm, ArgumentErrors) {
   ASSERT_TRUE(d_c.download(&c_bits));
   for (uint32_t v : c_bits) ASSERT_EQ(v, kPoisonBits) << "a rejected call wrote C";
 }
-
 
 // CUTLASS's kernel (cutlass_grouped.h). Its schedule comes from the same arrays; tile_start and
 // max_tiles are not read. Each case runs eagerly and through a graph (bitwise equal).

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/cuda_check.h"
+#include "cuda/gemm/cutlass_instances.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -39,8 +41,6 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/kernel_hardware_info.h"
-#include "cuda/common/cuda_check.h"
-#include "cuda/gemm/cutlass_instances.h"
 
 #if !defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
 #error "the CUTLASS grouped GEMM needs device-modifiable TMA descriptors (CUDA 12.3+, sm_90a)"
@@ -175,8 +175,8 @@ WorkspaceParts workspace_parts(int64_t max_groups, int sm_count) {
   w.stride_a = take(n * sizeof(typename G::StrideA));
   w.stride_b = take(n * sizeof(typename G::StrideB));
   w.stride_d = take(n * sizeof(typename G::StrideD));
-  w.cutlass = take(G::Gemm::get_workspace_size(make_arguments<G>(max_groups, sm_count, nullptr,
-                                                                 nullptr)));
+  w.cutlass =
+      take(G::Gemm::get_workspace_size(make_arguments<G>(max_groups, sm_count, nullptr, nullptr)));
   w.total = off;
   return w;
 }
@@ -196,7 +196,8 @@ Status launch_for(const GroupedGemmArgs& p, int sm_count, void* workspace, cudaS
   setup_groups_kernel<G><<<blocks, kThreads, 0, stream>>>(
       p, reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
       reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
-      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
+      reinterpret_cast<float**>(ws + w.ptr_d),
+      reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
       reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
       reinterpret_cast<typename G::StrideD*>(ws + w.stride_d));
   QMOE_CUDA_CHECK_LAUNCH("setup_groups_kernel");
@@ -223,15 +224,15 @@ Status launch_for(const GroupedGemmArgs& p, int sm_count, void* workspace, cudaS
 }  // namespace qmoe::cuda::cutlass_detail
 
 // Defines the instance functions of cutlass_instances.h for one dtype.
-#define QMOE_CUTLASS_GROUPED_INSTANCE(kBf16, Element)                                        \
-  namespace qmoe::cuda::cutlass_detail {                                                     \
-  template <>                                                                                \
-  size_t instance_workspace_bytes<kBf16>(int64_t max_groups, int sm_count) {                 \
-    return workspace_bytes_for<Element>(max_groups, sm_count);                               \
-  }                                                                                          \
-  template <>                                                                                \
-  Status instance_launch<kBf16>(const GroupedGemmArgs& args, int sm_count, void* workspace,  \
-                                cudaStream_t stream) {                                       \
-    return launch_for<Element>(args, sm_count, workspace, stream);                           \
-  }                                                                                          \
+#define QMOE_CUTLASS_GROUPED_INSTANCE(kBf16, Element)                                       \
+  namespace qmoe::cuda::cutlass_detail {                                                    \
+  template <>                                                                               \
+  size_t instance_workspace_bytes<kBf16>(int64_t max_groups, int sm_count) {                \
+    return workspace_bytes_for<Element>(max_groups, sm_count);                              \
+  }                                                                                         \
+  template <>                                                                               \
+  Status instance_launch<kBf16>(const GroupedGemmArgs& args, int sm_count, void* workspace, \
+                                cudaStream_t stream) {                                      \
+    return launch_for<Element>(args, sm_count, workspace, stream);                          \
+  }                                                                                         \
   }

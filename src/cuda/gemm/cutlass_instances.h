@@ -21,4 +21,16 @@ template <bool kBf16>
 Status instance_launch(const GroupedGemmArgs& args, int sm_count, void* workspace,
                        cudaStream_t stream);
 
+// Defined by the instance files (explicit specializations, declared here before any use).
+template <>
+size_t instance_workspace_bytes<true>(int64_t max_groups, int sm_count);
+template <>
+size_t instance_workspace_bytes<false>(int64_t max_groups, int sm_count);
+template <>
+Status instance_launch<true>(const GroupedGemmArgs& args, int sm_count, void* workspace,
+                             cudaStream_t stream);
+template <>
+Status instance_launch<false>(const GroupedGemmArgs& args, int sm_count, void* workspace,
+                              cudaStream_t stream);
+
 }  // namespace qmoe::cuda::cutlass_detail

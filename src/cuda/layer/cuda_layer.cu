@@ -19,6 +19,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
+#include "cuda/gemm/cutlass_grouped.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
 #include "cuda/layer/stages.h"
@@ -136,6 +137,12 @@ class CudaLayer final : public PreparedLayer {
   }
 
   Status init(const LayerWeights& w);
+  // The generic path's GEMM: CUTLASS (on `sm_count` multiprocessors) for bf16/f16 layers, where
+  // an FC's shapes allow it; otherwise the mma.sync kernel. Before the first workspace_size().
+  void set_cutlass(bool on, int sm_count) {
+    cutlass_ = on && (cdt_ == DType::kBF16 || cdt_ == DType::kF16);
+    sm_count_ = sm_count;
+  }
   // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
   Status load_dispatch(const std::string& tune_file);
 
@@ -175,11 +182,13 @@ class CudaLayer final : public PreparedLayer {
   //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
   //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
   //   done        A(4 ceil(H / 16))                     FC2 tile counters (decode layers only)
+  //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
+  //                                                     descriptors (layers on CUTLASS only)
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
   // slots than it can touch experts, so decode shapes get a small scratch.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        done, total;
+        done, cutlass, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -212,6 +221,8 @@ class CudaLayer final : public PreparedLayer {
     l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
     l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 ? l->slots_in_scratch : 0));
     l->done = take(decode_ready_ ? 4 * static_cast<size_t>(pack2_.tiles) : 0);
+    l->cutlass = take(
+        cutlass_ && t > 0 ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_) : 0);
     l->total = off;
     return Status::ok();
   }
@@ -244,6 +255,8 @@ class CudaLayer final : public PreparedLayer {
   // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
   DispatchTable dispatch_;
+  bool cutlass_ = false;  // set_cutlass()
+  int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
   const uint32_t* packed2_ = nullptr;
@@ -564,7 +577,13 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const Layout& l, char* ws, const Ro
     g.first_group = d.first_group;
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
-    QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+    if (cutlass_ && cutlass_gemm_can_implement(g)) {
+      const size_t bytes = l.total - l.cutlass;  // the region runs to the end of the layout
+      QMOE_RETURN_IF_ERROR(
+          launch_cutlass_grouped_gemm(g, sm_count_, ws + l.cutlass, bytes, stream));
+    } else {
+      QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+    }
   }
   return Status::ok();
 }
@@ -728,6 +747,18 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   return Status::ok();
 }
 
+// PrepareOptions::gemm, else $QMOE_GEMM, else CUTLASS.
+Status gemm_choice(const std::string& option, bool* cutlass) {
+  const char* env = std::getenv("QMOE_GEMM");
+  const std::string v = !option.empty() ? option : (env ? env : "cutlass");
+  const char* what = !option.empty() ? "gemm" : "QMOE_GEMM";
+  if (v != "cutlass" && v != "mma") {
+    return Status::invalid(std::string(what) + ": expected cutlass or mma, got '" + v + "'");
+  }
+  *cutlass = v == "cutlass";
+  return Status::ok();
+}
+
 // What the GPU path cannot run, checked before anything is uploaded.
 Status check_cuda_support(const LayerSpec& spec) {
   if (spec.num_experts > kGeneralMaxExperts) {
@@ -794,6 +825,11 @@ Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
   const size_t cap =
       options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
   auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
+  bool cutlass = true;
+  QMOE_RETURN_IF_ERROR(cuda::gemm_choice(options.gemm, &cutlass));
+  int sm_count = 0;
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, options.device));
+  layer->set_cutlass(cutlass, sm_count);
   QMOE_RETURN_IF_ERROR(layer->init(weights));
   const char* env_tune = std::getenv("QMOE_TUNE_FILE");
   QMOE_RETURN_IF_ERROR(layer->load_dispatch(
