@@ -110,4 +110,15 @@ inline LayerSpec small_spec(WeightFormat f, int64_t hidden = 256, int64_t inter 
   return s;
 }
 
+// A view of `shape` (any rank up to kMaxRank) on `data`, which may be null (an empty tensor).
+template <typename View, typename Ptr>
+View shaped_view(Ptr data, DType t, const std::vector<int64_t>& shape) {
+  View v;
+  v.data = data;
+  v.dtype = t;
+  v.rank = static_cast<int>(shape.size());
+  for (int i = 0; i < v.rank; ++i) v.dims[i] = shape[i];
+  return v;
+}
+
 }  // namespace qmoe::test

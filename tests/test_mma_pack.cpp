@@ -121,7 +121,15 @@ TEST(MmaPack, SupportedFormats) {
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kInt3), 2048));
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kNvFp4), 2048));
   EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kMxFp4), 2880));
-  EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kFp8), 2048));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kFp8), 2048));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kFp8Block), 7168));
+  EXPECT_TRUE(mma_pack_supported(default_fc_format(WeightFormat::kFp8Block), 2880));
+  FcFormat fb = default_fc_format(WeightFormat::kFp8Block);
+  fb.block_size = 16;  // blocks shorter than a 32-K chunk
+  EXPECT_FALSE(mma_pack_supported(fb, 2048));
+  fb.block_size = 96;  // not a power of two
+  EXPECT_FALSE(mma_pack_supported(fb, 2048));
+  EXPECT_FALSE(mma_pack_supported(default_fc_format(WeightFormat::kFp8), 200));
   FcFormat f = default_fc_format(WeightFormat::kInt8);
   f.block_size = 0;
   EXPECT_TRUE(mma_pack_supported(f, 768));
@@ -130,10 +138,10 @@ TEST(MmaPack, SupportedFormats) {
   EXPECT_FALSE(mma_pack_supported(f, 768));
 }
 
-// FP4: every code once at its documented place (K-packed source, both bit layouts, row maps,
-// partial tiles and chunks), padding +0.
-void check_fp4_roundtrip(WeightFormat wf, DType act, int64_t n, int64_t k, MmaRowMap map,
-                         int64_t inter) {
+// FP4 and FP8: every code once at its documented place (K-packed E2M1 or e4m3 bytes, both bit
+// layouts, both formats of each, row maps, partial tiles and chunks), padding +0.
+void check_float_roundtrip(WeightFormat wf, DType act, int64_t n, int64_t k, MmaRowMap map,
+                           int64_t inter) {
   SCOPED_TRACE(std::string(format_info(wf).name) + " " + dtype_name(act) + " n " +
                std::to_string(n) + " k " + std::to_string(k));
   const int64_t experts = 2;
@@ -142,18 +150,32 @@ void check_fp4_roundtrip(WeightFormat wf, DType act, int64_t n, int64_t k, MmaRo
   make_fc(f, experts, n, k, fresh_seed(), &q);
   if (::testing::Test::HasFatalFailure()) return;
   const MmaPackShape s = mma_pack_shape(f, n, k, map, inter, act);
-  ASSERT_EQ(s.fp4_mag_bit, act == DType::kBF16 ? 6 : 9);
+  const bool fp8 = f.info().kind == FormatKind::kFp8;
+  const bool bf16 = act == DType::kBF16;
+  if (fp8) {
+    ASSERT_EQ(s.codes, MmaCodes::kFp8);
+    ASSERT_EQ(s.fp8_mag_bit, bf16 ? 4 : 7);
+    ASSERT_EQ(s.steps_per_chunk, 2);
+  } else {
+    ASSERT_EQ(s.fp4_mag_bit, bf16 ? 6 : 9);
+  }
   std::vector<uint32_t> packed;
-  mma_pack_fp4(s, q.weight.data(), experts, &packed);
+  if (fp8) {
+    mma_pack_fp8(s, q.weight.data(), experts, &packed);
+  } else {
+    mma_pack_fp4(s, q.weight.data(), experts, &packed);
+  }
   ASSERT_EQ(packed.size(), static_cast<size_t>(experts * s.words_per_expert()));
-  const int64_t kpad = s.chunks * 64;
+  const int64_t kpad = s.chunks * 16 * s.steps_per_chunk;
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t pr = 0; pr < s.tiles * 16; ++pr) {
       const int64_t lr = s.logical_row(pr);
       for (int64_t kk = 0; kk < kpad; ++kk) {
         unsigned want = 0;
-        if (lr >= 0 && kk < k)
-          want = (q.weight[(e * n + lr) * (k / 2) + kk / 2] >> (4 * (kk & 1))) & 15u;
+        if (lr >= 0 && kk < k) {
+          want = fp8 ? q.weight[(e * n + lr) * k + kk]
+                     : (q.weight[(e * n + lr) * (k / 2) + kk / 2] >> (4 * (kk & 1))) & 15u;
+        }
         ASSERT_EQ(mma_packed_code(s, packed.data(), e, pr, kk), want)
             << "expert " << e << " packed row " << pr << " k " << kk;
       }
@@ -161,13 +183,16 @@ void check_fp4_roundtrip(WeightFormat wf, DType act, int64_t n, int64_t k, MmaRo
   }
 }
 
-TEST(MmaPack, Fp4EveryLayoutAndRowMap) {
-  for (WeightFormat wf : {WeightFormat::kNvFp4, WeightFormat::kMxFp4}) {
+TEST(MmaPack, FloatCodesEveryLayoutAndRowMap) {
+  for (WeightFormat wf :
+       {WeightFormat::kNvFp4, WeightFormat::kMxFp4, WeightFormat::kFp8, WeightFormat::kFp8Block}) {
     for (DType act : {DType::kBF16, DType::kF16}) {
-      check_fp4_roundtrip(wf, act, 48, 128, MmaRowMap::kIdentity, 0);
-      check_fp4_roundtrip(wf, act, 40, 96, MmaRowMap::kIdentity, 0);  // partial tile and chunk
-      check_fp4_roundtrip(wf, act, 2 * 24, 64, MmaRowMap::kGatedInterleaved, 24);
-      check_fp4_roundtrip(wf, act, 2 * 20, 160, MmaRowMap::kGatedConcatenated, 20);
+      check_float_roundtrip(wf, act, 48, 128, MmaRowMap::kIdentity, 0);
+      // A partial tile and chunk (FP4 chunks are 64 K, FP8 chunks 32; MXFP4 needs K % 32 == 0).
+      const int64_t odd_k = format_info(wf).kind == FormatKind::kFp8 ? 80 : 96;
+      check_float_roundtrip(wf, act, 40, odd_k, MmaRowMap::kIdentity, 0);
+      check_float_roundtrip(wf, act, 2 * 24, 64, MmaRowMap::kGatedInterleaved, 24);
+      check_float_roundtrip(wf, act, 2 * 20, 160, MmaRowMap::kGatedConcatenated, 20);
     }
   }
 }
@@ -249,6 +274,106 @@ TEST(MmaPack, NvFp4MultipliersAreExact) {
       }
     }
   }
+}
+
+// The FP8 bit layout fills a word exactly, and each pair, decoded with the kernel's arithmetic
+// (mma_fp8_pair_bits), gives every e4m3 value times 2^-8 (f16) or 2^-120 (bf16) exactly, whatever
+// the other pair holds: all 256 x 256 code pairs in both slots, subnormals and zeros included.
+// bf16 then takes an HMUL2 by 2^120, exact for every code (a product of at most 4 significant
+// bits inside bf16's range); f16's sums take 2^kFp8F16Shift in fp32.
+TEST(MmaPack, Fp8PairsDecodeExactly) {
+  std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+  for (bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f16");
+    const int p = bf16 ? 4 : 7;
+    const double unit = std::ldexp(1.0, bf16 ? -120 : -kFp8F16Shift);
+    uint32_t all = 0;
+    for (int jj = 0; jj < 2; ++jj) {
+      for (int half = 0; half < 2; ++half) {
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t bit = 1u << mma_fp8_bit(p, jj, half, i);
+          ASSERT_EQ(all & bit, 0u) << "two codes share bit " << mma_fp8_bit(p, jj, half, i);
+          all |= bit;
+        }
+      }
+    }
+    ASSERT_EQ(all, 0xFFFFFFFFu);
+    int subnormal_halves = 0;
+    for (int jj = 0; jj < 2; ++jj) {
+      for (unsigned a = 0; a < 256; ++a) {
+        for (unsigned b = 0; b < 256; ++b) {
+          const double va = num::e4m3_to_f32(static_cast<uint8_t>(a));
+          const double vb = num::e4m3_to_f32(static_cast<uint8_t>(b));
+          if (std::isnan(va) || std::isnan(vb)) continue;  // 0x7F, 0xFF: no weight holds them
+          uint32_t w = rng();
+          for (int i = 0; i < 8; ++i) {  // pair jj's codes over a random neighbour
+            for (int half = 0; half < 2; ++half) {
+              const uint32_t bit = 1u << mma_fp8_bit(p, jj, half, i);
+              w = (((half ? b : a) >> i) & 1u) ? (w | bit) : (w & ~bit);
+            }
+          }
+          ASSERT_EQ(mma_fp8_code(w, p, jj, 0), a);
+          ASSERT_EQ(mma_fp8_code(w, p, jj, 1), b);
+          const uint32_t v = mma_fp8_pair_bits(w, p, jj);
+          const uint16_t lo = static_cast<uint16_t>(v), hi = static_cast<uint16_t>(v >> 16);
+          if ((lo & (bf16 ? 0x7F80u : 0x7C00u)) == 0 && (lo & 0x7FFFu) != 0) ++subnormal_halves;
+          ASSERT_EQ(half_value(lo, bf16), va * unit) << "pair " << jj << " code " << a;
+          ASSERT_EQ(half_value(hi, bf16), vb * unit) << "pair " << jj << " code " << b;
+          if (bf16) {  // the HMUL2 by 2^120: the product is a bf16 value, so rounding keeps it
+            const float prod = static_cast<float>(half_value(lo, true) * std::ldexp(1.0, 120));
+            ASSERT_EQ(static_cast<double>(prod), va);
+            ASSERT_EQ(half_value(num::f32_to_bf16(prod), true), va) << "code " << a;
+          }
+        }
+      }
+    }
+    // bf16: e4m3's subnormals land below 2^-126; f16: every code below 2^-6 lands below 2^-14.
+    EXPECT_GT(subnormal_halves, 0);
+  }
+}
+
+// fp8_block's square scale blocks in tile order: one entry per packed row and K block, the source
+// block of the row's block of rows (scale_rows), partial edge blocks in both directions.
+void check_fp8_block_scales(int block, int64_t n, int64_t k, MmaRowMap map, int64_t inter,
+                            DType scale_dtype) {
+  SCOPED_TRACE("fp8_block b" + std::to_string(block) + " n " + std::to_string(n) + " k " +
+               std::to_string(k));
+  const int64_t experts = 2;
+  FcFormat f = default_fc_format(WeightFormat::kFp8Block);
+  f.block_size = block;
+  f.scale_dtype = scale_dtype;
+  QuantizedFc q;
+  make_fc(f, experts, n, k, fresh_seed(), &q);
+  if (::testing::Test::HasFatalFailure()) return;
+  const MmaPackShape s = mma_pack_shape(f, n, k, map, inter, DType::kBF16);
+  ASSERT_EQ(s.block_size, block);
+  ASSERT_EQ(s.scale_rows, block);
+  ASSERT_EQ(s.scale_blocks, (s.chunks * 32 + block - 1) / block);
+  const int eb = static_cast<int>(dtype_size(scale_dtype));
+  std::vector<uint8_t> sc;
+  mma_pack_scales(s, q.scales.data(), eb, experts, &sc);
+  ASSERT_EQ(sc.size(), static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks * eb));
+  const int64_t nbk = (k + block - 1) / block, nbn = (n + block - 1) / block;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t pr = 0; pr < s.tiles * 16; ++pr) {
+      const int64_t lr = s.logical_row(pr);
+      for (int64_t bl = 0; bl < s.scale_blocks; ++bl) {
+        const int64_t i = mma_scale_index(s, e, pr, bl);
+        const bool real = lr >= 0 && bl < nbk;
+        for (int by = 0; by < eb; ++by) {
+          const uint8_t want =
+              real ? q.scales[((e * nbn + lr / block) * nbk + bl) * eb + by] : uint8_t{0};
+          ASSERT_EQ(sc[i * eb + by], want) << "expert " << e << " row " << pr << " block " << bl;
+        }
+      }
+    }
+  }
+}
+
+TEST(MmaPack, Fp8BlockScalesInTileOrder) {
+  check_fp8_block_scales(128, 136, 160, MmaRowMap::kIdentity, 0, DType::kF32);
+  check_fp8_block_scales(32, 2 * 40, 80, MmaRowMap::kGatedConcatenated, 40, DType::kBF16);
+  check_fp8_block_scales(32, 2 * 40, 96, MmaRowMap::kGatedInterleaved, 40, DType::kF16);
 }
 
 }  // namespace

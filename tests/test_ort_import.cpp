@@ -104,6 +104,23 @@ TEST(OrtImport, WeightsOnlyLayerDerivesHiddenFromFc2) {
   }
 }
 
+// ORT accepts calls of zero tokens; an empty input may come with a null pointer (torch, DLPack)
+// and still gives H and the activation dtype.
+TEST(OrtImport, EmptyInputWithNullPointerGivesShapeAndDtype) {
+  LayerSpec spec = small_spec(WeightFormat::kInt8);
+  spec.act_dtype = DType::kBF16;
+  OrtCase c;
+  make_ort_case(spec, &c);
+  c.inputs[kOrtInput] = TensorView(nullptr, DType::kBF16, {0, spec.hidden});
+  c.inputs[kOrtRouterProbs] = TensorView(nullptr, DType::kBF16, {0, spec.num_experts});
+  LayerSpec got;
+  LayerWeights w;
+  const Status st = layer_from_ort(c.attrs, c.inputs, {}, &got, &w);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(got.hidden, spec.hidden);
+  EXPECT_EQ(got.act_dtype, DType::kBF16);
+}
+
 TEST(OrtImport, RejectsWhatItCannotHonour) {
   OrtCase c;
   make_ort_case(small_spec(WeightFormat::kInt4), &c);

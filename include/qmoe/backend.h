@@ -28,6 +28,11 @@ struct PrepareOptions {
   // A tune file (qmoe/tuning.h) whose rows for this layer and device replace the backend's
   // default dispatch; empty: $QMOE_TUNE_FILE when set, else the default.
   std::string tune_file;
+  // CUDA: the generic path's grouped GEMM for bf16/f16 layers: "cutlass" (CUTLASS's SM90 TMA +
+  // wgmma kernel where the shapes allow it, else the mma.sync kernel) or "mma" (the mma.sync
+  // kernel always, for A/B runs). Empty: $QMOE_GEMM when set, else "cutlass". Read at prepare;
+  // another value is an error naming it.
+  std::string gemm;
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
@@ -39,17 +44,41 @@ struct RunProfile {
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
 };
 
+// Threads. A prepared layer is immutable after prepare_layer() except where marked below, so
+//   - run(), workspace_size(), spec(), backend(), dispatch_choice() and dispatch_candidates() may
+//     be called from several threads at once on one layer, each run() with its own workspace and
+//     output (and, on the CUDA backend, typically its own stream). Every call then gives the bytes
+//     it gives alone. Calls that share a workspace must be ordered by the caller (on the GPU: one
+//     stream, or events between the streams), as must calls whose outputs overlap.
+//   - run() with a RunProfile: allowed concurrently too; the CUDA backend's profile events belong
+//     to the layer, so such calls take turns (a mutex) and each waits for its own run.
+//   - take_deferred_error() may be called from any thread, concurrently with run() and with
+//     itself; the error record is the layer's, shared by every call on every stream, so a take
+//     reports what any call recorded since the previous take and cannot say which call it was.
+//     No error is lost or reported twice (errors recorded between two takes come as one report).
+//     See take_deferred_error() for what it waits on.
+//   - apply_tune_file() replaces the dispatch table: the caller must not run it concurrently with
+//     any other call on the same layer (serialize it, e.g. do it before sharing the layer).
+//   - destruction: after every call has returned and, on the GPU, its work has completed.
+// The CPU backend's worker pool serves one call at a time; a call that finds it busy runs on its
+// own thread alone (same bytes, less parallelism). The CUDA backend reads its QMOE_* A/B settings
+// (getenv) on the run path: changing the environment (setenv) while calls run is a data race.
 class PreparedLayer {
  public:
   virtual ~PreparedLayer() = default;
   virtual BackendKind backend() const = 0;
   virtual const LayerSpec& spec() const = 0;
   // Exact bytes run() needs for calls of up to max_tokens tokens (a documented formula per
-  // backend).
+  // backend), monotone in max_tokens; 0 for max_tokens <= 0.
   virtual size_t workspace_size(int64_t max_tokens) const = 0;
   // Runs one call. `workspace` holds at least workspace_size(T) bytes, 64-byte aligned (256 on the
   // CUDA backend); its contents on entry do not matter. Never allocates; `profile`, when given,
   // receives per-stage times.
+  // Zero tokens (input [0, H], [B, 0, H] or [0, S, H], router_probs [0, E], output of the
+  // input's shape) is a valid call: it returns ok, reads and writes nothing and launches nothing
+  // (a captured graph gets no node). Its empty tensors may have null data pointers, its workspace
+  // may be null (workspace_size(0) = 0), and its pointers are not checked for being device memory;
+  // a profile receives zeros.
   // CUDA backend: `in`, `out` and `workspace` are device memory and `stream` is a cudaStream_t
   // (nullptr = the legacy default stream). The call only enqueues work on that stream: it never
   // synchronizes with the host (except with a profile, which waits for its events) and may be
@@ -58,8 +87,12 @@ class PreparedLayer {
                      size_t workspace_bytes, void* stream, RunProfile* profile = nullptr) = 0;
   // Errors an asynchronous backend found in inputs after run() had returned: non-finite router
   // logits, router weights or activations (the affected tokens' outputs are NaN). Returns and
-  // clears them; synchronizes with the device. Always ok on the CPU, which rejects such inputs
-  // in run() itself.
+  // clears them. Always ok on the CPU, which rejects such inputs in run() itself.
+  // CUDA: waits for the whole device (cudaDeviceSynchronize: calls on every stream, the layer's
+  // and others' work), so it must not be called while any thread captures a graph in
+  // cudaStreamCaptureModeGlobal (the default), nor from a capturing thread. The record is taken
+  // with atomic exchanges, so an error that a call on another stream records meanwhile is
+  // reported by this take or the next one, never lost; its "first at token" is then a hint.
   virtual Status take_deferred_error() { return Status::ok(); }
   // The kernel path a call of `tokens` tokens takes now (qmoe/tuning.h), and every path it could
   // take (what a tuner times). Empty on backends with one path (the CPU).

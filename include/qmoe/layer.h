@@ -116,6 +116,7 @@ struct LayerWeights {
   TensorView router_bias;  // f32 [E - num_shared]: kGroupedTopK e_score_correction_bias
 };
 
+// T may be 0 (a call of zero tokens; see PreparedLayer::run). Empty tensors may have null data.
 struct RunInputs {
   TensorView input;           // [T, H] (or [B, S, H]), act dtype
   TensorView router_logits;   // [T, E], act dtype (or f32)
@@ -126,9 +127,10 @@ struct RunInputs {
 Status check_spec(const LayerSpec& spec);
 // Validates the spec and that every weight tensor has the shape and dtype the spec implies.
 Status check_layer(const LayerSpec& spec, const LayerWeights& w);
-// Validates one call's inputs; *tokens receives T.
+// Validates one call's inputs; *tokens receives T (0 allowed).
 Status check_inputs(const LayerSpec& spec, const RunInputs& in, int64_t* tokens);
-// Validates one call's inputs and output; *tokens receives T.
+// Validates one call's inputs and output; *tokens receives T (0 allowed; then the output may
+// have a null pointer).
 Status check_run(const LayerSpec& spec, const RunInputs& in, const MutableTensorView& out,
                  int64_t* tokens);
 

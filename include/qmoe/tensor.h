@@ -30,7 +30,8 @@ bool parse_dtype(const std::string& name, DType* out);
 constexpr int kMaxRank = 4;
 
 // A borrowed, dense, row-major tensor. data == nullptr means "absent" (an optional input not
-// given).
+// given), except for an empty tensor: one with a shape (rank >= 1) and a zero dimension may carry
+// a null pointer, as torch and DLPack give empty tensors one; given() counts it as given.
 struct TensorView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
@@ -41,6 +42,7 @@ struct TensorView {
   TensorView(const void* d, DType t, std::initializer_list<int64_t> shape);
 
   bool present() const { return data != nullptr; }
+  bool given() const { return data != nullptr || (rank >= 1 && numel() == 0); }
   int64_t dim(int i) const { return dims[i]; }
   int64_t numel() const;
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }

@@ -254,8 +254,10 @@ Status check_layer(const LayerSpec& s, const LayerWeights& w) {
 }
 
 Status check_inputs(const LayerSpec& s, const RunInputs& in, int64_t* tokens) {
+  // Zero tokens are a valid call (input [0, H], [B, 0, H] or [0, S, H]): it returns an empty
+  // output. Empty tensors may have null data pointers (TensorView::given()).
   const TensorView& x = in.input;
-  if (!x.present()) return Status::invalid("input: missing");
+  if (!x.given()) return Status::invalid("input: missing");
   if (!is_activation_dtype(x.dtype)) {
     return Status::invalid(std::string("input: expected dtype f32, f16 or bf16, got ") +
                            dtype_name(x.dtype));
@@ -265,20 +267,22 @@ Status check_inputs(const LayerSpec& s, const RunInputs& in, int64_t* tokens) {
                            "] or [batch, seq, " + std::to_string(s.hidden) + "], got " +
                            x.shape_string());
   }
+  if (x.dims[0] < 0 || (x.rank == 3 && x.dims[1] < 0)) {
+    return Status::invalid("input: negative dimension in shape " + x.shape_string());
+  }
   const int64_t t = x.rank == 2 ? x.dims[0] : x.dims[0] * x.dims[1];
-  if (t < 1) return Status::invalid("input: zero tokens (shape " + x.shape_string() + ")");
   if (t > (int64_t(1) << 31) / (s.slots() + 1)) {
     return Status::invalid("input: too many tokens (" + std::to_string(t) + ")");
   }
   const int64_t logit_dims[2] = {t, s.num_experts};
   const TensorView& l = in.router_logits;
-  if (!l.present()) return Status::invalid("router_probs: missing");
+  if (!l.given()) return Status::invalid("router_probs: missing");
   if (!is_activation_dtype(l.dtype)) {
     return Status::invalid(std::string("router_probs: expected dtype f32, f16 or bf16, got ") +
                            dtype_name(l.dtype));
   }
   QMOE_RETURN_IF_ERROR(expect_tensor(l, "router_probs", l.dtype, logit_dims, 2));
-  if (in.router_weights.present()) {
+  if (in.router_weights.given()) {
     if (!is_activation_dtype(in.router_weights.dtype)) {
       return Status::invalid(std::string("router_weights: expected f32, f16 or bf16, got ") +
                              dtype_name(in.router_weights.dtype));
@@ -295,7 +299,8 @@ Status check_run(const LayerSpec& s, const RunInputs& in, const MutableTensorVie
   int64_t t = 0;
   QMOE_RETURN_IF_ERROR(check_inputs(s, in, &t));
   const TensorView& x = in.input;
-  if (out.data == nullptr) return Status::invalid("output: missing");
+  // An output of zero elements may have a null data pointer (nothing is written to it).
+  if (out.data == nullptr && (t > 0 || out.rank < 1)) return Status::invalid("output: missing");
   if (out.rank < 1 || out.dtype != x.dtype || out.numel() != t * s.hidden ||
       out.dims[out.rank - 1] != s.hidden) {
     return Status::invalid(std::string("output: expected dtype ") + dtype_name(x.dtype) +

@@ -245,7 +245,7 @@ Status layer_from_ort(const OrtQMoEAttributes& a, const TensorView* in,
   }
   s.inter = fc1_rows / f;
   const TensorView& x = in[kOrtInput];
-  if (x.present()) {
+  if (x.given()) {  // an empty input ([0, H]) may come with a null pointer and still gives H
     if (x.rank != 2 && x.rank != 3) {
       return Status::invalid("input: expected [tokens, H] or [batch, seq, H], got " +
                              x.shape_string());
@@ -261,7 +261,7 @@ Status layer_from_ort(const OrtQMoEAttributes& a, const TensorView* in,
     s.act_dtype = b.present() ? b.dtype : DType::kF32;
   }
   const TensorView& logits = in[kOrtRouterProbs];
-  if (logits.present()) {
+  if (logits.given()) {
     if (logits.rank != 2) {
       return Status::invalid("router_probs: expected [tokens, E], got " + logits.shape_string());
     }

@@ -7,7 +7,7 @@ namespace qmoe {
 Status expect_tensor(const TensorView& v, const std::string& name, DType dtype, const int64_t* dims,
                      int rank) {
   const std::string want = std::string(dtype_name(dtype)) + " " + shape_string(dims, rank);
-  if (!v.present()) return Status::invalid(name + ": missing, expected " + want);
+  if (!v.given()) return Status::invalid(name + ": missing, expected " + want);
   bool same = v.rank == rank;
   for (int i = 0; same && i < rank; ++i) same = v.dims[i] == dims[i];
   if (!same || !dtype_matches(v.dtype, dtype)) {

@@ -17,7 +17,8 @@ inline bool dtype_matches(DType got, DType want) {
   return want_byte && (got == DType::kU8 || got == want);
 }
 
-// Present, of dtype `dtype` and shape dims[0..rank).
+// Given (TensorView::given(): present, or empty with a shape), of dtype `dtype` and shape
+// dims[0..rank).
 Status expect_tensor(const TensorView& v, const std::string& name, DType dtype, const int64_t* dims,
                      int rank);
 

@@ -74,10 +74,10 @@ class CpuLayer final : public PreparedLayer {
 
   // workspace_size(T) = A(route_maps_bytes(T, slots, E)) + A(4 E) + A(4 T H) + A(4 R N1)
   //                     [+ A(4 R I) with FC3] + A(4 R I) + A(4 R H) + threads * A(4 max(H, I))
-  // with R = T * slots and A() rounding up to 64 bytes.
+  // with R = T * slots and A() rounding up to 64 bytes; 0 for T <= 0 (a call of zero tokens
+  // touches no memory).
   size_t workspace_size(int64_t max_tokens) const override {
-    const Layout l = layout(max_tokens);
-    return l.total;
+    return max_tokens > 0 ? layout(max_tokens).total : 0;
   }
 
   Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
@@ -161,6 +161,10 @@ Status CpuLayer::run(const RunInputs& in, const MutableTensorView& out, void* wo
                      size_t workspace_bytes, void* stream, RunProfile* profile) {
   int64_t tokens = 0;
   QMOE_RETURN_IF_ERROR(check_run(spec_, in, out, &tokens));
+  if (tokens == 0) {  // nothing to read or write: workspace and data pointers are not touched
+    if (profile) *profile = RunProfile{};
+    return Status::ok();
+  }
   const Layout l = layout(tokens);
   if (workspace == nullptr || workspace_bytes < l.total) {
     return Status::invalid("workspace: expected at least " + std::to_string(l.total) +

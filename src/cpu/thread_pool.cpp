@@ -43,7 +43,9 @@ void ThreadPool::worker_loop(int worker) {
 
 void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_t, int)>& fn) {
   if (num_tasks <= 0) return;
-  if (workers_.empty() || num_tasks == 1) {
+  bool idle = false;
+  if (workers_.empty() || num_tasks == 1 ||
+      !busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
     for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
     return;
   }
@@ -60,6 +62,7 @@ void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return active_ == 0; });
   fn_ = nullptr;
+  busy_.store(false, std::memory_order_release);
 }
 
 }  // namespace qmoe::cpu

@@ -17,7 +17,7 @@ Status check_tensor(const std::string& path, const NamedTensor& t) {
   const std::string where = path + ": tensor '" + t.name + "'";
   if (t.name.empty()) return Status::invalid(path + ": a tensor has an empty name");
   if (t.name == "__metadata__") return Status::invalid(where + ": the name is reserved");
-  if (!t.view.present()) return Status::invalid(where + ": no data (absent view)");
+  if (!t.view.given()) return Status::invalid(where + ": no data (absent view)");
   if (t.view.rank < 0 || t.view.rank > kMaxRank) {
     return Status::invalid(where + ": rank " + std::to_string(t.view.rank) + ", expected 0.." +
                            std::to_string(kMaxRank));

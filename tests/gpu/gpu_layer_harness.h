@@ -130,4 +130,124 @@ inline void check_gpu_case(const LayerSpec& spec, int64_t tokens, bool router_we
       << spec.routing.top_k;
 }
 
+// Prepares tl, checks the path the dispatch takes for `tokens` (a decode form up to the window's
+// end, expect_decode; the generic path past it), runs them and checks the error against the
+// oracle (the decode kernels' tests of each format family).
+inline void check_decode_call(const TestLayer& tl, int64_t tokens, uint64_t seed,
+                              bool expect_decode = true) {
+  std::unique_ptr<PreparedLayer> layer;
+  Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  const std::string choice = layer->dispatch_choice(tokens);
+  if (expect_decode) {
+    EXPECT_EQ(choice.rfind("decode", 0), 0u) << "took " << choice << " at " << tokens << " tokens";
+  } else {
+    EXPECT_EQ(choice, "generic") << tokens << " tokens";
+  }
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
+  GpuRun r;
+  gpu_run(tl, ti, &r, {}, 0xFF, true, layer.get());
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_LE(r.error, gpu_budget(tl.spec.act_dtype))
+      << tl.spec.fc1.to_string() << " " << dtype_name(tl.spec.act_dtype) << ", " << tokens
+      << " tokens, seed " << seed;
+}
+
+inline std::string layer_name(const LayerSpec& s) {
+  return s.fc1.to_string() + " / " + s.fc2.to_string() + " " + dtype_name(s.act_dtype) + " H " +
+         std::to_string(s.hidden) + " I " + std::to_string(s.inter);
+}
+
+// Calls f(tl, seed) on a fresh random layer (h, i, e, k) of each of `formats` in bf16 and f16.
+template <typename Formats, typename F>
+void for_layers_of(const Formats& formats, int64_t h, int64_t i, int64_t e, int k, F&& f) {
+  for (WeightFormat fmt : formats) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      LayerSpec s = small_spec(fmt, h, i, e, k);
+      s.act_dtype = dt;
+      const uint64_t seed = fresh_seed();
+      TestLayer tl;
+      make_layer(s, seed, &tl);
+      SCOPED_TRACE(layer_name(s));
+      f(tl, seed);
+    }
+  }
+}
+
+// Captures one call of `tokens` on layer in a CUDA graph, replays it on `rounds` fresh inputs
+// copied into the captured buffers, and checks each replay equals an eager call bit for bit (and
+// that the workspace's canary survived).
+inline void check_graph_replay(const TestLayer& tl, PreparedLayer* layer, int64_t tokens,
+                               uint64_t seed, int rounds) {
+  TestInputs first;
+  make_inputs(tl.spec, tokens, seed, false, &first);
+  DeviceInputs d;
+  ASSERT_TRUE(stage_inputs(first, &d));
+  const size_t bytes = layer->workspace_size(tokens);
+  GpuBuffer ws, out;
+  ASSERT_TRUE(ws.allocate(bytes, 0xFF, 256));
+  const size_t out_bytes =
+      static_cast<size_t>(tokens * tl.spec.hidden) * dtype_size(tl.spec.act_dtype);
+  ASSERT_TRUE(out.allocate(out_bytes));
+  MutableTensorView ov(out.get(), tl.spec.act_dtype, {tokens, tl.spec.hidden});
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  Status st = layer->run(d.in, ov, ws.get(), bytes, stream);
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  CUDA_ASSERT(end);
+  cudaGraphExec_t exec;
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < rounds; ++round) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + 100 + round, false, &ti);
+    CUDA_ASSERT(cudaMemcpy(d.x.get(), ti.x.data(), ti.x.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(
+        cudaMemcpy(d.logits.get(), ti.logits.data(), ti.logits.size(), cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemset(out.get(), 0xFF, out_bytes));
+    CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> replayed;
+    ASSERT_TRUE(out.download(&replayed));
+    GpuRun eager;
+    gpu_run(tl, ti, &eager, {}, 0xFF, false, layer);
+    EXPECT_EQ(replayed, eager.out) << "round " << round << ", " << tokens << " tokens";
+  }
+  ASSERT_TRUE(ws.canary_intact());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Every decode form (CUDA cores, one and two column groups), tiles per block and ring on tl at 1,
+// 7 and 40 tokens: the forms within the budget; tiles per block of 4 and more, and both rings,
+// the same bits.
+inline void check_forms_tiles_and_rings(const TestLayer& tl, uint64_t seed) {
+  const DType dt = tl.spec.act_dtype;
+  for (int64_t tokens : {1, 7, 40}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens) + " seed " + std::to_string(seed));
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    for (const char* form : {"decode/cc", "decode/1", "decode/2"}) {
+      GpuRun r;
+      gpu_run_with("QMOE_DISPATCH", form, tl, ti, &r);
+      EXPECT_LE(r.error, gpu_budget(dt)) << form;
+    }
+    std::vector<uint8_t> first;
+    for (const char* tpb : {"4", "8"}) {
+      EnvOverride knob("QMOE_DECODE_TPB", tpb);
+      GpuRun regs, smem;
+      gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
+      gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
+      EXPECT_LE(regs.error, gpu_budget(dt)) << tpb << " tiles per block";
+      EXPECT_EQ(smem.out, regs.out) << tpb << " tiles per block";
+      if (first.empty()) first = regs.out;
+      EXPECT_EQ(regs.out, first) << tpb << " tiles per block differs from 4";
+    }
+  }
+}
+
 }  // namespace qmoe::test

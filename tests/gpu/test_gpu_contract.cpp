@@ -41,47 +41,7 @@ TEST(GpuContract, GraphReplayEqualsEager) {
     LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
     s.act_dtype = DType::kBF16;
     prepare(s, seed, &p);
-    TestInputs first;
-    make_inputs(p.tl.spec, tokens, seed, false, &first);
-    DeviceInputs d;
-    ASSERT_TRUE(stage_inputs(first, &d));
-    const size_t bytes = p.layer->workspace_size(tokens);
-    GpuBuffer ws, out;
-    ASSERT_TRUE(ws.allocate(bytes, 0xFF, 256));
-    const size_t out_bytes = static_cast<size_t>(tokens * s.hidden) * 2;
-    ASSERT_TRUE(out.allocate(out_bytes));
-    MutableTensorView ov(out.get(), s.act_dtype, {tokens, s.hidden});
-
-    cudaStream_t stream;
-    CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    Status st = p.layer->run(d.in, ov, ws.get(), bytes, stream);
-    cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    CUDA_ASSERT(end);
-    cudaGraphExec_t exec;
-    CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-
-    // Replay on three fresh inputs copied into the captured buffers.
-    for (int round = 0; round < 3; ++round) {
-      TestInputs ti;
-      make_inputs(p.tl.spec, tokens, seed + 100 + round, false, &ti);
-      CUDA_ASSERT(cudaMemcpy(d.x.get(), ti.x.data(), ti.x.size(), cudaMemcpyHostToDevice));
-      CUDA_ASSERT(
-          cudaMemcpy(d.logits.get(), ti.logits.data(), ti.logits.size(), cudaMemcpyHostToDevice));
-      CUDA_ASSERT(cudaMemset(out.get(), 0xFF, out_bytes));
-      CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      CUDA_ASSERT(cudaStreamSynchronize(stream));
-      std::vector<uint8_t> replayed, expected;
-      ASSERT_TRUE(out.download(&replayed));
-      eager(p, ti, &expected);
-      EXPECT_EQ(replayed, expected) << "round " << round << ", " << tokens << " tokens";
-    }
-    ASSERT_TRUE(ws.canary_intact());
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    check_graph_replay(p.tl, p.layer.get(), tokens, seed, 3);
   }
 }
 

@@ -15,53 +15,10 @@ namespace {
 
 constexpr WeightFormat kFp4Formats[] = {WeightFormat::kNvFp4, WeightFormat::kMxFp4};
 
-// Runs `tokens` on tl, checks the path the dispatch took (decode up to the window's end, generic
-// past it) and the error against the oracle.
-void check_fp4(const TestLayer& tl, int64_t tokens, uint64_t seed, bool expect_decode = true) {
-  std::unique_ptr<PreparedLayer> layer;
-  Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
-  ASSERT_TRUE(st.is_ok()) << st.to_string();
-  const std::string choice = layer->dispatch_choice(tokens);
-  if (expect_decode) {
-    EXPECT_EQ(choice.rfind("decode", 0), 0u) << "took " << choice << " at " << tokens << " tokens";
-  } else {
-    EXPECT_EQ(choice, "generic") << tokens << " tokens";
-  }
-  TestInputs ti;
-  make_inputs(tl.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
-  GpuRun r;
-  gpu_run(tl, ti, &r, {}, 0xFF, true, layer.get());
-  if (::testing::Test::HasFatalFailure()) return;
-  EXPECT_LE(r.error, gpu_budget(tl.spec.act_dtype))
-      << tl.spec.fc1.to_string() << " " << dtype_name(tl.spec.act_dtype) << ", " << tokens
-      << " tokens, seed " << seed;
-}
-
-std::string name_of(const LayerSpec& s) {
-  return s.fc1.to_string() + " / " + s.fc2.to_string() + " " + dtype_name(s.act_dtype) + " H " +
-         std::to_string(s.hidden) + " I " + std::to_string(s.inter);
-}
-
-// Calls f(tl, seed) on a fresh random layer (h, i, e, k) of each FP4 format and dtype.
-template <typename F>
-void for_fp4_layers(int64_t h, int64_t i, int64_t e, int k, F&& f) {
-  for (WeightFormat fmt : kFp4Formats) {
-    for (DType dt : {DType::kBF16, DType::kF16}) {
-      LayerSpec s = small_spec(fmt, h, i, e, k);
-      s.act_dtype = dt;
-      const uint64_t seed = fresh_seed();
-      TestLayer tl;
-      make_layer(s, seed, &tl);
-      SCOPED_TRACE(name_of(s));
-      f(tl, seed);
-    }
-  }
-}
-
 TEST(GpuDecodeFp4, MatchesOracle) {
   QMOE_REQUIRE_GPU();
-  for_fp4_layers(512, 256, 16, 4, [](const TestLayer& tl, uint64_t seed) {
-    for (int64_t tokens : {1, 2, 4, 8, 16, 33}) check_fp4(tl, tokens, seed);
+  for_layers_of(kFp4Formats, 512, 256, 16, 4, [](const TestLayer& tl, uint64_t seed) {
+    for (int64_t tokens : {1, 2, 4, 8, 16, 33}) check_decode_call(tl, tokens, seed);
   });
 }
 
@@ -69,9 +26,9 @@ TEST(GpuDecodeFp4, MatchesOracle) {
 // touched experts. E = k = 8: every expert takes every token, 64 routes per expert.
 TEST(GpuDecodeFp4, WindowEdge) {
   QMOE_REQUIRE_GPU();
-  for_fp4_layers(256, 128, 8, 8, [](const TestLayer& tl, uint64_t seed) {
-    check_fp4(tl, 64, seed);
-    check_fp4(tl, 65, seed, false);
+  for_layers_of(kFp4Formats, 256, 128, 8, 8, [](const TestLayer& tl, uint64_t seed) {
+    check_decode_call(tl, 64, seed);
+    check_decode_call(tl, 65, seed, false);
   });
 }
 
@@ -101,9 +58,9 @@ TEST(GpuDecodeFp4, ShapesAndMixes) {
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);
-    SCOPED_TRACE(name_of(s));
-    check_fp4(tl, c.tokens, seed);
-    check_fp4(tl, 1, seed);
+    SCOPED_TRACE(layer_name(s));
+    check_decode_call(tl, c.tokens, seed);
+    check_decode_call(tl, 1, seed);
   }
 }
 
@@ -139,30 +96,8 @@ TEST(GpuDecodeFp4, NPackedLayoutKeepsTheBits) {
 // the budget; tiles per block of 4 and more, and both rings, the same bits.
 TEST(GpuDecodeFp4, FormsTilesAndRings) {
   QMOE_REQUIRE_GPU();
-  for_fp4_layers(1024, 768, 8, 4, [](const TestLayer& tl, uint64_t seed) {
-    const DType dt = tl.spec.act_dtype;
-    for (int64_t tokens : {1, 7, 40}) {
-      SCOPED_TRACE("tokens " + std::to_string(tokens) + " seed " + std::to_string(seed));
-      TestInputs ti;
-      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-      for (const char* form : {"decode/cc", "decode/1", "decode/2"}) {
-        GpuRun r;
-        gpu_run_with("QMOE_DISPATCH", form, tl, ti, &r);
-        EXPECT_LE(r.error, gpu_budget(dt)) << form;
-      }
-      std::vector<uint8_t> first;
-      for (const char* tpb : {"4", "8"}) {
-        EnvOverride knob("QMOE_DECODE_TPB", tpb);
-        GpuRun regs, smem;
-        gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
-        gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
-        EXPECT_LE(regs.error, gpu_budget(dt)) << tpb << " tiles per block";
-        EXPECT_EQ(smem.out, regs.out) << tpb << " tiles per block";
-        if (first.empty()) first = regs.out;
-        EXPECT_EQ(regs.out, first) << tpb << " tiles per block differs from 4";
-      }
-    }
-  });
+  for_layers_of(kFp4Formats, 1024, 768, 8, 4,
+                [](const TestLayer& tl, uint64_t seed) { check_forms_tiles_and_rings(tl, seed); });
 }
 
 // Where shared memory holds fewer blocks than the registers allow (K 2880: a 5.8 KB row per route
@@ -256,10 +191,10 @@ TEST(GpuDecodeFp4, ExtremeScales) {
     TestLayer tl;
     make_layer(s, seed, &tl);
     modify_scales(&tl, c.how, seed);
-    SCOPED_TRACE(name_of(s) + " scales " + c.how);
-    check_fp4(tl, 1, seed);
-    check_fp4(tl, 12, seed);
-    check_fp4(tl, 80, seed, false);  // the generic path on the same tensors
+    SCOPED_TRACE(layer_name(s) + " scales " + c.how);
+    check_decode_call(tl, 1, seed);
+    check_decode_call(tl, 12, seed);
+    check_decode_call(tl, 80, seed, false);  // the generic path on the same tensors
   }
 }
 

@@ -19,20 +19,29 @@ struct DeviceFcCopy {
   cuda::DeviceFc fc;
 };
 
-// FP4 kept only in the decode layout, as the layer keeps it (cuda_layer.cu): packed codes and
-// tile-ordered 8-bit scales; no codes or scales in ORT's layout.
+// FP4 and FP8 kept only in the decode layout, as the layer keeps it (cuda_layer.cu): packed codes
+// and tile-ordered scales (FP4's 8-bit ones, fp8_block's per row, none for fp8); no codes or
+// scales in ORT's layout.
 void use_packed_copy(const QuantizedFc& q, const std::vector<uint8_t>& k_packed, MmaRowMap map,
                      int64_t inter, DType act, DeviceFcCopy* d) {
   const MmaPackShape s = mma_pack_shape(q.format, q.n, q.k, map, inter, act);
   std::vector<uint32_t> words;
-  mma_pack_fp4(s, k_packed.data(), q.experts, &words);
   std::vector<uint8_t> tiled;
-  mma_pack_scales(mma_fp4_scale_shape(s), q.scales.data(), 1, q.experts, &tiled);
+  if (s.codes == MmaCodes::kFp8) {
+    mma_pack_fp8(s, k_packed.data(), q.experts, &words);
+    if (s.block_size != 0) {
+      mma_pack_scales(s, q.scales.data(), static_cast<int>(dtype_size(q.format.scale_dtype)),
+                      q.experts, &tiled);
+    }
+  } else {
+    mma_pack_fp4(s, k_packed.data(), q.experts, &words);
+    mma_pack_scales(mma_fp4_scale_shape(s), q.scales.data(), 1, q.experts, &tiled);
+  }
   ASSERT_TRUE(d->words.upload(words));
-  ASSERT_TRUE(d->tiled.upload(tiled));
+  if (!tiled.empty()) ASSERT_TRUE(d->tiled.upload(tiled));
   d->fc.packed = s;
   d->fc.packed_words = d->words.as<uint32_t>();
-  d->fc.packed_scales = d->tiled.as<uint8_t>();
+  d->fc.packed_scales = tiled.empty() ? nullptr : d->tiled.as<uint8_t>();
   d->fc.weight = nullptr;
   d->fc.scales = nullptr;
 }
@@ -212,6 +221,30 @@ TEST(GpuDequant, Fp4FromThePackedCopy) {
     }
     f.fp4_layout = Fp4Layout::kNPacked;
     check_format(f, 4, 64, 224, DType::kF32, {true, MmaRowMap::kIdentity, 0, DType::kBF16});
+  }
+}
+
+// FP8 from the decode kernels' packed copy: the same bits as from ORT's layout, for both bit
+// layouts, both formats (fp8_block with f32/bf16/f16 scales, partial edge blocks, blocks of 32 and
+// 128), gated row maps, partial tiles and chunks, every output dtype.
+TEST(GpuDequant, Fp8FromThePackedCopy) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf : {WeightFormat::kFp8, WeightFormat::kFp8Block}) {
+    FcFormat f = default_fc_format(wf);
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
+        check_format(f, 5, 136, 288, out, {true, MmaRowMap::kIdentity, 0, act});
+      }
+      check_format(f, 3, 40, 208, DType::kF32, {true, MmaRowMap::kIdentity, 0, act});
+      check_format(f, 3, 2 * 72, 160, DType::kBF16, {true, MmaRowMap::kGatedInterleaved, 72, act});
+      check_format(f, 3, 2 * 136, 96, DType::kF16, {true, MmaRowMap::kGatedConcatenated, 136, act});
+    }
+  }
+  FcFormat fb = default_fc_format(WeightFormat::kFp8Block);
+  fb.block_size = 32;
+  for (DType sd : {DType::kF32, DType::kBF16, DType::kF16}) {
+    fb.scale_dtype = sd;
+    check_format(fb, 3, 2 * 40, 80, DType::kF32, {true, MmaRowMap::kGatedConcatenated, 40});
   }
 }
 

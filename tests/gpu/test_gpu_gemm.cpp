@@ -1,6 +1,8 @@
-// The grouped GEMM (src/cuda/gemm/grouped_gemm.h) against an fp64 host GEMM of the same rounded
-// inputs, on random schedules: ragged expert counts (0, 1, 15, 127, 128, 129, 300, large ones),
-// waves that start past group 0 and stop before the last, ragged N, small and large K, every dtype.
+// The grouped GEMMs (src/cuda/gemm/grouped_gemm.h, and CUTLASS's, cutlass_grouped.h) against an
+// fp64 host GEMM of the same rounded inputs, on random schedules: ragged expert counts (0, 1, 15,
+// 127, 128, 129, 300, large ones, one expert holding every row), waves that start past group 0 and
+// stop before the last, ragged N, small and large K, every dtype. The CUTLASS cases also run once
+// eagerly and once through a CUDA graph and compare the bits, on a poisoned workspace.
 // Everything the kernel must not touch is poisoned and checked afterwards: C rows of groups outside
 // the launched waves, C columns n..ldc, A and B padding along K (NaN, so reading it shows up).
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "cuda/gemm/cutlass_grouped.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "gpu_test_util.h"
 #include "test_util.h"
@@ -76,6 +79,9 @@ struct Case {
   bool touch_empty = false;                       // touched also lists experts with no rows
   std::vector<Wave> waves;
   bool graph = false;  // launch through a captured CUDA graph
+  // CUTLASS's kernel on a poisoned workspace; it runs eagerly and through a graph, which must
+  // agree bit for bit (`graph` is then ignored).
+  bool cutlass = false;
 };
 
 float round_to(DType t, float v) {
@@ -205,27 +211,56 @@ void run_case(const Case& c) {
     launches.push_back(args);
   }
 
-  cudaStream_t stream;
-  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  if (c.graph) {
+  // CUTLASS's workspace: one per wave (a graph holds all waves' arguments), starting as NaN bytes.
+  int sm_count = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  std::vector<std::unique_ptr<GpuBuffer>> workspaces;
+  for (const GroupedGemmArgs& args : launches) {
+    workspaces.push_back(std::make_unique<GpuBuffer>());
+    if (!c.cutlass) continue;
+    const size_t bytes = cuda::cutlass_gemm_workspace_bytes(c.dtype, args.max_groups, sm_count);
+    ASSERT_GT(bytes, 0u);
+    ASSERT_TRUE(workspaces.back()->allocate(bytes, 0xFF, /*canary=*/256));
+  }
+  auto launch_all = [&](cudaStream_t stream) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const Status st =
+          c.cutlass ? cuda::launch_cutlass_grouped_gemm(launches[i], sm_count, workspaces[i]->get(),
+                                                        workspaces[i]->bytes(), stream)
+                    : cuda::launch_grouped_gemm(launches[i], stream);
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+    }
+  };
+  auto run_graph = [&](cudaStream_t stream) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (const GroupedGemmArgs& args : launches) {
-      const Status st = cuda::launch_grouped_gemm(args, stream);
-      EXPECT_TRUE(st.is_ok()) << st.to_string();
-    }
+    launch_all(stream);
     CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
     CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_ASSERT(cudaGraphLaunch(exec, stream));
     CUDA_ASSERT(cudaStreamSynchronize(stream));
     CUDA_ASSERT(cudaGraphExecDestroy(exec));
     CUDA_ASSERT(cudaGraphDestroy(graph));
-  } else {
-    for (const GroupedGemmArgs& args : launches) {
-      const Status st = cuda::launch_grouped_gemm(args, stream);
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
+  };
+
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<uint32_t> eager_bits;
+  if (c.cutlass) {
+    launch_all(stream);
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    ASSERT_TRUE(d_c.download(&eager_bits));
+    CUDA_ASSERT(cudaMemset(d_c.get(), 0xFF, c_bytes));
+    for (auto& w : workspaces) {
+      EXPECT_TRUE(w->canary_intact());
+      CUDA_ASSERT(cudaMemset(w->get(), 0xFF, w->bytes()));
     }
+    run_graph(stream);
+  } else if (c.graph) {
+    run_graph(stream);
+  } else {
+    launch_all(stream);
     CUDA_ASSERT(cudaStreamSynchronize(stream));
   }
   CUDA_ASSERT(cudaGetLastError());
@@ -234,6 +269,10 @@ void run_case(const Case& c) {
   std::vector<uint32_t> c_bits;
   ASSERT_TRUE(d_c.download(&c_bits));
   EXPECT_TRUE(d_c.canary_intact());
+  if (c.cutlass) {
+    EXPECT_TRUE(c_bits == eager_bits) << "graph replay differs from the eager run";
+    for (auto& w : workspaces) EXPECT_TRUE(w->canary_intact());
+  }
 
   double err2 = 0, ref2 = 0, worst_ratio = 0;
   int64_t checked = 0, poison_broken = 0, nan_written = 0, element_fail = 0;
@@ -273,11 +312,11 @@ void run_case(const Case& c) {
   }
   const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
   std::printf(
-      "[gemm] %s n=%lld k=%lld rows=%lld checked=%lld rel=%.3g (bound %.3g) "
+      "[gemm%s] %s n=%lld k=%lld rows=%lld checked=%lld rel=%.3g (bound %.3g) "
       "worst element err/bound=%.3g\n",
-      dtype_name(c.dtype), static_cast<long long>(n), static_cast<long long>(k),
-      static_cast<long long>(s.rows), static_cast<long long>(checked), rel, norm_bound(k),
-      worst_ratio);
+      c.cutlass ? " cutlass" : "", dtype_name(c.dtype), static_cast<long long>(n),
+      static_cast<long long>(k), static_cast<long long>(s.rows), static_cast<long long>(checked),
+      rel, norm_bound(k), worst_ratio);
   EXPECT_GT(checked, 0) << "the case launches no rows: it tests nothing";
   EXPECT_EQ(nan_written, 0) << "NaN (or unwritten poison) in rows the launch covers";
   EXPECT_EQ(poison_broken, 0) << "writes outside the launched groups or past column n";
@@ -384,29 +423,43 @@ TEST(GpuGemm, Bf16LargeK64AndWideN) {
 }
 
 // Every invalid field gives a non-ok Status naming it; max_tiles == 0 launches nothing.
+// Small poisoned buffers and arguments every GEMM accepts, for the argument checks.
+struct ArgBuffers {
+  GpuBuffer a, b, c, sched;
+  ::testing::AssertionResult allocate() {
+    for (GpuBuffer* buf : {&a, &b, &c}) {
+      auto r = buf->allocate(4096);
+      if (!r) return r;
+    }
+    return sched.allocate(256);
+  }
+  GroupedGemmArgs valid() const {
+    const int32_t* s = sched.as<int32_t>();
+    GroupedGemmArgs g;
+    g.dtype = DType::kBF16;
+    g.a = a.get();
+    g.lda = 64;
+    g.b = b.get();
+    g.ldb = 32;
+    g.b_stride = 8 * 32;
+    g.c = c.as<float>();
+    g.ldc = 8;
+    g.n = 8;
+    g.k = 32;
+    g.sched = {s, s, s, s};
+    g.first_group = 0;
+    g.max_groups = 2;
+    return g;
+  }
+};
+
 TEST(GpuGemm, ArgumentErrors) {
   QMOE_REQUIRE_GPU();
-  GpuBuffer d_a, d_b, d_c, d_sched;
-  ASSERT_TRUE(d_a.allocate(4096));
-  ASSERT_TRUE(d_b.allocate(4096));
-  ASSERT_TRUE(d_c.allocate(4096));
-  ASSERT_TRUE(d_sched.allocate(256));
-  const int32_t* sched = d_sched.as<int32_t>();
-
-  GroupedGemmArgs good;
-  good.dtype = DType::kBF16;
-  good.a = d_a.get();
-  good.lda = 64;
-  good.b = d_b.get();
-  good.ldb = 32;
-  good.b_stride = 8 * 32;
-  good.c = d_c.as<float>();
-  good.ldc = 8;
-  good.n = 8;
-  good.k = 32;
-  good.sched = {sched, sched, sched, sched};
-  good.first_group = 0;
-  good.max_groups = 2;
+  ArgBuffers bufs;
+  ASSERT_TRUE(bufs.allocate());
+  GpuBuffer& d_a = bufs.a;
+  GpuBuffer& d_c = bufs.c;
+  GroupedGemmArgs good = bufs.valid();
   good.max_tiles = 0;  // valid and launches nothing: the poisoned schedule is never read
   {
     const Status st = cuda::launch_grouped_gemm(good, nullptr);
@@ -467,6 +520,132 @@ TEST(GpuGemm, ArgumentErrors) {
   CUDA_ASSERT(cudaGetLastError());
   std::vector<uint32_t> c_bits;
   ASSERT_TRUE(d_c.download(&c_bits));
+  for (uint32_t v : c_bits) ASSERT_EQ(v, kPoisonBits) << "a rejected call wrote C";
+}
+
+// CUTLASS's kernel (cutlass_grouped.h). Its schedule comes from the same arrays; tile_start and
+// max_tiles are not read. Each case runs eagerly and through a graph (bitwise equal).
+
+TEST(GpuCutlassGemm, Bf16RaggedWavesCutShort) {
+  QMOE_REQUIRE_GPU();
+  Case c;
+  c.cutlass = true;
+  c.dtype = DType::kBF16;
+  c.n = 200;
+  c.k = 2048 + 32;
+  c.ldc_pad = 8;
+  c.b_gap = 64;
+  c.counts = edge_counts();  // 11 touched
+  // Groups 0 and 4..5 stay unlaunched; the last wave's slots past n_touched have no rows.
+  c.waves = {{1, 3, 0}, {6, 3, 0}, {9, 40, 0}};
+  run_case(c);
+}
+
+TEST(GpuCutlassGemm, F16MinimumMultiplesEmptyTouchedGroups) {
+  QMOE_REQUIRE_GPU();
+  Case c;
+  c.cutlass = true;
+  c.dtype = DType::kF16;
+  c.n = 4;  // D's 16-byte vectors
+  c.k = 8;  // TMA's 16-byte rows
+  c.lda_pad = 8;
+  c.ldb_pad = 16;
+  c.ldc_pad = 4;
+  c.counts = {0, 1, 0, 0, 129, 15, 0, 300, 128, 0, 127, 2};
+  c.touch_empty = true;  // groups without rows inside a wave
+  c.waves = {{2, 4, 0}, {6, 5, 0}};
+  run_case(c);
+}
+
+TEST(GpuCutlassGemm, Bf16OneExpertHoldsEveryRow) {
+  QMOE_REQUIRE_GPU();
+  Case c;
+  c.cutlass = true;
+  c.dtype = DType::kBF16;
+  c.n = 384;
+  c.k = 512 + 8;  // K not a multiple of the 64-wide K tile
+  c.counts = {0, 0, 0, 3001, 0, 0};
+  c.waves = {{0, 6, 0}};  // one touched group, five empty slots
+  run_case(c);
+}
+
+TEST(GpuCutlassGemm, F16FewRowsWideN) {
+  QMOE_REQUIRE_GPU();
+  Case c;
+  c.cutlass = true;
+  c.dtype = DType::kF16;
+  c.n = 1536;  // qwen3-30b-a3b's FC1 rows: 12 M tiles
+  c.k = 2048;
+  c.ldc_pad = 32;
+  c.counts = {8, 0, 3, 17, 1, 0, 5, 2, 9, 1};  // decode-sized groups: one ragged N tile each
+  c.waves = {{0, 8, 0}};
+  run_case(c);
+}
+
+TEST(GpuCutlassGemm, Bf16LargeGroupsThroughOneWave) {
+  QMOE_REQUIRE_GPU();
+  Case c;
+  c.cutlass = true;
+  c.dtype = DType::kBF16;
+  c.n = 640;
+  c.k = 256;
+  c.lda_pad = 32;
+  c.counts = {2000, 0, 129, 700, 1, 256, 255, 257};
+  c.waves = {{0, 8, 0}};
+  run_case(c);
+}
+
+// Which arguments the CUTLASS kernel takes; a refused or under-sized call launches nothing.
+TEST(GpuCutlassGemm, CanImplementAndArgumentErrors) {
+  QMOE_REQUIRE_GPU();
+  ArgBuffers bufs;
+  ASSERT_TRUE(bufs.allocate());
+  GpuBuffer d_ws;
+  GroupedGemmArgs good = bufs.valid();
+  good.lda = good.ldb = good.k = 8;  // CUTLASS's minimum multiples
+  good.n = good.ldc = 4;
+  good.b_stride = 4 * 8;
+  std::string why;
+  EXPECT_TRUE(cuda::cutlass_gemm_can_implement(good, &why)) << why;
+  const char* misaligned = static_cast<const char*>(bufs.a.get()) + 8;
+  struct Bad {
+    const char* what;
+    void (*mutate)(GroupedGemmArgs*, const void*);
+  };
+  const Bad bads[] = {
+      {"dtype", [](GroupedGemmArgs* g, const void*) { g->dtype = DType::kF32; }},
+      {"k", [](GroupedGemmArgs* g, const void*) { g->k = 12; }},
+      {"lda", [](GroupedGemmArgs* g, const void*) { g->lda = 12; }},
+      {"ldb", [](GroupedGemmArgs* g, const void*) { g->ldb = 12; }},
+      {"b_stride", [](GroupedGemmArgs* g, const void*) { g->b_stride = 36; }},
+      {"n", [](GroupedGemmArgs* g, const void*) { g->n = 6; }},
+      {"ldc", [](GroupedGemmArgs* g, const void*) { g->ldc = 6; }},
+      {"aligned", [](GroupedGemmArgs* g, const void* m) { g->a = m; }},
+      {"aligned", [](GroupedGemmArgs* g, const void* m) { g->b = m; }},
+  };
+  int sm_count = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const size_t need = cuda::cutlass_gemm_workspace_bytes(DType::kBF16, 2, sm_count);
+  ASSERT_GT(need, 0u);
+  EXPECT_EQ(cuda::cutlass_gemm_workspace_bytes(DType::kF32, 2, sm_count), 0u);
+  EXPECT_LE(need, cuda::cutlass_gemm_workspace_bytes(DType::kBF16, 3, sm_count));
+  ASSERT_TRUE(d_ws.allocate(need));
+  for (const Bad& b : bads) {
+    GroupedGemmArgs args = good;
+    b.mutate(&args, misaligned);
+    EXPECT_FALSE(cuda::cutlass_gemm_can_implement(args, &why)) << b.what;
+    EXPECT_NE(why.find(b.what), std::string::npos) << b.what << ": " << why;
+    const Status st =
+        cuda::launch_cutlass_grouped_gemm(args, sm_count, d_ws.get(), d_ws.bytes(), nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << b.what;
+  }
+  Status st = cuda::launch_cutlass_grouped_gemm(good, sm_count, d_ws.get(), need - 1, nullptr);
+  EXPECT_NE(st.message().find("workspace"), std::string::npos) << st.to_string();
+  st = cuda::launch_cutlass_grouped_gemm(good, 0, d_ws.get(), need, nullptr);
+  EXPECT_NE(st.message().find("sm_count"), std::string::npos) << st.to_string();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<uint32_t> c_bits;
+  ASSERT_TRUE(bufs.c.download(&c_bits));
   for (uint32_t v : c_bits) ASSERT_EQ(v, kPoisonBits) << "a rejected call wrote C";
 }
 

@@ -404,3 +404,14 @@ def test_reference_dequantization_is_independent(rng):
                     k = fc.deq.shape[2]
                     got = dequantize_int(fc.weight, fc.scales, fc.zero_points, bits, block, k)
                     np.testing.assert_array_equal(got, fc.deq)
+
+
+@pytest.mark.parametrize("router_weights", [False, True], ids=["logits", "router_weights"])
+def test_zero_tokens(router_weights, cli, rng, tmp_path):
+    """A call of zero tokens: onnxruntime returns an empty [0, H] output, and so does qmoe."""
+    c = Case(4, 32, False, "swiglu", 0, 8, 2, 1, 96, 64, router_weights=router_weights)
+    layer, x, logits, rw = build(c, rng)
+    y_ort = ort_forward(layer, x[0], logits[0], rw[0])
+    assert y_ort.shape == (0, 96)
+    y = qmoe_forward(cli, tmp_path, layer, x[0], logits[0], "cpu", rw[0])
+    assert y.shape == y_ort.shape

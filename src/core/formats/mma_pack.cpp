@@ -25,6 +25,12 @@ Slot slot_of(int bits, int pair, int half) {
 
 bool mma_pack_supported(const FcFormat& f, int64_t k) {
   if (f.info().kind == FormatKind::kFp4) return k % 16 == 0 && k > 0;
+  if (f.info().kind == FormatKind::kFp8) {
+    // fp8_block: K blocks of whole 32-K chunks (the kernel's scale blocks then end at chunk ends).
+    const int bs = f.format == WeightFormat::kFp8Block ? f.block_size : 0;
+    if (bs != 0 && (bs < 32 || (bs & (bs - 1)) != 0)) return false;
+    return k % 16 == 0 && k > 0;
+  }
   if (f.info().kind != FormatKind::kInteger) return false;
   const int b = f.bits();
   if (b != 2 && b != 3 && b != 4 && b != 8) return false;
@@ -43,6 +49,11 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
     s.codes = f.format == WeightFormat::kNvFp4 ? MmaCodes::kNvFp4 : MmaCodes::kMxFp4;
     s.fp4_mag_bit = act == DType::kBF16 ? 6 : 9;
   }
+  const bool fp8 = f.info().kind == FormatKind::kFp8;
+  if (fp8) {
+    s.codes = MmaCodes::kFp8;
+    s.fp8_mag_bit = act == DType::kBF16 ? 4 : 7;
+  }
   s.bits = f.bits();
   s.steps_per_chunk = 16 / s.bits;
   s.n = n;
@@ -53,7 +64,8 @@ MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap m
   s.tiles = (packed_rows + 15) / 16;
   const int64_t chunk_k = 16 * s.steps_per_chunk;
   s.chunks = (k + chunk_k - 1) / chunk_k;
-  s.block_size = s.codes == MmaCodes::kNvFp4 ? 0 : f.block_size;
+  s.block_size = s.codes == MmaCodes::kNvFp4 || f.format == WeightFormat::kFp8 ? 0 : f.block_size;
+  if (f.format == WeightFormat::kFp8Block) s.scale_rows = f.block_size;
   s.scale_blocks = s.block_size ? (s.chunks * chunk_k + s.block_size - 1) / s.block_size : 1;
   if (s.codes == MmaCodes::kNvFp4) s.fp4_blocks = s.chunks * chunk_k / 16;
   return s;
@@ -82,7 +94,8 @@ void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_byte
   out->assign(static_cast<size_t>(experts * s.tiles * 16 * s.scale_blocks * elem_bytes), 0u);
   for_each_scale_entry(s, experts, [&](int64_t e, int64_t pr, int64_t b, int64_t lr, int64_t kb) {
     if (lr < 0 || kb < 0) return;
-    const uint8_t* src = scales + ((e * s.n + lr) * nblk + kb) * elem_bytes;
+    const int64_t src_rows = (s.n + s.scale_rows - 1) / s.scale_rows;
+    const uint8_t* src = scales + ((e * src_rows + lr / s.scale_rows) * nblk + kb) * elem_bytes;
     std::copy(src, src + elem_bytes, out->data() + mma_scale_index(s, e, pr, b) * elem_bytes);
   });
 }
@@ -123,16 +136,25 @@ unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
 // or -1 for a step past K (K is a multiple of 16, so a step lies inside K or past it whole), and
 // ra, rb rows g and g + 8 of the raw codes (null for padding rows). Lane (g, t)'s codes of a step
 // are k0..k0 + 3 of row g (pairs 0 and 2) and of row g + 8 (pairs 1 and 3).
+// raw_linear: the gated concatenated map's linear rows (I + u) from a tensor of their own
+// ([E, I] rows, a separate FC3), the gate rows from raw ([E, I] rows); null: all rows from raw.
 template <typename F>
 void for_each_lane_step(const MmaPackShape& s, const uint8_t* raw, int64_t e, int64_t row_bytes,
-                        uint32_t* dst_e, F&& f) {
+                        uint32_t* dst_e, F&& f, const uint8_t* raw_linear = nullptr) {
   const int sc = s.steps_per_chunk;
   const int64_t steps = s.k / 16;
   for (int64_t m = 0; m < s.tiles; ++m) {
     const uint8_t* rows[16];
     for (int r = 0; r < 16; ++r) {
       const int64_t lr = s.logical_row(16 * m + r);
-      rows[r] = lr >= 0 ? raw + (e * s.n + lr) * row_bytes : nullptr;
+      if (lr < 0) {
+        rows[r] = nullptr;
+      } else if (raw_linear == nullptr) {
+        rows[r] = raw + (e * s.n + lr) * row_bytes;
+      } else {
+        rows[r] = lr < s.units ? raw + (e * s.units + lr) * row_bytes
+                               : raw_linear + (e * s.units + lr - s.units) * row_bytes;
+      }
     }
     for (int64_t c = 0; c < s.chunks; ++c) {
       uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
@@ -195,6 +217,39 @@ void pack_fp4_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint3
       });
 }
 
+// FP8: expert e's e4m3 codes into dst_e in the FP8 bit layout (mma_fp8_bit); padding +0. Pair j of
+// a step (rows g + 8 (j & 1), k0 + 2 (j >> 1) + {0, 1}) is pair jj = j & 1 of word 2 st + j / 2,
+// each code spread to its bits by a table.
+void pack_fp8_expert(const MmaPackShape& s, const uint8_t* raw, const uint8_t* raw_linear,
+                     int64_t e, uint32_t* dst_e) {
+  uint32_t spread[2][2][256];  // [pair jj][half][code]
+  for (int jj = 0; jj < 2; ++jj) {
+    for (int half = 0; half < 2; ++half) {
+      for (unsigned v = 0; v < 256; ++v) {
+        uint32_t w = 0;
+        for (int i = 0; i < 8; ++i) {
+          w |= ((v >> i) & 1u) << mma_fp8_bit(s.fp8_mag_bit, jj, half, i);
+        }
+        spread[jj][half][v] = w;
+      }
+    }
+  }
+  for_each_lane_step(
+      s, raw, e, s.k, dst_e,
+      [&](uint32_t* words, int st, int64_t k0, const uint8_t* ra, const uint8_t* rb) {
+        if (k0 < 0) return;  // zeroed: +0
+        for (int jj = 0; jj < 2; ++jj) {
+          const uint8_t* row = jj ? rb : ra;
+          if (row == nullptr) continue;
+          for (int j2 = 0; j2 < 2; ++j2) {  // j = jj + 2 j2: k0 + 2 j2 + {0, 1}
+            words[2 * st + j2] |=
+                spread[jj][0][row[k0 + 2 * j2]] | spread[jj][1][row[k0 + 2 * j2 + 1]];
+          }
+        }
+      },
+      raw_linear);
+}
+
 // Runs pack(e) for every expert, over every core: experts are independent and write disjoint
 // ranges (a layer's prepare otherwise spends seconds here).
 template <typename F>
@@ -226,6 +281,14 @@ void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
   });
 }
 
+void mma_pack_fp8(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out, const uint8_t* raw_linear) {
+  out->assign(static_cast<size_t>(experts * s.words_per_expert()), 0u);
+  for_experts_in_parallel(experts, [&](int64_t e) {
+    pack_fp8_expert(s, raw, raw_linear, e, out->data() + e * s.words_per_expert());
+  });
+}
+
 float nvfp4_multiplier(uint8_t e4m3, bool bf16) {
   return num::e4m3_to_f32(e4m3) * nvfp4_mult_factor(bf16);  // exact: a power of two
 }
@@ -250,6 +313,8 @@ unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t 
   const int lane = 4 * g + t;
   const int pair = static_cast<int>(4 * (step % sc)) + j;
   const uint32_t* chunk = packed + e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4;
+  if (s.codes == MmaCodes::kFp8)
+    return mma_fp8_code(chunk[pair / 2], s.fp8_mag_bit, pair % 2, half);
   if (s.codes != MmaCodes::kInt)
     return mma_fp4_code(chunk[pair / 4], s.fp4_mag_bit, pair % 4, half);
   const Slot sl = slot_of(b, pair, half);

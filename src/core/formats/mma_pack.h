@@ -23,6 +23,19 @@
 // pairs fill the 32 bits exactly, and the kernel rotates the word right by 3 j (magnitudes) and
 // P - 3 + j (signs), five distinct rotations per word. Padding holds code 0 (+0).
 //
+// FP8 (e4m3 codes) uses int8's tiles, chunks and pairs (SC = 2, two pairs per word), with a bit
+// layout of its own (mma_fp8_bit): a code's seven magnitude bits go where they are a 16-bit
+// float's exponent's low four bits and mantissa's top three, bits 7-13 (f16: exactly e4m3 * 2^-8,
+// subnormals included) or 4-10 (bf16: e4m3 * 2^-120, which an HMUL2 by 2^120 makes exact), its sign
+// to bit 15. Pair jj of a word keeps its magnitudes at those bits rotated left by R(jj, mag) and
+// its signs rotated by R(jj, sign) (mma_fp8_rot), so that the kernel gets a pair with at most two
+// rotations and two LOP3s, and the two pairs fill the 32 bits exactly:
+//   f16:  pair 0 as it lands (one mask);            pair 1 magnitudes +9, signs +15
+//   bf16: pair 0 magnitudes as they land, signs +3; pair 1 magnitudes +7, signs +4
+// (a search over every rotation found no layout with fewer instructions: a pair from one source
+// takes one LOP3, from two sources two, and no two pairs of one word both come from one source).
+// Padding holds code 0 (+0).
+//
 // Packed rows may be permuted relative to the FC's logical rows: for gated activations FC1's tile
 // m holds the gate rows of units 8m..8m+7 in packed rows 0..7 and their linear rows in 8..15, so a
 // thread's accumulators hold a gate and its linear partner.
@@ -46,11 +59,16 @@ enum class MmaRowMap : uint8_t {
 
 // What a packed code is: an integer (q - zp) or an E2M1 value; the FP4 formats differ in their
 // scales (see nvfp4_multiplier).
-enum class MmaCodes : uint8_t { kInt, kNvFp4, kMxFp4 };
+// FP8: e4m3 codes (fp8 with a global scale per expert, block_size 0; fp8_block with its block
+// scales per row in tile order, block_size its K block).
+enum class MmaCodes : uint8_t { kInt, kNvFp4, kMxFp4, kFp8 };
 
 struct MmaPackShape {
   MmaCodes codes = MmaCodes::kInt;
   int fp4_mag_bit = 6;  // FP4: where a code's magnitude starts in each half (6 bf16, 9 f16)
+  int fp8_mag_bit = 7;  // FP8: likewise (4 bf16, 7 f16)
+  // Rows sharing one source row of scales: fp8_block's block_size (square blocks), else 1.
+  int64_t scale_rows = 1;
   // NVFP4: 16-K blocks over the padded K (chunks * 4), the row length of the tiled e4m3 scales.
   int64_t fp4_blocks = 0;
   int bits = 4;
@@ -67,8 +85,9 @@ struct MmaPackShape {
 
   // Host and device (the decode kernels index with these).
   QMOE_HD int64_t words_per_expert() const { return tiles * chunks * 128; }
-  // ORT's scale blocks along K (the unpadded K): K / block_size, 1 per channel.
-  QMOE_HD int64_t k_blocks() const { return block_size ? k / block_size : 1; }
+  // ORT's scale blocks along K (the unpadded K): K / block_size rounded up (fp8_block's last block
+  // may be partial; the integer formats' K is a multiple), 1 per channel.
+  QMOE_HD int64_t k_blocks() const { return block_size ? (k + block_size - 1) / block_size : 1; }
   // The logical row of packed row pr, or -1 for padding.
   QMOE_HD int64_t logical_row(int64_t pr) const {
     if (map == MmaRowMap::kIdentity) return pr < n ? pr : -1;
@@ -81,10 +100,11 @@ struct MmaPackShape {
 };
 
 // Whether the decode kernels read this FC: integer widths 2, 3, 4 or 8 (per channel or blocks of a
-// power of two >= 16), NVFP4 or MXFP4; K a multiple of 16.
+// power of two >= 16), NVFP4, MXFP4, fp8 or fp8_block (blocks of a power of two >= 32, a chunk);
+// K a multiple of 16.
 bool mma_pack_supported(const FcFormat& f, int64_t k);
 
-// act: the activations' dtype, which picks the FP4 bit layout (bf16, else f16).
+// act: the activations' dtype, which picks the FP4 and FP8 bit layouts (bf16, else f16).
 MmaPackShape mma_pack_shape(const FcFormat& f, int64_t n, int64_t k, MmaRowMap map, int64_t inter,
                             DType act = DType::kBF16);
 
@@ -95,6 +115,45 @@ void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
 // FP4: packs K-packed E2M1 codes ([E, N, K / 2], low nibble = even k) in the FP4 bit layout.
 void mma_pack_fp4(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
                   std::vector<uint32_t>* out);
+
+// FP8: packs e4m3 codes ([E, N, K] bytes) in the FP8 bit layout. raw_linear (gated concatenated
+// maps only): the linear rows from their own tensor [E, I, K] (a separate FC3), raw then holding
+// the gate rows [E, I, K].
+void mma_pack_fp8(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
+                  std::vector<uint32_t>* out, const uint8_t* raw_linear = nullptr);
+
+// The FP8 layout's rotations (mma_pack.h's table): pair jj's magnitudes (sign false) or signs are
+// stored at their target bits rotated left by this.
+QMOE_HD constexpr int mma_fp8_rot(int mag_bit, int jj, bool sign) {
+  return mag_bit == 4 ? (jj == 0 ? (sign ? 3 : 0) : (sign ? 4 : 7))
+                      : (jj == 0 ? 0 : (sign ? 15 : 9));
+}
+QMOE_HD constexpr uint32_t mma_rotr(uint32_t w, int r) {
+  return r == 0 ? w : (w >> r) | (w << (32 - r));
+}
+// Where the FP8 layout puts bit i of half h's code of pair jj (0, 1) of a word: i = 0..6 the
+// magnitude, 7 the sign.
+QMOE_HD constexpr int mma_fp8_bit(int mag_bit, int jj, int half, int i) {
+  const int target = (i < 7 ? mag_bit + i : 15) + 16 * half;
+  return (target + mma_fp8_rot(mag_bit, jj, i == 7)) % 32;
+}
+// Pair jj of word w as two 16-bit floats (f16: e4m3 * 2^-8; bf16: e4m3 * 2^-120), the kernel's
+// arithmetic: rotations back, a mask each, an OR. Host and device (the kernel adds bf16's HMUL2).
+QMOE_HD constexpr uint32_t mma_fp8_pair_bits(uint32_t w, int mag_bit, int jj) {
+  const uint32_t mag = (0x7Fu << mag_bit) * 0x10001u;
+  const int rm = mma_fp8_rot(mag_bit, jj, false), rs = mma_fp8_rot(mag_bit, jj, true);
+  return rm == rs ? mma_rotr(w, rm) & (mag | 0x80008000u)
+                  : (mma_rotr(w, rm) & mag) | (mma_rotr(w, rs) & 0x80008000u);
+}
+// The e4m3 code of half h of pair jj in word w (the inverse of mma_fp8_bit).
+QMOE_HD unsigned mma_fp8_code(uint32_t w, int mag_bit, int jj, int half) {
+  unsigned code = 0;
+  for (int i = 0; i < 8; ++i) code |= ((w >> mma_fp8_bit(mag_bit, jj, half, i)) & 1u) << i;
+  return code;
+}
+// FP8 with f16 activations: the fp32 sums of the decoded pairs times this are the sums of the
+// e4m3 values (bf16's HMUL2 by 2^120 leaves them exact already).
+constexpr int kFp8F16Shift = 8;
 
 // Where the FP4 layout puts the bits of half h's code of pair j (0..3) of a word: bit i of the
 // magnitude (i = 0..2) or the sign (i = 3).
@@ -146,9 +205,12 @@ float nvfp4_multiplier(uint8_t e4m3, bool bf16);
 // with 16-byte loads and no index arithmetic: entry (e, packed row pr, block b) sits at
 //   ((e * tiles + pr / 16) * 16 + pr % 16) * scale_blocks + b
 // (scale_blocks counts blocks over the padded K, so a tile's run is a multiple of 16 entries).
+// fp8_block's square blocks become one entry per packed row and K block (scale_rows rows share a
+// source row): a tile's 16 rows may lie in two blocks of rows (FC1's gate and linear halves).
 // Scales keep their dtype's bytes (elem_bytes each; padding rows and blocks hold 0). Zero points
 // become one byte per entry, the code value (padding holds 2^(bits-1), the symmetric point).
-//   scales: ORT layout [E, N, K / block_size (1 per channel)]; zp: ORT's packed stream.
+//   scales: ORT layout [E, N / scale_rows, K / block_size (1 per channel)], divisions rounded up;
+//   zp: ORT's packed stream.
 void mma_pack_scales(const MmaPackShape& s, const uint8_t* scales, int elem_bytes, int64_t experts,
                      std::vector<uint8_t>* out);
 void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t experts,

@@ -188,7 +188,7 @@ Status route(const LayerSpec& spec, const RunInputs& in, const TensorView& route
   const int slots = spec.slots();
 
   const TensorView& logits = in.router_logits;
-  if (!logits.present()) return Status::invalid("router_probs: missing");
+  if (!logits.given()) return Status::invalid("router_probs: missing");
   QMOE_RETURN_IF_ERROR(check_router_tensor(logits, "router_probs", -1, e));
   const int64_t tokens = logits.dims[0];
   if (tokens > std::numeric_limits<int32_t>::max() / slots) {

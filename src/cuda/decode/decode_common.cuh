@@ -109,6 +109,25 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int j, uint32_t mult) {
   }
 }
 
+// Pair jj of a word in the FP8 layout (mma_pack.h) as an exact bf16x2/f16x2: rotations back and
+// masks (mma_fp8_pair_bits: f16 one LOP3 for pair 0, two SHF and two LOP3 for pair 1; bf16 three
+// SHF and four LOP3 per word) give e4m3 * 2^-8 (f16) or e4m3 * 2^-120 (bf16), subnormals included;
+// bf16 then takes an HMUL2 by 2^120, exact for every code (the MXFP4 path's HMUL2 of bf16
+// subnormals likewise). The f16 sums take 2^kFp8F16Shift when scaled (decode_kernel.cuh's flush).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t fp8_pair(uint32_t w, int jj) {
+  constexpr int kMagBit = kBf16 ? 4 : 7;
+  const uint32_t v = mma_fp8_pair_bits(w, kMagBit, jj);
+  if constexpr (kBf16) {
+    constexpr uint32_t kTwo120 = 0x7B807B80u;  // 2^120 in both halves (exponent 247)
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&kTwo120));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    return v;
+  }
+}
+
 // Half h of a word of two 16-bit values, in both halves of the result (an HMUL2 operand).
 template <bool kBf16>
 __device__ __forceinline__ uint32_t dup_half(uint32_t w, int h) {

@@ -39,6 +39,7 @@ DecodeGeometry geometry(const MmaPackShape& s) {
   }
   if (g.spb == 0) {
     g.cpb = s.block_size ? s.block_size / chunk_k : static_cast<int>(s.chunks);
+    g.cpb_last = static_cast<int>(s.chunks) - (g.nblk_pad - 1) * g.cpb;
   }
   g.mblk = s.codes == MmaCodes::kNvFp4 ? static_cast<int>(s.fp4_blocks) : 0;
   g.tpb = 1;
@@ -157,8 +158,10 @@ Status check_decode_args(const DecodeFcArgs& a) {
     return Status::invalid(std::string("decode dtype: expected bf16 or f16, got ") +
                            dtype_name(a.dtype));
   }
-  if (a.packed == nullptr || a.scales == nullptr || a.x == nullptr || a.out == nullptr ||
-      a.touched == nullptr || a.n_touched == nullptr || a.offsets == nullptr ||
+  // fp8 (one global scale per expert) may have no scale tensor.
+  const bool needs_scales = !(a.shape.codes == MmaCodes::kFp8 && a.shape.block_size == 0);
+  if (a.packed == nullptr || (needs_scales && a.scales == nullptr) || a.x == nullptr ||
+      a.out == nullptr || a.touched == nullptr || a.n_touched == nullptr || a.offsets == nullptr ||
       (a.by_token && a.permuted_route == nullptr) ||
       (a.scale_input && (a.weights == nullptr || a.permuted_route == nullptr))) {
     return Status::invalid("decode: null weight, scale, activation, output or schedule pointer");
@@ -192,6 +195,21 @@ Status check_decode_args(const DecodeFcArgs& a) {
   if (a.zero != nullptr && (!a.fc1 || a.n_zero < 0)) {
     return Status::invalid("decode: counters are zeroed by FC1");
   }
+  if (a.shape.codes == MmaCodes::kFp8) {
+    const int bs = a.shape.block_size;
+    if (a.shape.bits != 8 || a.shape.steps_per_chunk != 2 ||
+        a.shape.fp8_mag_bit != (a.dtype == DType::kBF16 ? 4 : 7) || a.zero_points != nullptr ||
+        (bs == 0 && a.global == nullptr && a.scales == nullptr) ||
+        (bs != 0 && (bs < 32 || (bs & (bs - 1)) != 0)) ||
+        (bs != 0 && a.scale_dtype != DType::kF32 && a.scale_dtype != DType::kF16 &&
+         a.scale_dtype != DType::kBF16)) {
+      return Status::invalid(
+          "decode: FP8 weights must be packed for the activation dtype (mma_pack_shape's act), "
+          "without zero points, with a global scale or f32 scales per row (fp8) or f32/f16/bf16 "
+          "scales in blocks of a power of two >= 32 (fp8_block)");
+    }
+    return Status::ok();
+  }
   if (a.shape.codes != MmaCodes::kInt) {
     const int want_bit = a.dtype == DType::kBF16 ? 6 : 9;
     const bool nv = a.shape.codes == MmaCodes::kNvFp4;
@@ -222,6 +240,7 @@ Status prepare_decode_kernels() {
   QMOE_RETURN_IF_ERROR(prepare_decode_bits<3>());
   QMOE_RETURN_IF_ERROR(prepare_decode_bits<4>());
   QMOE_RETURN_IF_ERROR(prepare_decode_fp4());
+  QMOE_RETURN_IF_ERROR(prepare_decode_fp8());
   return prepare_decode_bits<8>();
 }
 
@@ -267,6 +286,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
     }
   }
   const size_t smem = decode_smem_bytes(geo, zp);
+  if (a.shape.codes == MmaCodes::kFp8) return launch_decode_fp8(a, geo, smem, route_groups, stream);
   if (a.shape.codes != MmaCodes::kInt) return launch_decode_fp4(a, geo, smem, route_groups, stream);
   switch (a.shape.bits) {
     case 2:

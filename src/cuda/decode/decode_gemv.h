@@ -1,8 +1,8 @@
 // The decode kernel for integer weights (int2, int3, int4, int8; symmetric or with zero points; per
-// channel or blocks of 16, 32, ...) and FP4 (NVFP4, MXFP4: E2M1 codes decoded to exact bf16/f16
-// pairs, fp4_pair in decode_common.cuh): one FC of every touched expert, each expert's weights read
-// once per call whatever the number of routes that chose it (calls of up to kDecodeMaxRoutes
-// tokens, so up to that many routes per expert).
+// channel or blocks of 16, 32, ...), FP4 (NVFP4, MXFP4: E2M1 codes decoded to exact bf16/f16
+// pairs, fp4_pair in decode_common.cuh) and FP8 (fp8, fp8_block: e4m3 codes, fp8_pair): one FC of
+// every touched expert, each expert's weights read once per call whatever the number of routes that
+// chose it (calls of up to kDecodeMaxRoutes tokens, so up to that many routes per expert).
 //
 // A block owns one or several consecutive 16-row tiles of one expert (its 4 warps split K of one
 // tile, or each takes a share of the tiles). Each warp streams its part of the codes with one
@@ -46,6 +46,7 @@ struct DecodeFcArgs {
   const uint8_t* zero_points = nullptr;  // one byte per entry, or nullptr (symmetric)
   // FP4 (shape.codes): `scales` holds the 8-bit block scales in tile order (NVFP4 e4m3 with
   // fp4_blocks per row, MXFP4 e8m0 with scale_blocks), and global the fp32 scale per expert.
+  // FP8: fp8 has no `scales` (global only); fp8_block's block scales per packed row, tile order.
   const float* global = nullptr;
   DType dtype = DType::kBF16;  // activations: bf16 or f16
 

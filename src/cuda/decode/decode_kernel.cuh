@@ -195,13 +195,20 @@ static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t*
 // memory; a chunk's four per row are one 8-byte load) and its fp32 scale is the global one per row
 // (kSpb 0, one block over K); MXFP4 multiplies by a constant and takes its e8m0 block scales on
 // the fp32 sums every two K steps (kSpb 2), as the integer formats do.
+// FP8 (kBits 8, kSpb 0): e4m3 codes decoded by fp8_pair; fp8's fp32 scale is the global one per
+// row (or, FC1 and a separate FC3 packed as one, per-row fp32 scales), fp8_block's its block
+// scales per row (tile order, blocks of whole chunks, the last one of a tile possibly shorter:
+// geo.cpb_last).
 template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing, int kCode>
 __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
-  constexpr bool kFp4 = kCode != static_cast<int>(MmaCodes::kInt);
+  constexpr bool kFp8 = kCode == static_cast<int>(MmaCodes::kFp8);
+  constexpr bool kFp4 = kCode != static_cast<int>(MmaCodes::kInt) && !kFp8;
   constexpr bool kNvFp4 = kCode == static_cast<int>(MmaCodes::kNvFp4);
   static_assert(!kFp4 || (kBits == 4 && kSpb == (kNvFp4 ? 0 : 2)),
                 "FP4 codes are 4 bits; NVFP4 has one fp32 scale block, MXFP4 two K steps each");
+  static_assert(!kFp8 || (kBits == 8 && kSpb == 0),
+                "FP8 codes are 8 bits, their scale blocks whole chunks (or one per row)");
   constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
@@ -310,7 +317,14 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
-  if constexpr (kFp4) {
+  if constexpr (kFp8) {
+    if (a.scales == nullptr) {  // fp8: the expert's global scale on every row
+      const float g = a.global[e];
+      for (int i = tid; i < ntl * 16; i += kWarps * 32) sc[i] = g;
+    } else {
+      copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
+    }
+  } else if constexpr (kFp4) {
     copy_fp4_scales<kCode, kBf16>(a, e, m0, ntl, nbp, geo.mblk, sc, msm, tid);
   } else {
     copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
@@ -393,6 +407,11 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     auto flush = [&]() {
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
+        if constexpr (kFp8 && !kBf16) {  // f16 pairs are e4m3 * 2^-8: the sums times 2^8, exact
+          constexpr float kBack = exp2_int(kFp8F16Shift);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) blk[ch][i] = blk[ch][i] * kBack;
+        }
         acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
         acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
         acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
@@ -437,6 +456,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     // kSpb == 0: chunks to the current scale block's end; its row-g entry (sp - srow counts the
     // tile's blocks: nbp of them, chunks / cpb).
     int left = geo.cpb - c0 % geo.cpb;
+    // FP8 blocks: the tile's last block may be shorter (K not a multiple of the block).
+    if constexpr (kFp8) left = min(left, chunks - c0);
     int sp = srow + (kSpb > 0 ? c0 * (kSteps / (kSpb > 0 ? kSpb : 1)) : c0 / geo.cpb);
     int tleft = nw;         // kSpb != 0: chunks to the tile's end
     int kc = kChunkK * c0;  // kSpb < 0: the chunk's K offset
@@ -474,7 +495,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
           const int pair = 4 * st + j;
           const uint32_t word = w[pair / kPairsPerWord];
           const int jj = pair % kPairsPerWord;
-          if constexpr (kFp4) {
+          if constexpr (kFp8) {
+            af[j] = fp8_pair<kBf16>(word, jj);
+          } else if constexpr (kFp4) {
             uint32_t mult = kFp4Unit<kBf16>;
             if constexpr (kNvFp4) {
               const uint2 mv = (j & 1) ? mv1 : mv0;
@@ -558,6 +581,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
             if (split_k || !next_tile()) return;  // the stream's end
           }
           left = geo.cpb;
+          if constexpr (kFp8) {
+            if (sp - srow == nbp - 1) left = geo.cpb_last;
+          }
           load_scale(sp);
         }
       } else {

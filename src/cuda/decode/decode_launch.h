@@ -51,6 +51,9 @@ struct DecodeGeometry {
   int spb = 0;
   // Chunks per scale block where blocks span chunks (spb 0; per channel the whole K), else 1.
   int cpb = 1;
+  // Chunks of the tile's last scale block where blocks span chunks (FP8 blocks: K need not be a
+  // multiple of the block); cpb where it is.
+  int cpb_last = 1;
   bool smem_ring = false;  // the weight ring in shared memory (else in registers)
   int mblk = 0;            // NVFP4: the multipliers' blocks per row (MmaPackShape::fp4_blocks)
   int prefetch = 0;        // register ring: rounds prefetched into L2 ahead of the loads
@@ -78,5 +81,9 @@ Status prepare_decode_bits();
 Status launch_decode_fp4(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
                          int route_groups, cudaStream_t stream);
 Status prepare_decode_fp4();
+// fp8 and fp8_block (decode_fp8.cu).
+Status launch_decode_fp8(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
+                         int route_groups, cudaStream_t stream);
+Status prepare_decode_fp8();
 
 }  // namespace qmoe::cuda::decode_detail

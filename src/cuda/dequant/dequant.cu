@@ -217,7 +217,8 @@ Status launch_dequant(const DequantArgs& a, cudaStream_t stream) {
   const bool needs_global = f.format.info().global_scale_required;
   const bool packed = f.packed_words != nullptr;
   if ((!packed && f.weight == nullptr) || (needs_scales && !packed && f.scales == nullptr) ||
-      (packed && f.packed_scales == nullptr) || (needs_global && f.global_scale == nullptr) ||
+      (packed && needs_scales && f.packed_scales == nullptr) ||
+      (needs_global && f.global_scale == nullptr) ||
       (f.format.zero_points && f.zero_points == nullptr) || a.out == nullptr ||
       a.touched == nullptr || a.n_touched == nullptr) {
     return Status::invalid(

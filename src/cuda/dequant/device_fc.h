@@ -19,9 +19,10 @@ struct DeviceFc {
   const float* global_scale = nullptr;   // [E], formats with a global scale
   const void* bias = nullptr;            // [E, n] in bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
-  // FP4 kept only in the decode kernels' layout (one copy of the weights on the device; weight
-  // and scales are then null): the packed codes and the tile-ordered 8-bit scales (mma_pack.h),
-  // which the generic path dequantizes from (dequant_packed.cu).
+  // FP4 and FP8 kept only in the decode kernels' layout (one copy of the weights on the device;
+  // weight and scales are then null): the packed codes and the tile-ordered scales (mma_pack.h;
+  // FP4's 8-bit ones, fp8_block's per packed row in scale_dtype, none for fp8), which the generic
+  // path dequantizes from (dequant_packed.cu).
   MmaPackShape packed;
   const uint32_t* packed_words = nullptr;
   const uint8_t* packed_scales = nullptr;

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/formats/mma_pack.h"
@@ -19,6 +21,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
+#include "cuda/gemm/cutlass_grouped.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
 #include "cuda/layer/stages.h"
@@ -113,6 +116,15 @@ int decode_ring_kind() { return env_int("QMOE_DECODE_RING", 0); }
 // of its loads (DecodeFcArgs::prefetch; A/B runs, 0 turns it off); unset: the launcher chooses.
 int decode_prefetch_rounds() { return env_int("QMOE_DECODE_PREFETCH", -1); }
 
+// Moves the layer's error record (error[0..1]: bits, first token) to error[2..3] and clears it,
+// each word by one atomic exchange, so that an error a kernel on another stream records meanwhile
+// is either taken here or left for the next take, never lost. (Its token word can then belong to
+// the other take: the bits are exact, the first token is a hint.)
+__global__ void take_error_kernel(int32_t* error) {
+  error[2] = atomicExch(&error[0], 0);
+  error[3] = atomicExch(&error[1], INT32_MAX);
+}
+
 // QMOE_DECODE_MIN_BLOCKS: the blocks per multiprocessor the decode launcher keeps room for in
 // shared memory (DecodeFcArgs::min_blocks; 0: none).
 int decode_min_blocks_knob() { return env_int("QMOE_DECODE_MIN_BLOCKS", 4); }
@@ -133,18 +145,26 @@ class CudaLayer final : public PreparedLayer {
     for (cudaEvent_t& e : events_) {
       if (e) cudaEventDestroy(e);
     }
+    if (take_stream_) cudaStreamDestroy(take_stream_);
   }
 
   Status init(const LayerWeights& w);
+  // The generic path's GEMM: CUTLASS (on `sm_count` multiprocessors) for bf16/f16 layers, where
+  // an FC's shapes allow it; otherwise the mma.sync kernel. Before the first workspace_size().
+  void set_cutlass(bool on, int sm_count) {
+    cutlass_ = on && (cdt_ == DType::kBF16 || cdt_ == DType::kF16);
+    sm_count_ = sm_count;
+  }
   // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
   Status load_dispatch(const std::string& tune_file);
 
   BackendKind backend() const override { return BackendKind::kCuda; }
   const LayerSpec& spec() const override { return spec_; }
 
+  // 0 for max_tokens <= 0: a call of zero tokens touches no memory.
   size_t workspace_size(int64_t max_tokens) const override {
     Layout l;
-    return layout(max_tokens < 0 ? 0 : max_tokens, &l).is_ok() ? l.total : 0;
+    return max_tokens > 0 && layout(max_tokens, &l).is_ok() ? l.total : 0;
   }
 
   Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
@@ -175,11 +195,13 @@ class CudaLayer final : public PreparedLayer {
   //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
   //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
   //   done        A(4 ceil(H / 16))                     FC2 tile counters (decode layers only)
+  //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
+  //                                                     descriptors (layers on CUTLASS only)
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
   // slots than it can touch experts, so decode shapes get a small scratch.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        done, total;
+        done, cutlass, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -212,6 +234,8 @@ class CudaLayer final : public PreparedLayer {
     l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
     l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 ? l->slots_in_scratch : 0));
     l->done = take(decode_ready_ ? 4 * static_cast<size_t>(pack2_.tiles) : 0);
+    l->cutlass = take(
+        cutlass_ && t > 0 ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_) : 0);
     l->total = off;
     return Status::ok();
   }
@@ -244,6 +268,8 @@ class CudaLayer final : public PreparedLayer {
   // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
   DispatchTable dispatch_;
+  bool cutlass_ = false;  // set_cutlass()
+  int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
   const uint32_t* packed2_ = nullptr;
@@ -254,7 +280,13 @@ class CudaLayer final : public PreparedLayer {
   const uint8_t* tiled_zp2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
   const float* router_bias_ = nullptr;
-  DeviceBuffer error_;  // int32[2]: error bits, first token (see device_routing.h)
+  // int32[4]: the record every call adds to (error bits, first token; see device_routing.h),
+  // then take_error_kernel's copy of it.
+  DeviceBuffer error_;
+  std::mutex take_mu_;                  // one take_deferred_error() at a time
+  cudaStream_t take_stream_ = nullptr;  // non-blocking: a take never waits on the legacy stream
+  // The profile's events: one set per layer, so calls with a profile take turns (profile_mu_).
+  std::mutex profile_mu_;
   cudaEvent_t events_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
 };
 
@@ -303,13 +335,16 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
 }
 
 Status CudaLayer::init(const LayerWeights& w) {
-  // FP4 FCs the decode path packs keep only that copy (pack_for_decode).
+  // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode).
   decode_planned_ = plan_decode();
   auto raw = [&](const FcFormat& f) {
-    return !decode_planned_ || f.info().kind != FormatKind::kFp4;
+    return !decode_planned_ ||
+           (f.info().kind != FormatKind::kFp4 && f.info().kind != FormatKind::kFp8);
   };
-  QMOE_RETURN_IF_ERROR(
-      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, raw(spec_.fc1), &fc1_));
+  // With a separate FC3 the generic path reads FC1 and FC3 in ORT's layout (the decode copy holds
+  // both as one FC).
+  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden,
+                                 raw(spec_.fc1) || spec_.has_fc3(), &fc1_));
   QMOE_RETURN_IF_ERROR(
       upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, raw(spec_.fc2), &fc2_));
   if (spec_.has_fc3()) {
@@ -321,18 +356,27 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  const int32_t clear[2] = {0, INT32_MAX};
+  const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
+  QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
   return Status::ok();
 }
 
 // The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 3, 4 or 8 bits
-// (blocks >= 16 or per channel) or NVFP4/MXFP4, K a multiple of 16, with FC1 and the gate in one
-// tensor.
+// (blocks >= 16 or per channel), NVFP4/MXFP4 or fp8/fp8_block (blocks >= 32), K a multiple of 16,
+// with FC1 and the gate in one tensor, or FP8 with a separate FC3 (the linear half) of FC1's
+// format and no FC1/FC3 biases: FC1 and FC3 then pack as one gated concatenated FC (gate rows from
+// FC1, linear rows from FC3), their scales per row (fp8's global scales as f32).
 bool CudaLayer::plan_decode() {
   const bool dtype_ok = spec_.act_dtype == DType::kBF16 || spec_.act_dtype == DType::kF16;
-  if (!dtype_ok || spec_.has_fc3() || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
+  const FcFormat &f1 = spec_.fc1, &f3 = spec_.fc3;
+  const bool fc3_ok = !spec_.has_fc3() ||
+                      (f1.info().kind == FormatKind::kFp8 && f3.format == f1.format &&
+                       f3.block_size == f1.block_size && f3.scale_dtype == f1.scale_dtype &&
+                       (f1.format == WeightFormat::kFp8Block || f1.scale_dtype == DType::kF32) &&
+                       !spec_.has_fc1_bias && !spec_.has_fc3_bias);
+  if (!dtype_ok || !fc3_ok || !mma_pack_supported(spec_.fc1, spec_.hidden) ||
       !mma_pack_supported(spec_.fc2, spec_.inter)) {
     return false;
   }
@@ -341,8 +385,9 @@ bool CudaLayer::plan_decode() {
     map1 = spec_.activation.glu == GluLayout::kInterleaved ? MmaRowMap::kGatedInterleaved
                                                            : MmaRowMap::kGatedConcatenated;
   }
-  pack1_ =
-      mma_pack_shape(spec_.fc1, spec_.fc1_rows(), spec_.hidden, map1, spec_.inter, spec_.act_dtype);
+  const int64_t rows1 = spec_.has_fc3() ? 2 * spec_.inter : spec_.fc1_rows();
+  pack1_ = mma_pack_shape(spec_.fc1, rows1, spec_.hidden, map1, spec_.inter, spec_.act_dtype);
+  if (spec_.has_fc3()) pack1_.scale_rows = 1;  // scales expanded per row (pack_for_decode)
   pack2_ = mma_pack_shape(spec_.fc2, spec_.hidden, spec_.inter, MmaRowMap::kIdentity, spec_.inter,
                           spec_.act_dtype);
   return decode_fits(pack1_, spec_.fc1.zero_points) && decode_fits(pack2_, spec_.fc2.zero_points);
@@ -357,8 +402,13 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     QMOE_CUDA_TRY(cudaMemcpy(host->data(), v.data, host->size(), cudaMemcpyDefault));
     return Status::ok();
   };
-  auto upload_bytes = [&](const void* data, size_t bytes, const void** dst) {
-    return upload(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}), dst);
+  // The packed words and the tile-ordered scales or zero points, uploaded.
+  auto upload_vector = [&](const auto& v, auto** dst) -> Status {
+    const void* p = nullptr;
+    const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(v[0]));
+    QMOE_RETURN_IF_ERROR(upload(TensorView(v.data(), DType::kU8, {bytes}), &p));
+    *dst = static_cast<std::remove_reference_t<decltype(*dst)>>(p);
+    return Status::ok();
   };
   // FP4: K-packed codes (ORT's N-packed layout repacked) and the 8-bit scales in tile order (NVFP4
   // in blocks of 16 over the padded K). The kernels turn the scales into what they apply.
@@ -373,46 +423,90 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     }
     std::vector<uint32_t> words;
     mma_pack_fp4(shape, host.data(), E, &words);
-    const void* p = nullptr;
-    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
-    *packed = static_cast<const uint32_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
     std::vector<uint8_t> tiled;
     mma_pack_scales(mma_fp4_scale_shape(shape), host.data(), 1, E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-    *scales = static_cast<const uint8_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
+    return Status::ok();
+  };
+  // FP8: the e4m3 codes; fp8_block's scales per packed row in tile order, fp8 none (its global).
+  auto pack_fp8 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
+                      const uint32_t** packed, const uint8_t** scales) -> Status {
+    std::vector<uint8_t> host;
+    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
+    std::vector<uint32_t> words;
+    mma_pack_fp8(shape, host.data(), E, &words);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
+    *scales = nullptr;
+    if (shape.block_size == 0) return Status::ok();
+    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
+    std::vector<uint8_t> tiled;
+    mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
+    return Status::ok();
+  };
+  // FP8 FC1 (gate) and a separate FC3 (linear) as one FC (plan_decode): the codes of both, and
+  // each row's scales (fp8_block's block of rows; fp8's global scale, f32) in tile order.
+  auto pack_fp8_fc3 = [&](const FcFormat& f, const MmaPackShape& shape, const uint32_t** packed,
+                          const uint8_t** scales) -> Status {
+    const int64_t I = spec_.inter, nbk = shape.k_blocks();
+    const bool block = f.format == WeightFormat::kFp8Block;
+    const int64_t bs = block ? f.block_size : 1, nbn = (I + bs - 1) / bs;
+    const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
+    std::vector<uint8_t> gate, lin, src[2];
+    QMOE_RETURN_IF_ERROR(to_host(w.fc1.weight, &gate));
+    QMOE_RETURN_IF_ERROR(to_host(w.fc3.weight, &lin));
+    std::vector<uint32_t> words;
+    mma_pack_fp8(shape, gate.data(), E, &words, lin.data());
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
+    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc1.scales : w.fc1.global_scale, &src[0]));
+    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc3.scales : w.fc3.global_scale, &src[1]));
+    std::vector<uint8_t> rows(static_cast<size_t>(E * 2 * I * nbk * eb)), tiled;
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < 2 * I; ++r) {
+        const int64_t h = r / I, lr = r % I;
+        for (int64_t b = 0; b < nbk; ++b) {
+          const int64_t from = block ? (e * nbn + lr / bs) * nbk + b : e;
+          std::copy_n(src[h].data() + from * eb, eb,
+                      rows.data() + ((e * 2 * I + r) * nbk + b) * eb);
+        }
+      }
+    }
+    mma_pack_scales(shape, rows.data(), eb, E, &tiled);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
     return Status::ok();
   };
   auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
                   const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
     *zp = nullptr;
+    if (shape.codes == MmaCodes::kFp8 && &fw == &w.fc1 && spec_.has_fc3()) {
+      return pack_fp8_fc3(f, shape, packed, scales);
+    }
+    if (shape.codes == MmaCodes::kFp8) return pack_fp8(f, fw, shape, packed, scales);
     if (shape.codes != MmaCodes::kInt) return pack_fp4(f, fw, shape, packed, scales);
     std::vector<uint8_t> host;
     QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
     std::vector<uint32_t> words;
     mma_pack_int(shape, host.data(), E, &words);
-    const void* p = nullptr;
-    QMOE_RETURN_IF_ERROR(upload_bytes(words.data(), words.size() * 4, &p));
-    *packed = static_cast<const uint32_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
     std::vector<uint8_t> tiled;
     QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
     mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-    *scales = static_cast<const uint8_t*>(p);
+    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
     if (f.zero_points) {
       QMOE_RETURN_IF_ERROR(to_host(fw.zero_points, &host));
       mma_pack_zero_points(shape, host.data(), E, &tiled);
-      QMOE_RETURN_IF_ERROR(upload_bytes(tiled.data(), tiled.size(), &p));
-      *zp = static_cast<const uint8_t*>(p);
+      QMOE_RETURN_IF_ERROR(upload_vector(tiled, zp));
     }
     return Status::ok();
   };
   QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
   QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
-  // FP4 FCs keep only this copy: the generic path dequantizes from it.
+  // FP4 and FP8 FCs keep only this copy: the generic path dequantizes from it.
   for (auto [fc, shape, words, scales] : {std::tuple{&fc1_, &pack1_, packed1_, tiled_scales1_},
                                           std::tuple{&fc2_, &pack2_, packed2_, tiled_scales2_}}) {
-    if (shape->codes == MmaCodes::kInt) continue;
+    if (shape->codes == MmaCodes::kInt || (fc == &fc1_ && spec_.has_fc3())) continue;
     fc->packed = *shape;
     fc->packed_words = words;
     fc->packed_scales = scales;
@@ -509,19 +603,27 @@ Status CudaLayer::load_dispatch(const std::string& tune_file) {
   return Status::ok();
 }
 
+// Waits for the device (every stream: calls may have run on any), then takes the record with
+// atomic exchanges, so that calls other threads enqueue meanwhile lose no error.
 Status CudaLayer::take_deferred_error() {
+  std::lock_guard<std::mutex> lock(take_mu_);
   DeviceGuard guard(device_);
+  if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
+  QMOE_CUDA_TRY(cudaDeviceSynchronize());
+  int32_t* record = error_.as<int32_t>();
+  take_error_kernel<<<1, 1, 0, take_stream_>>>(record);
+  QMOE_CUDA_TRY(cudaGetLastError());
   int32_t word[2];
-  QMOE_CUDA_TRY(cudaMemcpy(word, error_.get(), sizeof(word), cudaMemcpyDeviceToHost));
+  QMOE_CUDA_TRY(
+      cudaMemcpyAsync(word, record + 2, sizeof(word), cudaMemcpyDeviceToHost, take_stream_));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(take_stream_));
   if (word[0] == 0) return Status::ok();
-  const int32_t clear[2] = {0, INT32_MAX};
-  QMOE_CUDA_TRY(cudaMemcpy(error_.get(), clear, sizeof(clear), cudaMemcpyHostToDevice));
   std::string what;
   if (word[0] & kErrorLogits) what += "router_probs";
   if (word[0] & kErrorRouterWeights) what += what.empty() ? "router_weights" : ", router_weights";
   if (word[0] & kErrorInput) what += what.empty() ? "input" : ", input";
-  return Status::invalid(what + ": non-finite value(s), first at token " + std::to_string(word[1]) +
-                         "; those tokens' outputs are NaN");
+  const std::string at = word[1] == INT32_MAX ? "" : ", first at token " + std::to_string(word[1]);
+  return Status::invalid(what + ": non-finite value(s)" + at + "; those tokens' outputs are NaN");
 }
 
 // One FC over every wave: dequantize the wave's experts, then the grouped GEMM into c.
@@ -564,7 +666,13 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const Layout& l, char* ws, const Ro
     g.first_group = d.first_group;
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
-    QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+    if (cutlass_ && cutlass_gemm_can_implement(g)) {
+      const size_t bytes = l.total - l.cutlass;  // the region runs to the end of the layout
+      QMOE_RETURN_IF_ERROR(
+          launch_cutlass_grouped_gemm(g, sm_count_, ws + l.cutlass, bytes, stream));
+    } else {
+      QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+    }
   }
   return Status::ok();
 }
@@ -573,6 +681,15 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
                       size_t workspace_bytes, void* stream_ptr, RunProfile* profile) {
   int64_t tokens = 0;
   QMOE_RETURN_IF_ERROR(check_run(spec_, in, out, &tokens));
+  // Zero tokens: an empty output. No CUDA call at all (a captured graph gets no node); the
+  // workspace, the stream and the (possibly null) data pointers are not looked at.
+  if (tokens == 0) {
+    if (profile) *profile = RunProfile{};
+    return Status::ok();
+  }
+  // The profile's events are the layer's: calls with a profile take turns.
+  std::unique_lock<std::mutex> profile_lock(profile_mu_, std::defer_lock);
+  if (profile) profile_lock.lock();
   DeviceGuard guard(device_);
   if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
@@ -604,7 +721,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   }
   DispatchChoice choice;  // before any launch: a bad QMOE_DISPATCH value launches nothing
   QMOE_RETURN_IF_ERROR(dispatch_.choose(tokens, &choice));
-  if (tokens == 0) return Status::ok();
 
   char* ws = static_cast<char*>(workspace);
   const int slots = spec_.slots();
@@ -728,6 +844,18 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   return Status::ok();
 }
 
+// PrepareOptions::gemm, else $QMOE_GEMM, else CUTLASS.
+Status gemm_choice(const std::string& option, bool* cutlass) {
+  const char* env = std::getenv("QMOE_GEMM");
+  const std::string v = !option.empty() ? option : (env ? env : "cutlass");
+  const char* what = !option.empty() ? "gemm" : "QMOE_GEMM";
+  if (v != "cutlass" && v != "mma") {
+    return Status::invalid(std::string(what) + ": expected cutlass or mma, got '" + v + "'");
+  }
+  *cutlass = v == "cutlass";
+  return Status::ok();
+}
+
 // What the GPU path cannot run, checked before anything is uploaded.
 Status check_cuda_support(const LayerSpec& spec) {
   if (spec.num_experts > kGeneralMaxExperts) {
@@ -794,6 +922,11 @@ Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
   const size_t cap =
       options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
   auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
+  bool cutlass = true;
+  QMOE_RETURN_IF_ERROR(cuda::gemm_choice(options.gemm, &cutlass));
+  int sm_count = 0;
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, options.device));
+  layer->set_cutlass(cutlass, sm_count);
   QMOE_RETURN_IF_ERROR(layer->init(weights));
   const char* env_tune = std::getenv("QMOE_TUNE_FILE");
   QMOE_RETURN_IF_ERROR(layer->load_dispatch(

@@ -6,9 +6,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/routing/routing_checks.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/routing/device_routing.h"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -82,6 +86,20 @@ Status check_routing_sizes(int64_t tokens, int slots, int64_t experts) {
     return Status::invalid("tokens: expected 0 <= tokens and tokens * slots (" + i_str(slots) +
                            ") < 2^31, got " + i_str(tokens));
   }
+  return Status::ok();
+}
+
+Status allow_dynamic_smem(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> granted;  // (kernel, device) -> bytes
+  int device = 0;
+  QMOE_CUDA_TRY(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& g = granted[{kernel, device}];
+  if (g >= smem) return Status::ok();
+  QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  g = smem;
   return Status::ok();
 }
 

@@ -162,8 +162,7 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
                                                                : size_t{48 * 1024};
     }();
     if (smem + static_bytes > 48 * 1024) {
-      QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+      QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
     const RouteMapsView& m = args.maps;
     QMOE_CUDA_TRY(launch_maybe_pdl(

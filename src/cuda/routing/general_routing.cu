@@ -116,8 +116,7 @@ Status launch_route_tokens(const DeviceRoutingArgs& args, int32_t* route_ids, cu
   return with_routing_method(args.routing.method, [&](auto method) -> Status {
     auto* kernel = &route_tokens_kernel<decltype(method)::value>;
     if (smem > kDefaultSmem) {
-      QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+      QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
     kernel<<<static_cast<unsigned>(blocks), warps * kWarpSize, smem, stream>>>(
         token_routing(args), args.tokens, warps, route_ids);

@@ -31,6 +31,12 @@ namespace routing_detail {
 // tokens * slots fits int32 route ids.
 Status check_routing_sizes(int64_t tokens, int slots, int64_t experts);
 
+// Lets `kernel` launch with up to `smem` bytes of dynamic shared memory on the current device. The
+// attribute is the kernel's, shared by every thread's calls (one layer may run from several
+// threads), so it only ever grows: a call that needs less never lowers it between another
+// thread's setting and launch.
+Status allow_dynamic_smem(const void* kernel, size_t smem);
+
 // The launchers behind launch_routing_path(), for validated arguments.
 Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream);
 Status launch_general_routing(const DeviceRoutingArgs& args, void* temp, size_t temp_bytes,
