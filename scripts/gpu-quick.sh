@@ -3,8 +3,14 @@
 # every core (into build-gpu, reused when present), runs the GPU tests that match a filter, then
 # each bench command given. The full check (every suite, sanitizers, every bench) is gpu-check.sh.
 #   scripts/gpu-quick.sh 'GpuDispatch.*:GpuDecode.*' 'bench --presets qwen3-30b-a3b --tokens 1,8'
-#   QMOE_QUICK_FILTER  the gtest filter ('-' skips the tests; default: every GPU test)
-# Arguments after the filter are qmoe command lines (without the program name), run in order.
+# The first argument is the gtest filter ('-' skips the GPU suite; default: every GPU test); the
+# arguments after it are qmoe command lines (without the program name), run in order; leading
+# VAR=value words set the environment of that command alone ('QMOE_GEMM=mma bench --tokens 8').
+#   QMOE_QUICK_PYTHON=1   also builds the Python module (-DQMOE_PYTHON=ON, the machine's python3
+#                         with its torch) and runs QMOE_QUICK_PYTEST (default: the package and
+#                         torch suites) with PYTHONPATH=build-gpu/python
+# CUTLASS's headers come from .cutlass/ (scripts/cutlass-headers.sh) where the machine has no
+# network.
 # Logs go to $OUT (or ./gpu-quick-out); the exit status is non-zero if anything failed.
 # A machine without GoogleTest, CLI11 or nlohmann-json takes them from .deps/*.deb (Debian
 # packages fetched with `apt-get download libgtest-dev libgmock-dev libcli11-dev
@@ -34,12 +40,18 @@ step() { echo "== $1: $2" | tee -a "$dest/summary.txt"; [ "$2" = ok ] || status=
 } >"$dest/env.txt" 2>&1
 cat "$dest/env.txt"
 
+targets=(qmoe_gpu_tests qmoe_cli)
+python_on="${QMOE_QUICK_PYTHON:-0}"
+if [ "$python_on" = 1 ]; then
+  prefix+=(-DQMOE_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)")
+  targets+=(_qmoe qmoe_python_files)
+fi
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a "${prefix[@]}" >"$dest/configure.log" 2>&1 ||
   { tail -30 "$dest/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" --target qmoe_gpu_tests qmoe_cli >"$dest/build.log" 2>&1 ||
-  { grep -E "error|Error" "$dest/build.log" | head -40; exit 1; }
+cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$dest/build.log" 2>&1 ||
+  { grep -E "error|Error" "$dest/build.log" | head -40; tail -20 "$dest/build.log"; exit 1; }
 step "build ($(( $(date +%s) - t0 )) s)" ok
 
 if [ "$filter" != "-" ]; then
@@ -50,10 +62,24 @@ if [ "$filter" != "-" ]; then
   step "gpu tests '$filter' ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 fi
 
-for cmd in "$@"; do
+if [ "$python_on" = 1 ]; then
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  build-gpu/tools/qmoe $cmd >>"$dest/bench.txt" 2>&1
+  PYTHONPATH=build-gpu/python python3 -m pytest -q -rs \
+    ${QMOE_QUICK_PYTEST:-tests/python/test_python_api.py tests/python/test_torch_op.py tests/python/test_torch_models.py} \
+    >"$dest/pytest.log" 2>&1
+  rc=$?
+  tail -15 "$dest/pytest.log"
+  step "python suites ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+fi
+
+for cmd in "$@"; do
+  t0=$(date +%s)
+  read -ra words <<<"$cmd"
+  envs=()
+  while [ ${#words[@]} -gt 0 ] && [[ "${words[0]}" == *=* ]]; do envs+=("${words[0]}"); words=("${words[@]:1}"); done
+  echo "### ${cmd}" >>"$dest/bench.txt"
+  env "${envs[@]}" build-gpu/tools/qmoe "${words[@]}" >>"$dest/bench.txt" 2>&1
   rc=$?
   step "qmoe $cmd ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 done
