@@ -40,6 +40,8 @@ TEST(GpuCutlassLayer, BothGemmsMatchTheOracle) {
     for (int64_t hidden : {256, 250}) {
       LayerSpec s = small_spec(WeightFormat::kInt4, hidden, 128, 16, 4);
       s.act_dtype = dt;
+      // Per channel: FC1's K = 250 has no 128-wide blocks.
+      if (hidden % 128 != 0) s.fc1.block_size = 0;
       for (const char* gemm : {"cutlass", "mma"}) {
         for (int64_t tokens : {5, 300, 1100}) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(hidden) + " gemm " +
