@@ -20,20 +20,26 @@ else:
 
 HAVE_GPU = torch.cuda.is_available() and qmoe.backend_available(qmoe.Backend.cuda)
 
+# In bf16 the model has one MoE layer, the last (layer 0 dense): its inputs are then the same
+# bits on both sides and routing sees the same logits (after a first MoE layer
+# the two sides' hidden states differ by bf16 rounding, and a flipped expert in a later layer
+# costs ~0.06 of the logits, seen in 1 seed of 16).
 # Relative-norm budgets of the logits against the dequantized plain-torch model. fp32: both sides
 # compute on the same exactly dequantized weights, so only summation order differs. bf16: both
 # round activations to bf16 at different points (qmoe keeps fp32 inside an expert); measured
-# 1..1.5e-2 on the CPU backend over seeds and formats.
-BUDGET = {torch.float32: 1e-4, torch.bfloat16: 4e-2}
+# 5.4..5.9e-3 on the CPU backend over 16 seeds, INT8 and INT4.
+BUDGET = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
-def tiny_config(kind):
+def tiny_config(kind, last_layer_moe_only=False):
     common = dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, max_position_embeddings=64)
     if kind == "qwen3_moe":
         return transformers.Qwen3MoeConfig(moe_intermediate_size=64, intermediate_size=128,
                                            num_experts=8, num_experts_per_tok=2,
-                                           norm_topk_prob=True, **common)
+                                           norm_topk_prob=True,
+                                           mlp_only_layers=[0] if last_layer_moe_only else [],
+                                           **common)
     common.pop("head_dim")
     if kind == "olmoe":  # routing weights not renormalized
         return transformers.OlmoeConfig(intermediate_size=64, num_experts=8,
@@ -42,9 +48,9 @@ def tiny_config(kind):
                                       num_experts_per_tok=2, **common)
 
 
-def build(kind, seed):
+def build(kind, seed, last_layer_moe_only=False):
     torch.manual_seed(seed)
-    cfg = tiny_config(kind)
+    cfg = tiny_config(kind, last_layer_moe_only)
     cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM,
            "mixtral": transformers.MixtralForCausalLM,
            "olmoe": transformers.OlmoeForCausalLM}[kind]
@@ -99,9 +105,9 @@ def test_tiny_model_cpu_fp32(seed, kind, fmt, block):
 @pytest.mark.parametrize("fmt,block", [("int8", 64), ("int4", 32)])
 @torch.no_grad()
 def test_tiny_qwen3_moe_cpu_bf16(seed, fmt, block):
-    model = build("qwen3_moe", seed % 2**31).to(torch.bfloat16)
+    model = build("qwen3_moe", seed % 2**31, last_layer_moe_only=True).to(torch.bfloat16)
     ref = dequantize_experts(model, fmt, block)
-    qt.replace_moe_blocks(model, format=fmt, block_size=block)
+    assert len(qt.replace_moe_blocks(model, format=fmt, block_size=block)) == 1
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(seed % 2**31))
     assert rel(model(ids).logits, ref(ids).logits) < BUDGET[torch.bfloat16]
 
@@ -111,18 +117,23 @@ def test_tiny_qwen3_moe_cpu_bf16(seed, fmt, block):
 @torch.no_grad()
 def test_tiny_qwen3_moe_gpu_bf16(seed, fmt, block):
     # Both sides quantize the same bf16 weights (the reference from a copy made after the cast).
-    model = build("qwen3_moe", seed % 2**31).cuda().to(torch.bfloat16)
+    model = build("qwen3_moe", seed % 2**31, last_layer_moe_only=True).cuda().to(torch.bfloat16)
     ref = dequantize_experts(model, fmt, block)
-    qt.replace_moe_blocks(model, format=fmt, block_size=block)
+    replaced = qt.replace_moe_blocks(model, format=fmt, block_size=block)
     ids = torch.randint(0, 256, (1, 16), device="cuda")
     got = model(ids).logits
     want = ref(ids).logits
     assert rel(got, want) < BUDGET[torch.bfloat16]
-    # One decode step, compiled without graph breaks, matches eager.
+    # One decode step compiles without graph breaks (fullgraph=True raises on one). Compiled and
+    # eager layers before the MoE block round differently in bf16, which may flip a near-tie in
+    # routing, so the whole step is compared loosely and the block itself closely.
     step = ids[:, -1:]
     compiled = torch.compile(model, fullgraph=True)
-    torch.testing.assert_close(compiled(step, use_cache=False).logits,
-                               model(step, use_cache=False).logits, rtol=2e-2, atol=2e-2)
+    assert rel(compiled(step, use_cache=False).logits, model(step, use_cache=False).logits) < 0.5
+    block = model.get_submodule(replaced[0])
+    h = torch.randn(1, 1, 128, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.compile(block, fullgraph=True)(h), block(h), rtol=1e-2,
+                               atol=1e-2)
 
 
 def test_unsupported_block_is_named():
