@@ -202,13 +202,7 @@ def test_cuda_layer_with_torch_tensors(rng):
         gpu.run(xt, lt)
 
 
-@pytest.mark.parametrize("num_threads", [
-    1,
-    pytest.param(0, marks=pytest.mark.skip(
-        reason="the CPU backend's worker pool takes one call at a time per layer (a second "
-               "concurrent call hangs) until the core's concurrency work (issue 20, item 4) "
-               "lands; remove this skip then")),
-])
+@pytest.mark.parametrize("num_threads", [1, 0])
 def test_threads_share_one_layer(rng, num_threads):
     """Several Python threads run one layer at once (the bindings release the GIL), each call
     with its own workspace; every result equals the sequential one."""
