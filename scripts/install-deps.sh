@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what building and testing qmoe needs: a C++17 toolchain, CMake, Ninja, GoogleTest,
+# Installs what building and testing qmoe needs: a C++17 toolchain, clang (the fuzz targets'
+# libFuzzer), CMake, Ninja, GoogleTest,
 # CLI11, nlohmann-json (Debian packages) and the Python packages (PyPI, pinned in
 # tests/python/requirements.txt): the test packages, nanobind and scikit-build-core (the Python
 # module's build), torch and transformers (its operator and model suites). Skips what is there.
@@ -8,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(build-essential cmake ninja-build libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
+debs=(build-essential clang cmake ninja-build libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
       python3 python3-pip python3-dev)
 missing=()
 for p in "${debs[@]}"; do

@@ -30,3 +30,7 @@ cmake --build build-tsan --target qmoe_tests -j "$jobs"
 tsan_run=(build-tsan/tests/qmoe_tests --gtest_filter='Concurrency.*')
 if setarch "$(uname -m)" -R true 2>/dev/null; then tsan_run=(setarch "$(uname -m)" -R "${tsan_run[@]}"); fi
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "${tsan_run[@]}"
+
+# The libFuzzer targets (safetensors header, layer file) from their seed corpora, 20 s each: every
+# input must give an error or a finite run, never a crash, a sanitizer report or a hang.
+QMOE_FUZZ_SECONDS="${QMOE_FUZZ_SECONDS:-20}" scripts/fuzz.sh
