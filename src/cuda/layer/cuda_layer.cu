@@ -217,8 +217,8 @@ class CudaLayer final : public PreparedLayer {
     return Status::ok();
   }
 
-  // codes: upload the codes and scales in ORT's layout (FP4 that the decode path packs keeps only
-  // the packed copy).
+  // codes: upload the codes and scales in ORT's layout (FP4 and FP8 that the decode path packs
+  // keep only the packed copy).
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
                    DeviceFc* out);
   // Whether the decode path takes this layer (sets pack1_ and pack2_).
