@@ -376,5 +376,50 @@ TEST(MmaPack, Fp8BlockScalesInTileOrder) {
   check_fp8_block_scales(32, 2 * 40, 96, MmaRowMap::kGatedInterleaved, 40, DType::kF16);
 }
 
+// FC1 and a separate FC3 as one FC: every row's scales are its own FC's (gate rows 0..I-1 from
+// FC1, linear rows I..2I-1 from FC3), for fp8_block's blocks of rows (I not a multiple of the
+// block) and fp8's global scales.
+TEST(MmaPack, GatedRowScalesFromTwoFcs) {
+  for (WeightFormat wf : {WeightFormat::kFp8Block, WeightFormat::kFp8}) {
+    SCOPED_TRACE(format_info(wf).name);
+    const int64_t experts = 2, inter = 40, k = 96;
+    FcFormat f = default_fc_format(wf);
+    if (wf == WeightFormat::kFp8Block) {
+      f.block_size = 32;
+      f.scale_dtype = DType::kBF16;
+    }
+    QuantizedFc gate, lin;
+    make_fc(f, experts, inter, k, fresh_seed(), &gate);
+    make_fc(f, experts, inter, k, fresh_seed(), &lin);
+    if (::testing::Test::HasFatalFailure()) return;
+    const bool block = wf == WeightFormat::kFp8Block;
+    const MmaPackShape s =
+        mma_pack_shape(f, 2 * inter, k, MmaRowMap::kGatedConcatenated, inter, DType::kBF16);
+    const int eb = block ? 2 : 4;
+    auto bytes = [&](const QuantizedFc& q) {
+      return block ? q.scales.data() : reinterpret_cast<const uint8_t*>(q.global_scale.data());
+    };
+    std::vector<uint8_t> rows;
+    mma_gated_row_scales(s, bytes(gate), bytes(lin), eb, block ? 32 : inter, experts, &rows);
+    const int64_t nbk = s.k_blocks(), nbn = block ? (inter + 31) / 32 : 1;
+    ASSERT_EQ(nbk, block ? 3 : 1);
+    ASSERT_EQ(rows.size(), static_cast<size_t>(experts * 2 * inter * nbk * eb));
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t r = 0; r < 2 * inter; ++r) {
+        const QuantizedFc& q = r < inter ? gate : lin;
+        const int64_t lr = r % inter;
+        for (int64_t b = 0; b < nbk; ++b) {
+          const int64_t from = block ? (e * nbn + lr / 32) * nbk + b : e;
+          for (int by = 0; by < eb; ++by) {
+            ASSERT_EQ(rows[static_cast<size_t>(((e * 2 * inter + r) * nbk + b) * eb + by)],
+                      bytes(q)[from * eb + by])
+                << "expert " << e << " row " << r << " block " << b;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qmoe::test

@@ -248,6 +248,83 @@ TEST(GpuDequant, Fp8FromThePackedCopy) {
   }
 }
 
+// Every expert of fc dequantized in one launch (all touched, in order), as host bytes.
+void dequant_all(const cuda::DeviceFc& fc, int64_t experts, int64_t k, DType out_dtype,
+                 std::vector<uint8_t>* bytes) {
+  std::vector<int32_t> touched;
+  for (int64_t e = 0; e < experts; ++e) touched.push_back(static_cast<int32_t>(e));
+  const int32_t n_touched = static_cast<int32_t>(experts);
+  GpuBuffer dt, dn, out;
+  ASSERT_TRUE(dt.upload(touched));
+  ASSERT_TRUE(dn.upload(&n_touched, 4));
+  const int64_t ld = (k + 31) / 32 * 32;
+  ASSERT_TRUE(out.allocate(static_cast<size_t>(experts * fc.n * ld) * dtype_size(out_dtype)));
+  cuda::DequantArgs a;
+  a.fc = fc;
+  a.out_dtype = out_dtype;
+  a.out = out.get();
+  a.ld = ld;
+  a.slot_stride = fc.n * ld;
+  a.touched = dt.as<int32_t>();
+  a.n_touched = dn.as<int32_t>();
+  a.max_groups = static_cast<int>(experts);
+  const Status st = cuda::launch_dequant(a, nullptr);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  ASSERT_TRUE(out.download(bytes));
+}
+
+// FP8 FC1 and a separate FC3 kept as one packed gated FC (cuda_layer.cu): each dequantized from
+// it, its own rows (packed_row0 0 and I), equals its dequantization from ORT's layout bit for bit.
+TEST(GpuDequant, Fp8GateAndLinearFromOnePackedCopy) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf : {WeightFormat::kFp8Block, WeightFormat::kFp8}) {
+    const FcFormat f = default_fc_format(wf);
+    const bool block = wf == WeightFormat::kFp8Block;
+    const int64_t experts = 3, inter = 208, k = 160;
+    QuantizedFc gate, lin;
+    make_fc(f, experts, inter, k, fresh_seed(), &gate);
+    make_fc(f, experts, inter, k, fresh_seed(), &lin);
+    if (::testing::Test::HasFatalFailure()) return;
+    const MmaPackShape s =
+        mma_pack_shape(f, 2 * inter, k, MmaRowMap::kGatedConcatenated, inter, DType::kF16);
+    MmaPackShape rows_shape = s;
+    rows_shape.scale_rows = 1;
+    std::vector<uint32_t> words;
+    mma_pack_fp8(s, gate.weight.data(), experts, &words, lin.weight.data());
+    const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
+    auto bytes = [&](const QuantizedFc& q) {
+      return block ? q.scales.data() : reinterpret_cast<const uint8_t*>(q.global_scale.data());
+    };
+    std::vector<uint8_t> rows, tiled;
+    mma_gated_row_scales(s, bytes(gate), bytes(lin), eb, block ? f.block_size : inter, experts,
+                         &rows);
+    mma_pack_scales(rows_shape, rows.data(), eb, experts, &tiled);
+    GpuBuffer dw, ds;
+    ASSERT_TRUE(dw.upload(words));
+    ASSERT_TRUE(ds.upload(tiled));
+    for (int h = 0; h < 2; ++h) {
+      const QuantizedFc& q = h ? lin : gate;
+      SCOPED_TRACE(std::string(format_info(wf).name) + (h ? " linear (FC3)" : " gate (FC1)"));
+      DeviceFcCopy d;
+      upload_fc(q, &d);
+      cuda::DeviceFc packed = d.fc;
+      packed.format.scale_dtype = block ? f.scale_dtype : DType::kF32;
+      packed.packed = rows_shape;
+      packed.packed_words = dw.as<uint32_t>();
+      packed.packed_scales = ds.as<uint8_t>();
+      packed.packed_row0 = h * inter;
+      packed.weight = nullptr;
+      packed.scales = nullptr;
+      std::vector<uint8_t> want, got;
+      dequant_all(d.fc, experts, k, DType::kBF16, &want);
+      dequant_all(packed, experts, k, DType::kBF16, &got);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 TEST(GpuDequant, RejectsBadArguments) {
   QMOE_REQUIRE_GPU();
   cuda::DequantArgs a;

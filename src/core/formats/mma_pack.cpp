@@ -300,6 +300,25 @@ void mma_pack_int(const MmaPackShape& s, const uint8_t* raw, int64_t experts,
       experts, [&](int64_t e) { pack_expert(s, raw, e, out->data() + e * s.words_per_expert()); });
 }
 
+void mma_gated_row_scales(const MmaPackShape& s, const uint8_t* gate, const uint8_t* linear,
+                          int elem_bytes, int64_t block_rows, int64_t experts,
+                          std::vector<uint8_t>* out) {
+  const int64_t inter = s.units, nbk = s.k_blocks();
+  const int64_t nbn = (inter + block_rows - 1) / block_rows;
+  out->resize(static_cast<size_t>(experts * 2 * inter * nbk * elem_bytes));
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = 0; r < 2 * inter; ++r) {
+      const uint8_t* src = r < inter ? gate : linear;
+      const int64_t lr = r % inter;
+      for (int64_t b = 0; b < nbk; ++b) {
+        const uint8_t* from = src + ((e * nbn + lr / block_rows) * nbk + b) * elem_bytes;
+        std::copy(from, from + elem_bytes,
+                  out->data() + ((e * 2 * inter + r) * nbk + b) * elem_bytes);
+      }
+    }
+  }
+}
+
 unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,
                          int64_t k) {
   const int b = s.bits, sc = s.steps_per_chunk;

@@ -219,6 +219,15 @@ QMOE_HD int64_t mma_scale_index(const MmaPackShape& s, int64_t e, int64_t pr, in
   return ((e * s.tiles + pr / 16) * 16 + pr % 16) * s.scale_blocks + b;
 }
 
+// FC1 (gate) and a separate FC3 (linear) of one FP8 format packed as one gated concatenated FC
+// (mma_pack_fp8's raw_linear): their scales as rows of that FC, [E, 2 I, k_blocks()] entries of
+// elem_bytes (I = s.units), which mma_pack_scales takes with scale_rows 1. gate and linear are
+// each FC's scales, [E, ceil(I / block_rows), k_blocks()]: fp8_block's blocks (block_rows its
+// block size), or fp8's global scales [E] (block_rows I, one K block, f32).
+void mma_gated_row_scales(const MmaPackShape& s, const uint8_t* gate, const uint8_t* linear,
+                          int elem_bytes, int64_t block_rows, int64_t experts,
+                          std::vector<uint8_t>* out);
+
 // The code at (expert e, packed row pr, k) of a packed buffer (tests and tools).
 unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t e, int64_t pr,
                          int64_t k);

@@ -70,8 +70,9 @@ __global__ void __launch_bounds__(kWarps * 32) dequant_packed_kernel(DequantArgs
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int64_t pr = 16 * m + g + 8 * rr;
-      const int64_t lr = s.logical_row(pr);
-      if (lr < 0) continue;
+      const int64_t plr = s.logical_row(pr);
+      const int64_t lr = plr - a.fc.packed_row0;  // this FC's row
+      if (plr < 0 || lr < 0 || lr >= a.fc.n) continue;
       const int64_t row_entry = ((e * s.tiles + m) * 16 + g + 8 * rr) * nblk;  // tile order
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
@@ -130,12 +131,13 @@ Status launch_dequant_packed(const DequantArgs& a, cudaStream_t stream) {
   const bool fp8 = s.codes == MmaCodes::kFp8;
   const bool needs_scales = !fp8 || s.block_size != 0;
   const bool needs_global = !fp8 || (s.block_size == 0 && f.packed_scales == nullptr);
-  if (s.codes == MmaCodes::kInt || s.n != f.n || s.k != f.k ||
+  if (s.codes == MmaCodes::kInt || f.packed_row0 < 0 || f.packed_row0 + f.n > s.n ||
+      (s.codes != MmaCodes::kFp8 && s.n != f.n) || s.k != f.k ||
       (needs_scales && f.packed_scales == nullptr) || (needs_global && f.global_scale == nullptr) ||
       a.ld % 8 != 0 || a.ld < f.k) {
     return Status::invalid(
-        "dequant: a packed FC must be FP4 or FP8 with its shape's n and k, its scales and global "
-        "scale, and ld a multiple of 8 >= k");
+        "dequant: a packed FC must be FP4 or FP8 with its shape's k, its rows inside the shape's "
+        "(FP4: all of them), its scales and global scale, and ld a multiple of 8 >= k");
   }
   const int64_t chunk_k = 16 * s.steps_per_chunk;
   const int64_t items = s.tiles * ((a.ld + chunk_k - 1) / chunk_k);

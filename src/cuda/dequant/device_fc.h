@@ -24,6 +24,9 @@ struct DeviceFc {
   // FP4's 8-bit ones, fp8_block's per packed row in scale_dtype, none for fp8), which the generic
   // path dequantizes from (dequant_packed.cu).
   MmaPackShape packed;
+  // The packed FC's first logical row this FC's row 0 is: FP8 FC1 (0) and a separate FC3 (I)
+  // share one packed gated FC (cuda_layer.cu); 0 otherwise.
+  int64_t packed_row0 = 0;
   const uint32_t* packed_words = nullptr;
   const uint8_t* packed_scales = nullptr;
 };

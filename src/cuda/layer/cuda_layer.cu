@@ -240,8 +240,8 @@ class CudaLayer final : public PreparedLayer {
     return Status::ok();
   }
 
-  // codes: upload the codes and scales in ORT's layout (FP4 that the decode path packs keeps only
-  // the packed copy).
+  // codes: upload the codes and scales in ORT's layout (FP4 and FP8 that the decode path packs
+  // keep only the packed copy).
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
                    DeviceFc* out);
   // Whether the decode path takes this layer (sets pack1_ and pack2_).
@@ -341,14 +341,14 @@ Status CudaLayer::init(const LayerWeights& w) {
     return !decode_planned_ ||
            (f.info().kind != FormatKind::kFp4 && f.info().kind != FormatKind::kFp8);
   };
-  // With a separate FC3 the generic path reads FC1 and FC3 in ORT's layout (the decode copy holds
-  // both as one FC).
-  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden,
-                                 raw(spec_.fc1) || spec_.has_fc3(), &fc1_));
+  // A separate FC3 the decode path takes lives in FC1's packed copy (plan_decode).
+  QMOE_RETURN_IF_ERROR(
+      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, raw(spec_.fc1), &fc1_));
   QMOE_RETURN_IF_ERROR(
       upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, raw(spec_.fc2), &fc2_));
   if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, true, &fc3_));
+    QMOE_RETURN_IF_ERROR(
+        upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, raw(spec_.fc3), &fc3_));
   }
   const void* p = nullptr;
   if (spec_.routing.method == RoutingMethod::kGroupedTopK) {
@@ -450,9 +450,7 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   // each row's scales (fp8_block's block of rows; fp8's global scale, f32) in tile order.
   auto pack_fp8_fc3 = [&](const FcFormat& f, const MmaPackShape& shape, const uint32_t** packed,
                           const uint8_t** scales) -> Status {
-    const int64_t I = spec_.inter, nbk = shape.k_blocks();
     const bool block = f.format == WeightFormat::kFp8Block;
-    const int64_t bs = block ? f.block_size : 1, nbn = (I + bs - 1) / bs;
     const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
     std::vector<uint8_t> gate, lin, src[2];
     QMOE_RETURN_IF_ERROR(to_host(w.fc1.weight, &gate));
@@ -462,17 +460,9 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
     QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
     QMOE_RETURN_IF_ERROR(to_host(block ? w.fc1.scales : w.fc1.global_scale, &src[0]));
     QMOE_RETURN_IF_ERROR(to_host(block ? w.fc3.scales : w.fc3.global_scale, &src[1]));
-    std::vector<uint8_t> rows(static_cast<size_t>(E * 2 * I * nbk * eb)), tiled;
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t r = 0; r < 2 * I; ++r) {
-        const int64_t h = r / I, lr = r % I;
-        for (int64_t b = 0; b < nbk; ++b) {
-          const int64_t from = block ? (e * nbn + lr / bs) * nbk + b : e;
-          std::copy_n(src[h].data() + from * eb, eb,
-                      rows.data() + ((e * 2 * I + r) * nbk + b) * eb);
-        }
-      }
-    }
+    std::vector<uint8_t> rows, tiled;
+    mma_gated_row_scales(shape, src[0].data(), src[1].data(), eb,
+                         block ? f.block_size : spec_.inter, E, &rows);
     mma_pack_scales(shape, rows.data(), eb, E, &tiled);
     QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
     return Status::ok();
@@ -503,13 +493,17 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   };
   QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
   QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
-  // FP4 and FP8 FCs keep only this copy: the generic path dequantizes from it.
-  for (auto [fc, shape, words, scales] : {std::tuple{&fc1_, &pack1_, packed1_, tiled_scales1_},
-                                          std::tuple{&fc2_, &pack2_, packed2_, tiled_scales2_}}) {
-    if (shape->codes == MmaCodes::kInt || (fc == &fc1_ && spec_.has_fc3())) continue;
+  // FP4 and FP8 FCs keep only this copy: the generic path dequantizes from it (a separate FC3
+  // from FC1's, its rows from I on).
+  for (auto [fc, shape, words, scales, row0] :
+       {std::tuple{&fc1_, &pack1_, packed1_, tiled_scales1_, int64_t{0}},
+        std::tuple{&fc2_, &pack2_, packed2_, tiled_scales2_, int64_t{0}},
+        std::tuple{&fc3_, &pack1_, packed1_, tiled_scales1_, spec_.inter}}) {
+    if (shape->codes == MmaCodes::kInt || (fc == &fc3_ && !spec_.has_fc3())) continue;
     fc->packed = *shape;
     fc->packed_words = words;
     fc->packed_scales = scales;
+    fc->packed_row0 = row0;
   }
   decode_ready_ = true;
   return Status::ok();
