@@ -8,7 +8,7 @@
 # VAR=value words set the environment of that command alone ('QMOE_GEMM=mma bench --tokens 8').
 #   QMOE_QUICK_PYTHON=1   also builds the Python module (-DQMOE_PYTHON=ON, the machine's python3
 #                         with its torch) and runs QMOE_QUICK_PYTEST (default: the package and
-#                         torch suites) with PYTHONPATH=build-gpu/python
+#                         torch suites) with PYTHONPATH=build-gpu/python, after the commands
 # CUTLASS's headers come from .cutlass/ (scripts/cutlass-headers.sh) where the machine has no
 # network.
 # Logs go to $OUT (or ./gpu-quick-out); the exit status is non-zero if anything failed.
@@ -62,17 +62,6 @@ if [ "$filter" != "-" ]; then
   step "gpu tests '$filter' ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 fi
 
-if [ "$python_on" = 1 ]; then
-  t0=$(date +%s)
-  # shellcheck disable=SC2086
-  PYTHONPATH=build-gpu/python python3 -m pytest -q -rs \
-    ${QMOE_QUICK_PYTEST:-tests/python/test_python_api.py tests/python/test_torch_op.py tests/python/test_torch_models.py} \
-    >"$dest/pytest.log" 2>&1
-  rc=$?
-  tail -15 "$dest/pytest.log"
-  step "python suites ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
-fi
-
 for cmd in "$@"; do
   t0=$(date +%s)
   read -ra words <<<"$cmd"
@@ -83,5 +72,15 @@ for cmd in "$@"; do
   rc=$?
   step "qmoe $cmd ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
 done
+if [ "$python_on" = 1 ]; then
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  PYTHONPATH=build-gpu/python python3 -m pytest -q -rs \
+    ${QMOE_QUICK_PYTEST:-tests/python/test_python_api.py tests/python/test_torch_op.py tests/python/test_torch_models.py} \
+    >"$dest/pytest.log" 2>&1
+  rc=$?
+  tail -15 "$dest/pytest.log"
+  step "python suites ($(( $(date +%s) - t0 )) s)" "$([ $rc -eq 0 ] && echo ok || echo FAILED)"
+fi
 [ -f "$dest/bench.txt" ] && cat "$dest/bench.txt"
 exit $status

@@ -2,7 +2,8 @@
 # Builds qmoe and runs every test: the GoogleTest suite and the Python suites (CLI behaviour,
 # onnxruntime conformance; the qmoe Python package, torch operator and transformers models
 # against the module built into build/python) through ctest, then the CPU suite again under
-# AddressSanitizer and UndefinedBehaviorSanitizer. Exits non-zero if anything fails.
+# AddressSanitizer and UndefinedBehaviorSanitizer, the concurrency tests under ThreadSanitizer,
+# and the fuzz targets from their seed corpora. Exits non-zero if anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
