@@ -1,0 +1,159 @@
+"""More transformers MoE models with qmoe blocks: gpt-oss, DeepSeek-V3, GLM-4-MoE, Phi-3.5-MoE,
+Llama-4 and Qwen2-MoE, each tiny and randomly initialised from a local config (nothing
+downloaded), one MoE layer after a dense one where the model allows it. Logits with qmoe INT8 /
+INT4 blocks must match the same model with every quantized weight (routed and shared experts)
+replaced by its dequantized value, in plain torch, within test_torch_models' budgets."""
+
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", reason="transformers not installed")
+if os.environ.get("QMOE_REQUIRE_PYTHON"):
+    import qmoe
+    import qmoe.torch as qt
+else:
+    qmoe = pytest.importorskip("qmoe",
+                               reason="qmoe Python module not built (PYTHONPATH=build/python)")
+    import qmoe.torch as qt
+
+from test_torch_models import BUDGET, HAVE_GPU, rel  # noqa: E402
+
+H, I, E = 64, 64, 8
+BASE = dict(vocab_size=128, hidden_size=H, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=64)
+# Every layer of these is an MoE layer (the others have a dense first layer).
+ALL_MOE = {"gpt_oss", "phimoe"}
+
+
+# gpt-oss: swiglu_limit 0.3 (the model has 7) so that the clamps act on these small weights.
+def config(kind, layers=2):
+    t = transformers
+    COMMON = dict(BASE, num_hidden_layers=layers)
+    if kind == "gpt_oss":
+        return t.GptOssConfig(intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
+                              head_dim=16, sliding_window=8, swiglu_limit=0.3,
+                              rope_parameters=dict(rope_type="default", rope_theta=1e4),
+                              **COMMON), t.GptOssForCausalLM
+    if kind in ("deepseek_v3", "glm4_moe"):
+        moe = dict(moe_intermediate_size=I, intermediate_size=2 * I, n_routed_experts=E,
+                   n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+                   first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5)
+        if kind == "glm4_moe":
+            return t.Glm4MoeConfig(head_dim=16, **moe, **COMMON), t.Glm4MoeForCausalLM
+        return t.DeepseekV3Config(q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
+                                  qk_nope_head_dim=8, v_head_dim=16, **moe, **COMMON), \
+            t.DeepseekV3ForCausalLM
+    if kind == "phimoe":
+        return t.PhimoeConfig(intermediate_size=I, num_local_experts=E, num_experts_per_tok=2,
+                              **COMMON), t.PhimoeForCausalLM
+    if kind == "llama4":
+        return t.Llama4TextConfig(intermediate_size=I, intermediate_size_mlp=2 * I,
+                                  num_local_experts=E, num_experts_per_tok=1, head_dim=16,
+                                  moe_layers=[1], **COMMON), t.Llama4ForCausalLM
+    return t.Qwen2MoeConfig(moe_intermediate_size=I, shared_expert_intermediate_size=2 * I,
+                            intermediate_size=2 * I, num_experts=E, num_experts_per_tok=2,
+                            mlp_only_layers=[0], **COMMON), t.Qwen2MoeForCausalLM
+
+
+KINDS = ["gpt_oss", "deepseek_v3", "glm4_moe", "phimoe", "llama4", "qwen2_moe"]
+# Expert weights stored y = x W (the input dimension first): quantized along it, so the reference
+# dequantizes their transpose.
+TRANSPOSED = {"GptOssMLP", "Llama4TextMoe"}
+
+
+def build(kind, seed, layers=2):
+    torch.manual_seed(seed)
+    cfg, cls = config(kind, layers)
+    model = cls(cfg).eval()
+    # Spread the routers (random init leaves near-ties that any rounding flips) and give the
+    # experts, their biases and DeepSeek's correction bias visible values.
+    with torch.no_grad():
+        for name, block in model.named_modules():
+            if type(block).__name__ not in qt.ADAPTERS:
+                continue
+            for pname, p in block.named_parameters():
+                if "experts" not in pname and "shared" not in pname:
+                    p.normal_(0, 0.5)  # router weight / bias
+                else:
+                    p.normal_(0, 0.05)
+            for bname, b in block.named_buffers():
+                if bname.endswith("e_score_correction_bias"):
+                    b.normal_(0, 0.1)
+    return model
+
+
+def _dequantize(p, f, transposed):
+    w = p.detach().float().cpu()
+    w = w.transpose(-1, -2) if transposed else w
+    w3 = w if w.dim() == 3 else w[None]
+    d = torch.from_numpy(qmoe.dequantize_fc(qmoe.quantize_fc(w3.numpy(), f), f, *w3.shape))
+    d = d.reshape(w.shape)
+    p.copy_(d.transpose(-1, -2) if transposed else d)
+
+
+def dequantize_experts(model, fmt, block_size):
+    """The model with every weight qmoe quantizes replaced by dequant(quant(w)): the fused
+    routed experts and the shared-expert MLPs (biases and routers stay as they are)."""
+    ref = copy.deepcopy(model)
+    f = qmoe.fc_format(fmt, block_size)
+    with torch.no_grad():
+        for _, block in ref.named_modules():
+            name = type(block).__name__
+            if name not in qt.ADAPTERS:
+                continue
+            for pname in ("gate_up_proj", "down_proj"):
+                _dequantize(getattr(block.experts, pname), f, name in TRANSPOSED)
+            for attr in ("shared_expert", "shared_experts"):
+                mlp = getattr(block, attr, None)
+                for lin in ("gate_proj", "up_proj", "down_proj") if mlp is not None else ():
+                    _dequantize(getattr(mlp, lin).weight, f, False)
+    return ref
+
+
+def quantized_vs_dequantized(model, fmt, block, ids):
+    """rel. error of the logits of `model` with qmoe blocks against its dequantized copy."""
+    ref = dequantize_experts(model, fmt, block)
+    names = qt.replace_moe_blocks(model, format=fmt, block_size=block)
+    assert names and all(isinstance(model.get_submodule(n), qt.QMoEBlock) for n in names)
+    return rel(model(ids).logits, ref(ids).logits)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt,block", [("int8", 64), ("int4", 32)])
+@torch.no_grad()
+def test_tiny_model_cpu_fp32(seed, kind, fmt, block):
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(seed % 2**31))
+    assert quantized_vs_dequantized(build(kind, seed % 2**31), fmt, block, ids) < \
+        BUDGET[torch.float32]
+
+
+@pytest.mark.parametrize("kind", ["gpt_oss", "deepseek_v3", "llama4"])
+@torch.no_grad()
+def test_quantization_is_visible(seed, kind):
+    """The comparison can fail: against the unquantized model, INT4 logits differ measurably."""
+    model = build(kind, seed % 2**31)
+    ref = copy.deepcopy(model)
+    qt.replace_moe_blocks(model, format="int4", block_size=32)
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(seed % 2**31))
+    assert rel(model(ids).logits, ref(ids).logits) > 10 * BUDGET[torch.float32]
+
+
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and a CUDA build of qmoe")
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_tiny_model_gpu_bf16(seed, kind):
+    # One MoE layer (the last): its inputs are the same bits on both sides (see
+    # test_torch_models). Both sides quantize the same bf16 weights.
+    model = build(kind, seed % 2**31, 1 if kind in ALL_MOE else 2).cuda().to(torch.bfloat16)
+    ids = torch.randint(0, 128, (1, 16), device="cuda")
+    assert quantized_vs_dequantized(model, "int4", 32, ids) < BUDGET[torch.bfloat16]
+
+
+def test_phimoe_training_mode_is_refused():
+    model = build("phimoe", 0).train()
+    block = next(m for m in model.modules() if type(m).__name__ == "PhimoeSparseMoeBlock")
+    with pytest.raises(ValueError, match="PhimoeSparseMoeBlock: .*training mode"):
+        qt.quantize_moe_block(block)
