@@ -64,24 +64,27 @@ KINDS = ["gpt_oss", "deepseek_v3", "glm4_moe", "phimoe", "llama4", "qwen2_moe"]
 TRANSPOSED = {"GptOssMLP", "Llama4TextMoe"}
 
 
+def spread(block):
+    """Spreads a block's router (random init leaves near-ties that any rounding flips) and gives
+    its experts, their biases and DeepSeek's correction bias visible values."""
+    for pname, p in block.named_parameters():
+        p.normal_(0, 0.05 if "experts" in pname or "shared" in pname else 0.5)
+    for bname, b in block.named_buffers():
+        if bname.endswith("e_score_correction_bias"):
+            b.normal_(0, 0.1)
+
+
+def adapted_blocks(model):
+    return [m for m in model.modules() if type(m).__name__ in qt.ADAPTERS]
+
+
 def build(kind, seed, layers=2):
     torch.manual_seed(seed)
     cfg, cls = config(kind, layers)
     model = cls(cfg).eval()
-    # Spread the routers (random init leaves near-ties that any rounding flips) and give the
-    # experts, their biases and DeepSeek's correction bias visible values.
     with torch.no_grad():
-        for name, block in model.named_modules():
-            if type(block).__name__ not in qt.ADAPTERS:
-                continue
-            for pname, p in block.named_parameters():
-                if "experts" not in pname and "shared" not in pname:
-                    p.normal_(0, 0.5)  # router weight / bias
-                else:
-                    p.normal_(0, 0.05)
-            for bname, b in block.named_buffers():
-                if bname.endswith("e_score_correction_bias"):
-                    b.normal_(0, 0.1)
+        for block in adapted_blocks(model):
+            spread(block)
     return model
 
 
@@ -94,22 +97,24 @@ def _dequantize(p, f, transposed):
     p.copy_(d.transpose(-1, -2) if transposed else d)
 
 
+def dequantize_block(block, f):
+    """Replaces every weight qmoe quantizes by dequant(quant(w)): the fused routed experts and
+    the shared-expert MLPs (biases and routers stay as they are)."""
+    transposed = type(block).__name__ in TRANSPOSED
+    for pname in ("gate_up_proj", "down_proj"):
+        _dequantize(getattr(block.experts, pname), f, transposed)
+    for attr in ("shared_expert", "shared_experts"):
+        mlp = getattr(block, attr, None)
+        for lin in ("gate_proj", "up_proj", "down_proj") if mlp is not None else ():
+            _dequantize(getattr(mlp, lin).weight, f, False)
+
+
 def dequantize_experts(model, fmt, block_size):
-    """The model with every weight qmoe quantizes replaced by dequant(quant(w)): the fused
-    routed experts and the shared-expert MLPs (biases and routers stay as they are)."""
+    """A copy of the model with every adapted block dequantized (the reference)."""
     ref = copy.deepcopy(model)
-    f = qmoe.fc_format(fmt, block_size)
     with torch.no_grad():
-        for _, block in ref.named_modules():
-            name = type(block).__name__
-            if name not in qt.ADAPTERS:
-                continue
-            for pname in ("gate_up_proj", "down_proj"):
-                _dequantize(getattr(block.experts, pname), f, name in TRANSPOSED)
-            for attr in ("shared_expert", "shared_experts"):
-                mlp = getattr(block, attr, None)
-                for lin in ("gate_proj", "up_proj", "down_proj") if mlp is not None else ():
-                    _dequantize(getattr(mlp, lin).weight, f, False)
+        for block in adapted_blocks(ref):
+            dequantize_block(block, qmoe.fc_format(fmt, block_size))
     return ref
 
 
@@ -150,6 +155,47 @@ def test_tiny_model_gpu_bf16(seed, kind):
     model = build(kind, seed % 2**31, 1 if kind in ALL_MOE else 2).cuda().to(torch.bfloat16)
     ids = torch.randint(0, 128, (1, 16), device="cuda")
     assert quantized_vs_dequantized(model, "int4", 32, ids) < BUDGET[torch.bfloat16]
+
+
+# Blocks transformers defines as one of the above under another name (a subclass adding nothing
+# or the same code): block name -> (model module, config class).
+SAME_BLOCKS = {
+    "FlexOlmoSparseMoeBlock": ("flex_olmo", "FlexOlmoConfig"),
+    "Qwen3VLMoeTextSparseMoeBlock": ("qwen3_vl_moe", "Qwen3VLMoeTextConfig"),
+    "Qwen3OmniMoeThinkerTextSparseMoeBlock": ("qwen3_omni_moe", "Qwen3OmniMoeTextConfig"),
+    "Qwen3NextSparseMoeBlock": ("qwen3_next", "Qwen3NextConfig"),
+    "Dots1MoE": ("dots1", "Dots1Config"),
+    "Glm4MoeLiteMoE": ("glm4_moe_lite", "Glm4MoeLiteConfig"),
+    "Glm4vMoeTextMoE": ("glm4v_moe", "Glm4vMoeTextConfig"),
+    "SolarOpenMoE": ("solar_open", "SolarOpenConfig"),
+    "MiniMaxSparseMoeBlock": ("minimax", "MiniMaxConfig"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_BLOCKS))
+@torch.no_grad()
+def test_same_block_families_cpu_fp32(seed, name):
+    """Block level: each config class names its fields its own way, so every spelling is given
+    (a config keeps the ones it does not know as plain attributes)."""
+    import importlib
+    mod, cfg_name = SAME_BLOCKS[name]
+    modeling = importlib.import_module(f"transformers.models.{mod}.modeling_{mod}")
+    config_mod = importlib.import_module(f"transformers.models.{mod}.configuration_{mod}")
+    n = dict(num_experts=E, num_local_experts=E, n_routed_experts=E)
+    i = dict(moe_intermediate_size=I, intermediate_size=I, shared_expert_intermediate_size=2 * I)
+    cfg = getattr(config_mod, cfg_name)(hidden_size=H, num_experts_per_tok=2, n_shared_experts=1,
+                                        n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                        hidden_act="silu", **n, **i)
+    torch.manual_seed(seed % 2**31)
+    block = getattr(modeling, name)(cfg).eval()
+    spread(block)
+    x = torch.randn(2, 10, H)
+    for fmt, bs in (("int8", 64), ("int4", 32)):
+        ref = copy.deepcopy(block)
+        dequantize_block(ref, qmoe.fc_format(fmt, bs))
+        want = ref(x)
+        got = qt.quantize_moe_block(block, format=fmt, block_size=bs)(x)
+        assert rel(got, want) < BUDGET[torch.float32], fmt
 
 
 def test_phimoe_training_mode_is_refused():

@@ -177,16 +177,32 @@ def _llama4(block):
 
 
 _QWEN = ("gate_proj", "up_proj", "down_proj")
+_MIXTRAL = ("w1", "w3", "w2")
 
-# Block class name -> adapter.
+
+def _always(block):  # routers that renormalize the k weights unconditionally
+    return True
+
+
+# Block class name -> adapter. Second names in a row are the same block under another model's
+# name (transformers subclasses adding nothing, or copies).
 ADAPTERS = {
     "Qwen3MoeSparseMoeBlock": _softmax_family(_QWEN, _norm_topk),
+    "Qwen3VLMoeTextSparseMoeBlock": _softmax_family(_QWEN, _always),
+    "Qwen3OmniMoeThinkerTextSparseMoeBlock": _softmax_family(_QWEN, _norm_topk),
     "OlmoeSparseMoeBlock": _softmax_family(_QWEN, _norm_topk),
-    "MixtralSparseMoeBlock": _softmax_family(("w1", "w3", "w2"), lambda block: True),
+    "FlexOlmoSparseMoeBlock": _softmax_family(_QWEN, _norm_topk),
+    "MixtralSparseMoeBlock": _softmax_family(_MIXTRAL, _always),
+    "MiniMaxSparseMoeBlock": _softmax_family(_MIXTRAL, _always),
     "Qwen2MoeSparseMoeBlock": _qwen2_moe,
+    "Qwen3NextSparseMoeBlock": _qwen2_moe,
     "GptOssMLP": _gpt_oss,
     "DeepseekV3MoE": _deepseek_v3,
     "Glm4MoeMoE": _deepseek_v3,
+    "Glm4MoeLiteMoE": _deepseek_v3,
+    "Glm4vMoeTextMoE": _deepseek_v3,
+    "Dots1MoE": _deepseek_v3,
+    "SolarOpenMoE": _deepseek_v3,
     "PhimoeSparseMoeBlock": _phimoe,
     "Llama4TextMoe": _llama4,
 }
