@@ -203,3 +203,24 @@ def test_phimoe_training_mode_is_refused():
     block = next(m for m in model.modules() if type(m).__name__ == "PhimoeSparseMoeBlock")
     with pytest.raises(ValueError, match="PhimoeSparseMoeBlock: .*training mode"):
         qt.quantize_moe_block(block)
+
+
+@torch.no_grad()
+def test_refused_blocks_are_named_with_the_reason():
+    cfg = transformers.DeepseekV2Config(moe_intermediate_size=I, intermediate_size=2 * I,
+                                        n_routed_experts=E, num_experts_per_tok=2,
+                                        first_k_dense_replace=1, q_lora_rank=None,
+                                        kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                        v_head_dim=16, **dict(BASE, num_hidden_layers=2))
+    model = transformers.DeepseekV2ForCausalLM(cfg).eval()
+    block = model.model.layers[1].mlp
+    with pytest.raises(ValueError, match="DeepseekV2Moe is not supported: .*group"):
+        qt.quantize_moe_block(block)
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp \(DeepseekV2Moe\) is not supported"):
+        qt.replace_moe_blocks(model)
+    assert model.model.layers[1].mlp is block  # nothing replaced
+    ernie = transformers.Ernie4_5_MoeConfig(hidden_size=H, moe_intermediate_size=I,
+                                            moe_num_experts=E, moe_k=2)
+    from transformers.models.ernie4_5_moe import modeling_ernie4_5_moe as m
+    with pytest.raises(ValueError, match="Ernie4_5_MoeSparseMoeBlock is not supported: .*bias"):
+        qt.quantize_moe_block(m.Ernie4_5_MoeSparseMoeBlock(ernie))

@@ -206,3 +206,19 @@ ADAPTERS = {
     "PhimoeSparseMoeBlock": _phimoe,
     "Llama4TextMoe": _llama4,
 }
+
+# Blocks whose routing qmoe cannot express, with what it lacks. quantize_moe_block and
+# replace_moe_blocks raise ValueError naming the block and the reason.
+REFUSED = {
+    "DeepseekV2Moe": "routing on softmax probabilities times routed_scaling_factor, with groups "
+                     "ranked by their largest probability (group_limited_greedy); qmoe scales "
+                     "only grouped_topk, whose groups rank by the sum of their two best sigmoid "
+                     "scores",
+    "Ernie4_5_MoeSparseMoeBlock": "selection on softmax probabilities plus a correction bias "
+                                  "(moe_statics); qmoe adds a correction bias only to "
+                                  "grouped_topk's sigmoid scores",
+    "LongcatFlashMoE": "zero-computation (identity) experts and selection on softmax "
+                       "probabilities plus a correction bias",
+    "DeepseekV4SparseMoeBlock": "hash routing (experts chosen by a token-id table) in its first "
+                                "layers; qmoe selects experts from the router logits",
+}

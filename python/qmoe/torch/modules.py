@@ -18,7 +18,7 @@ from torch import nn
 
 from ..layer import Layer
 from ._ops import register_layer, unregister_layer
-from .blocks import ADAPTERS
+from .blocks import ADAPTERS, REFUSED
 
 
 class QMoE(nn.Module):
@@ -102,6 +102,8 @@ def quantize_moe_block(block, format="int4", block_size=None, zero_points=False,
     backend/device default to where the block's weights are; dtype (the activation dtype of
     calls) defaults to theirs. options go to qmoe.Layer (num_threads, tune_file, ...)."""
     name = type(block).__name__
+    if name in REFUSED:
+        raise ValueError(f"quantize_moe_block: {name} is not supported: {REFUSED[name]}")
     if name not in ADAPTERS:
         raise ValueError(f"quantize_moe_block: unsupported block {name}; supported: "
                          f"{', '.join(sorted(ADAPTERS))}")
@@ -119,7 +121,12 @@ def quantize_moe_block(block, format="int4", block_size=None, zero_points=False,
 
 
 def replace_moe_blocks(model, format="int4", block_size=None, zero_points=False, **kwargs):
-    """Replaces every supported MoE block of `model` in place; returns the replaced names."""
+    """Replaces every supported MoE block of `model` in place; returns the replaced names.
+    Raises ValueError, changing nothing, if the model has a block qmoe cannot run (REFUSED)."""
+    for n, m in model.named_modules():
+        if type(m).__name__ in REFUSED:
+            raise ValueError(f"replace_moe_blocks: {n} ({type(m).__name__}) is not supported: "
+                             f"{REFUSED[type(m).__name__]}")
     targets = [(n, m) for n, m in model.named_modules() if type(m).__name__ in ADAPTERS]
     for name, block in targets:
         parent_name, _, attr = name.rpartition(".")
