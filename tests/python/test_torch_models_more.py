@@ -2,7 +2,8 @@
 Llama-4 and Qwen2-MoE, each tiny and randomly initialised from a local config (nothing
 downloaded), one MoE layer after a dense one where the model allows it. Logits with qmoe INT8 /
 INT4 blocks must match the same model with every quantized weight (routed and shared experts)
-replaced by its dequantized value, in plain torch, within test_torch_models' budgets."""
+replaced by its dequantized value, in plain torch, within test_torch_models' budgets: fp32 and
+bf16 on the CPU (measured up to 4e-7 over seeds 0..2 and 7e-3 over 0..5), bf16 on the GPU."""
 
 import copy
 import os
@@ -146,15 +147,27 @@ def test_quantization_is_visible(seed, kind):
     assert rel(model(ids).logits, ref(ids).logits) > 10 * BUDGET[torch.float32]
 
 
+def bf16_model(kind, seed):
+    """One MoE layer (the last): its inputs are then the same bits on both sides (see
+    test_torch_models). Both sides quantize the same bf16 weights."""
+    return build(kind, seed % 2**31, 1 if kind in ALL_MOE else 2).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@torch.no_grad()
+def test_tiny_model_cpu_bf16(seed, kind):
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(seed % 2**31))
+    assert quantized_vs_dequantized(bf16_model(kind, seed), "int4", 32, ids) < \
+        BUDGET[torch.bfloat16]
+
+
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and a CUDA build of qmoe")
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_tiny_model_gpu_bf16(seed, kind):
-    # One MoE layer (the last): its inputs are the same bits on both sides (see
-    # test_torch_models). Both sides quantize the same bf16 weights.
-    model = build(kind, seed % 2**31, 1 if kind in ALL_MOE else 2).cuda().to(torch.bfloat16)
     ids = torch.randint(0, 128, (1, 16), device="cuda")
-    assert quantized_vs_dequantized(model, "int4", 32, ids) < BUDGET[torch.bfloat16]
+    assert quantized_vs_dequantized(bf16_model(kind, seed).cuda(), "int4", 32, ids) < \
+        BUDGET[torch.bfloat16]
 
 
 # Blocks transformers defines as one of the above under another name (a subclass adding nothing
