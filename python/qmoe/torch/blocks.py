@@ -129,7 +129,9 @@ def _qwen2_moe(block):
 def _gpt_oss(block):
     """gpt-oss: logits with a bias, top-k then softmax over the k; fused gate_up [E, H, 2I] with
     gate and up interleaved along 2I, both projections biased; the clamped SwiGLU
-    (up + 1) * g * sigmoid(alpha g), g = min(gate, limit), up clamped to [-limit, limit]."""
+    (up + 1) * g * sigmoid(alpha g), g = min(gate, limit), up clamped to [-limit, limit].
+    The block returns (out, top-k scores), which the decoder layer discards; the QMoEBlock
+    returns (out, router logits) in their place."""
     ex = block.experts
     fc1 = ex.gate_up_proj.detach().transpose(1, 2)  # [E, 2I, H], rows g0, u0, g1, u1, ...
     fc2 = ex.down_proj.detach().transpose(1, 2)
