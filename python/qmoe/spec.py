@@ -60,7 +60,8 @@ def make_spec(hidden, inter, num_experts, *, top_k, format="int4", block_size=No
               fc1_bias=False, fc2_bias=False, fc3_bias=False, **routing_fields):
     """A LayerSpec from keywords. `format` (a name or an FcFormat) applies to every FC unless
     fc2_format says otherwise; routing_fields sets further RoutingSpec fields (n_group,
-    topk_group, routed_scaling_factor, sparse_mixer_eps, ties, combine)."""
+    topk_group, routed_scaling_factor, sparse_mixer_eps, ties, combine) or ActivationSpec fields
+    (alpha, beta, limit, limit_after_activation)."""
     s = LayerSpec()
     s.hidden, s.inter, s.num_experts = int(hidden), int(inter), int(num_experts)
     fc = format if isinstance(format, FcFormat) else fc_format(format, block_size, zero_points)
@@ -77,6 +78,9 @@ def make_spec(hidden, inter, num_experts, *, top_k, format="int4", block_size=No
     r.normalize = bool(normalize)
     r.num_shared = int(num_shared)
     for key, value in routing_fields.items():
+        if key in ("alpha", "beta", "limit", "limit_after_activation"):
+            setattr(a, key, value)
+            continue
         if not hasattr(r, key):
             raise TypeError(f"make_spec: unknown keyword {key!r}")
         if key == "ties":

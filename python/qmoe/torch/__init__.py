@@ -3,4 +3,5 @@
 Importing this package registers torch.ops.qmoe.moe_forward and moe_forward_out."""
 
 from ._ops import get_layer, moe_forward, moe_forward_out, register_layer, unregister_layer  # noqa
-from .modules import ADAPTERS, QMoE, QMoEBlock, quantize_moe_block, replace_moe_blocks  # noqa
+from .modules import (ADAPTERS, REFUSED, QMoE, QMoEBlock, quantize_moe_block,  # noqa
+                      replace_moe_blocks)

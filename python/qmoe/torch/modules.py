@@ -7,8 +7,8 @@ state_dict() is empty; prepare a new one to move it.
 
 quantize_moe_block() builds a QMoEBlock from a transformers MoE block: the block's router is kept
 as it is (a linear layer) and its experts are quantized into one qmoe layer with the model's own
-routing method. Supported blocks (ADAPTERS) take two weight layouts: transformers 5's fused
-experts (gate_up_proj [E, 2I, H], down_proj [E, H, I]) and transformers 4's ModuleList of MLPs."""
+routing and activation; shared experts, where the model has them, into a second one. ADAPTERS
+(blocks.py) lists the supported blocks and says how each maps."""
 
 import weakref
 
@@ -18,6 +18,7 @@ from torch import nn
 
 from ..layer import Layer
 from ._ops import register_layer, unregister_layer
+from .blocks import ADAPTERS, REFUSED
 
 
 class QMoE(nn.Module):
@@ -45,58 +46,53 @@ class QMoE(nn.Module):
 
 
 class QMoEBlock(nn.Module):
-    """A transformers MoE block with qmoe experts: the original router, then one qmoe call.
-    Returns what the replaced block returned (transformers 4 blocks also return the logits)."""
+    """A transformers MoE block with qmoe experts: the original router, then one qmoe call (two
+    with shared experts). Returns what the replaced block returned (some blocks also return the
+    router logits)."""
 
-    def __init__(self, router_weight, moe, returns_logits):
+    def __init__(self, router_weight, moe, returns_logits, *, router_bias=None,
+                 router_fp32=False, shared=None, shared_gate=None):
         super().__init__()
-        self.router_weight = nn.Parameter(router_weight.detach().clone(), requires_grad=False)
+
+        def frozen(t):
+            return None if t is None else nn.Parameter(t.detach().clone(), requires_grad=False)
+
+        self.router_weight = frozen(router_weight)
+        self.router_bias = frozen(router_bias)
+        self.router_fp32 = router_fp32
         self.moe = moe
+        self.shared = shared
+        self.shared_gate = frozen(shared_gate)
         self.returns_logits = returns_logits
 
     def forward(self, hidden_states):
         shape = hidden_states.shape
         flat = hidden_states.reshape(-1, shape[-1])
-        logits = F.linear(flat, self.router_weight)
-        out = self.moe(flat, logits).reshape(shape)
+        if self.router_fp32:  # the model's own router runs in fp32 (qmoe takes f32 logits)
+            logits = F.linear(flat.float(), self.router_weight.float())
+        else:
+            logits = F.linear(flat, self.router_weight, self.router_bias)
+        out = self.moe(flat, logits)
+        if self.shared is not None:
+            if self.shared_gate is None:  # weight exp(0) / exp(0) = 1 over the one expert
+                shared_logits = flat.new_zeros(flat.shape[0], 1)
+            else:  # weight sigmoid(gate logit)
+                shared_logits = F.linear(flat, self.shared_gate)
+            out = out + self.shared(flat, shared_logits)
+        out = out.reshape(shape)
         return (out, logits) if self.returns_logits else out
 
 
-def _is_silu(act):
-    return "silu" in type(act).__name__.lower()
-
-
-def _swiglu_experts(block, gate_name, up_name, down_name):
-    """(fc1 [E, 2I, H] gate rows then up rows, fc2 [E, H, I], returns_logits) of a block."""
-    experts = block.experts
-    if hasattr(experts, "gate_up_proj"):  # transformers 5: fused 3-D parameters
-        if not _is_silu(experts.act_fn):
-            raise ValueError(f"{type(block).__name__}: expected a SiLU expert activation, got "
-                             f"{type(experts.act_fn).__name__}")
-        return experts.gate_up_proj.detach(), experts.down_proj.detach(), False
-    mlps = list(experts)  # transformers 4: a ModuleList of MLPs
-    if not all(_is_silu(m.act_fn) for m in mlps):
-        raise ValueError(f"{type(block).__name__}: expected SiLU expert activations")
-    fc1 = torch.stack([torch.cat([getattr(m, gate_name).weight, getattr(m, up_name).weight])
-                       for m in mlps]).detach()
-    fc2 = torch.stack([getattr(m, down_name).weight for m in mlps]).detach()
-    return fc1, fc2, True
-
-
-def _norm_topk(block):
-    for owner in (block.gate, block):
-        if hasattr(owner, "norm_topk_prob"):
-            return bool(owner.norm_topk_prob)
-    raise ValueError(f"{type(block).__name__}: no norm_topk_prob attribute found")
-
-
-# Block class name -> (expert weight names in transformers 4, routing normalization of the model).
-# All three route as softmax over every expert (fp32), top-k, then optionally renormalize.
-ADAPTERS = {
-    "Qwen3MoeSparseMoeBlock": (("gate_proj", "up_proj", "down_proj"), _norm_topk),
-    "OlmoeSparseMoeBlock": (("gate_proj", "up_proj", "down_proj"), _norm_topk),
-    "MixtralSparseMoeBlock": (("w1", "w3", "w2"), lambda block: True),
-}
+def _prepare(experts, format, block_size, zero_points, backend, device, dtype, options):
+    fc1 = experts.fc1
+    dtype = dtype or fc1.dtype
+    # Biases are in the activation dtype (a torch dtype here; a qmoe dtype name keeps theirs).
+    biases = {k: v.to(dtype) if isinstance(dtype, torch.dtype) else v
+              for k, v in experts.biases.items()}
+    return QMoE(Layer.from_float(fc1.float(), experts.fc2.float(), format=format,
+                                 block_size=block_size, zero_points=zero_points, dtype=dtype,
+                                 biases=biases or None, backend=backend, device=device,
+                                 **experts.layer_kwargs, **options))
 
 
 def quantize_moe_block(block, format="int4", block_size=None, zero_points=False, *,
@@ -106,27 +102,31 @@ def quantize_moe_block(block, format="int4", block_size=None, zero_points=False,
     backend/device default to where the block's weights are; dtype (the activation dtype of
     calls) defaults to theirs. options go to qmoe.Layer (num_threads, tune_file, ...)."""
     name = type(block).__name__
+    if name in REFUSED:
+        raise ValueError(f"quantize_moe_block: {name} is not supported: {REFUSED[name]}")
     if name not in ADAPTERS:
         raise ValueError(f"quantize_moe_block: unsupported block {name}; supported: "
                          f"{', '.join(sorted(ADAPTERS))}")
-    names, normalize = ADAPTERS[name]
-    fc1, fc2, returns_logits = _swiglu_experts(block, *names)
-    router = block.gate.weight
-    top_k = getattr(block.gate, "top_k", None) or getattr(block, "top_k")
+    plan = ADAPTERS[name](block)
+    fc1 = plan.routed.fc1
     if backend is None:
         backend = "cuda" if fc1.is_cuda else "cpu"
     if device is None:
         device = (fc1.device.index or 0) if fc1.is_cuda else 0
-    layer = Layer.from_float(fc1.float(), fc2.float(), top_k=int(top_k), format=format,
-                             block_size=block_size, zero_points=zero_points,
-                             routing="softmax_topk", normalize=normalize(block),
-                             activation="swiglu", glu="concatenated",
-                             dtype=dtype or fc1.dtype, backend=backend, device=device, **options)
-    return QMoEBlock(router, QMoE(layer), returns_logits)
+    args = (format, block_size, zero_points, backend, device, dtype, options)
+    shared = None if plan.shared is None else _prepare(plan.shared, *args)
+    return QMoEBlock(plan.router_weight, _prepare(plan.routed, *args), plan.returns_logits,
+                     router_bias=plan.router_bias, router_fp32=plan.router_fp32, shared=shared,
+                     shared_gate=plan.shared_gate)
 
 
 def replace_moe_blocks(model, format="int4", block_size=None, zero_points=False, **kwargs):
-    """Replaces every supported MoE block of `model` in place; returns the replaced names."""
+    """Replaces every supported MoE block of `model` in place; returns the replaced names.
+    Raises ValueError, changing nothing, if the model has a block qmoe cannot run (REFUSED)."""
+    for n, m in model.named_modules():
+        if type(m).__name__ in REFUSED:
+            raise ValueError(f"replace_moe_blocks: {n} ({type(m).__name__}) is not supported: "
+                             f"{REFUSED[type(m).__name__]}")
     targets = [(n, m) for n, m in model.named_modules() if type(m).__name__ in ADAPTERS]
     for name, block in targets:
         parent_name, _, attr = name.rpartition(".")
