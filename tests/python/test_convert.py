@@ -82,8 +82,17 @@ def dense_tensors(cfg, rng):
     return t
 
 
-def float_model(cfg, rng):
-    """bf16 weights: ({tensor: Tagged}, {layer: (router [E, H], gate, up, down as f64 arrays)})."""
+def _as(values, dtype):
+    """(stored tensor, its exact f64 value) in bf16 (Tagged), fp16 or fp32."""
+    if dtype == BF16:
+        t = bf16(values)
+        return t, bf16_to_f32(t.bits).astype(np.float64)
+    a = np.asarray(values).astype(dtype)
+    return a, a.astype(np.float64)
+
+
+def float_model(cfg, rng, dtype=BF16):
+    """Float weights: ({tensor: array}, {layer: (router [E, H], gate, up, down as f64 arrays)})."""
     tensors, ref = {}, {}
     for layer in moe_layers(cfg):
         r = bf16(rng.standard_normal((E, H)))
@@ -92,9 +101,9 @@ def float_model(cfg, rng):
         for e in range(E):
             _, g, u, d = names(cfg, layer, e)
             for name, shape, out in ((g, (I, H), gates), (u, (I, H), ups), (d, (H, I), downs)):
-                w = bf16(rng.standard_normal(shape) / math.sqrt(shape[1]))
+                w, exact = _as(rng.standard_normal(shape) / math.sqrt(shape[1]), dtype)
                 tensors[name + ".weight"] = w
-                out.append(bf16_to_f32(w.bits).astype(np.float64))
+                out.append(exact)
         ref[layer] = (bf16_to_f32(r.bits).astype(np.float64), np.stack(gates), np.stack(ups),
                       np.stack(downs))
     return tensors, ref
@@ -295,19 +304,24 @@ def test_gptq_act_order_is_refused(cli, tmp_path, rng):
 # Float checkpoints: quantized with qmoe's quantizers
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,fmt,flags,budget", [
-    ("qwen3_moe", "int4", ["--block", "32"], INT4_BUDGET),
-    ("mixtral", "int8", ["--block", "32", "--zero-points"], INT8_BUDGET),
-    ("qwen3_moe", "int8", ["--block", "0", "--scale-dtype", "bf16"], INT8_BUDGET),
+@pytest.mark.parametrize("arch,src,fmt,flags,budget", [
+    ("qwen3_moe", "bf16", "int4", ["--block", "32"], INT4_BUDGET),
+    ("mixtral", "bf16", "int8", ["--block", "32", "--zero-points"], INT8_BUDGET),
+    ("qwen3_moe", "bf16", "int8", ["--block", "0", "--scale-dtype", "bf16"], INT8_BUDGET),
+    ("mixtral", "fp16", "int4", ["--block", "64", "--zero-points", "--fc2-format", "int8",
+                            "--fc2-block", "64"],
+     INT4_BUDGET),
+    ("qwen3_moe", "fp32", "int8", ["--block", "16", "--scale-dtype", "f16"], INT8_BUDGET),
 ])
-def test_bf16_quantizes_within_budget(cli, tmp_path, rng, arch, fmt, flags, budget):
+def test_float_quantizes_within_budget(cli, tmp_path, rng, arch, src, fmt, flags, budget):
     base = (qwen_config(layers=3, norm=False, decoder_sparse_step=1, mlp_only_layers=[1])
             if arch == "qwen3_moe" else mixtral_config())
-    tensors, ref = float_model(base, rng)
+    dtype = {"bf16": BF16, "fp16": np.float16, "fp32": np.float32}[src]
+    tensors, ref = float_model(base, rng, dtype)
     tensors.update(dense_tensors(base, rng))
     write_checkpoint(tmp_path / "ckpt", base, tensors, shards=3)
     out = tmp_path / "pack.safetensors"
-    convert_ok(cli, tmp_path / "ckpt", out, "bf16", "--format", fmt, *flags)
+    convert_ok(cli, tmp_path / "ckpt", out, src, "--format", fmt, *flags)
     t, meta = read_safetensors(out)
     assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(base)))
     for layer, (router, gate, up, down) in ref.items():
@@ -416,9 +430,60 @@ def test_hostile_config_and_arguments(cli, tmp_path, rng):
     # The default block (128) does not divide this checkpoint's hidden size: named, before work.
     r = run_cli(cli, ["convert", "--from", "bf16", ckpt, "-o", tmp_path / "p.safetensors"])
     assert r.returncode == 2 and "block" in r.stderr, r.stderr
+    # FC blocks a layer's single block_size attribute cannot express: refused before any work.
+    r = convert(cli, ckpt, tmp_path / "p.safetensors", "bf16", "--block", "32", "--fc2-block", "64")
+    assert r.returncode == 4 and "block" in r.stderr and not (tmp_path / "p.safetensors").exists()
     # An output folder that does not exist is refused before anything is read.
     r = convert(cli, tmp_path / "absent", tmp_path / "no" / "p.safetensors", "bf16")
     assert r.returncode in (2, 3) and "--output" in r.stderr, r.stderr
     # An unknown architecture names model_type.
     (ckpt / "config.json").write_text(json.dumps(dict(cfg, model_type="llama")))
     _expect_failure(cli, tmp_path, ckpt, 4, ["config.json", "model_type 'llama'"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A large synthetic checkpoint for measuring the conversion rate (not a test):
+#   python3 tests/python/test_convert.py DIR LAYERS  ->  DIR holds a Qwen3-30B-A3B-shaped bf16
+#   checkpoint of LAYERS MoE layers (1.2 GB each, one shard per layer), then
+#   qmoe convert --from bf16 DIR -o pack.safetensors
+# ---------------------------------------------------------------------------------------------
+
+def write_large_qwen3(out: Path, layers: int, seed: int = 0):
+    import struct
+    h, i, e = 2048, 768, 128
+    rng = np.random.default_rng(seed)
+    # Eight distinct experts, reused: the converter's work does not depend on the values.
+    pool = [tuple(bf16(rng.standard_normal(s) / math.sqrt(s[1])).bits
+                  for s in ((i, h), (i, h), (h, i))) for _ in range(8)]
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": "qwen3_moe", "hidden_size": h, "moe_intermediate_size": i,
+           "num_experts": e, "num_experts_per_tok": 8, "norm_topk_prob": True,
+           "num_hidden_layers": layers, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "hidden_act": "silu"}
+    (out / "config.json").write_text(json.dumps(cfg))
+    weight_map = {}
+    for layer in range(layers):
+        shard = f"model-{layer + 1:05d}-of-{layers:05d}.safetensors"
+        items = [(f"model.layers.{layer}.mlp.gate.weight", bf16(rng.standard_normal((e, h))).bits)]
+        for j in range(e):
+            p = f"model.layers.{layer}.mlp.experts.{j}."
+            items += list(zip((p + "gate_proj.weight", p + "up_proj.weight",
+                               p + "down_proj.weight"), pool[(j * 7 + layer) % 8]))
+        header, offset = {}, 0
+        for name, a in items:
+            header[name] = {"dtype": "BF16", "shape": list(a.shape),
+                            "data_offsets": [offset, offset + a.nbytes]}
+            offset += a.nbytes
+            weight_map[name] = shard
+        text = json.dumps(header).encode()
+        text += b" " * ((8 - len(text) % 8) % 8)
+        with open(out / shard, "wb") as f:  # streamed: one tensor in memory at a time
+            f.write(struct.pack("<Q", len(text)) + text)
+            for _, a in items:
+                f.write(a.tobytes())
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+if __name__ == "__main__":
+    import sys
+    write_large_qwen3(Path(sys.argv[1]), int(sys.argv[2]))

@@ -38,10 +38,13 @@ Status float_formats(const ConvertArgs& a, LayerSpec* spec) {
   Status s = apply_format_flags(a.formats, "checkpoint", spec);
   if (!s.is_ok()) {
     std::string m = s.message();
-    if (m.rfind("preset checkpoint: ", 0) == 0) m = m.substr(7);
+    const std::string tag = "preset checkpoint: ";
+    if (m.rfind(tag, 0) == 0) m = m.substr(tag.size());
     return Status(s.code(), a.src + ": " + m);
   }
-  return Status::ok();
+  // A pack layer must be expressible as a layer file (e.g. one block size for both FCs).
+  std::map<std::string, std::string> metadata;
+  return layer_file_metadata(*spec, &metadata);
 }
 
 int convert(const ConvertArgs& a) {
