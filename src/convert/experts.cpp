@@ -1,5 +1,6 @@
 #include "convert/experts.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -135,15 +136,25 @@ void transcode(const ProjTensors& p, const GptqConfig& g, int64_t row0, int64_t 
   const size_t ssize = dtype_size(p.scales.dtype);
   const uint32_t mid = 1u << (bits - 1), top = (1u << bits) - 1u;
   const auto* scales = static_cast<const uint8_t*>(p.scales.data);
+  // A GPTQ word holds p consecutive k of one n, code j in bits [b*j, b*j + b): read as 4
+  // little-endian bytes that is exactly qmoe's row layout (int4: low nibble = even k; int8: one
+  // byte per k). So the codes move as a transpose of 32-bit words, qweight[r, n] -> word r of row
+  // n, in tiles so that both sides stay in cache.
+  const auto* qweight = static_cast<const uint32_t*>(p.qweight.data);
+  const int64_t words = p.k / per;
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < words; r0 += kTile) {
+    for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
+      for (int64_t r = r0; r < std::min(words, r0 + kTile); ++r) {
+        for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
+          std::memcpy(fc->weight.data() + (row0 + n * stride) * row_bytes + r * 4,
+                      qweight + r * p.n + n, 4);
+        }
+      }
+    }
+  }
   for (int64_t n = 0; n < p.n; ++n) {
     const int64_t row = row0 + n * stride;
-    uint8_t* w = fc->weight.data() + row * row_bytes;
-    std::memset(w, 0, static_cast<size_t>(row_bytes));
-    for (int64_t r = 0; r < p.k / per; ++r) {
-      const auto word =
-          static_cast<uint32_t>(static_cast<const int32_t*>(p.qweight.data)[r * p.n + n]);
-      for (int64_t j = 0; j < per; ++j) put_code(w, r * per + j, bits, (word >> (bits * j)) & top);
-    }
     for (int64_t G = 0; G < groups; ++G) {
       std::memcpy(fc->scales.data() + (row * groups + G) * ssize, scales + (G * p.n + n) * ssize,
                   ssize);
