@@ -2,11 +2,15 @@
 // layer spec each architecture maps onto, and the new safetensors dtypes.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "convert/checkpoint.h"
 #include "qmoe/convert.h"
+#include "test_util.h"
 
 namespace qmoe {
 namespace {
@@ -132,6 +136,31 @@ TEST(ConvertSource, Names) {
   ASSERT_TRUE(parse_source_format("gptq", &f));
   EXPECT_EQ(f, SourceFormat::kGptq);
   EXPECT_FALSE(parse_source_format("awq", &f));
+}
+
+class ConvertFiles : public test::TempDirTest {};
+
+// Dropping the pages under a view (the converter does it after each expert) leaves the view
+// readable: the pages come back from the file.
+TEST_F(ConvertFiles, ReleasedViewsReadBackFromTheFile) {
+  std::vector<uint16_t> a(3 * 4096 + 5), b(100);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint16_t>(i + 7);
+  const std::string p = path("r.safetensors");
+  ASSERT_TRUE(write_safetensors(p, {{"a", TensorView(a.data(), DType::kBF16, {int64_t(a.size())})},
+                                    {"b", TensorView(b.data(), DType::kU16, {100})}})
+                  .is_ok());
+  std::unique_ptr<SafetensorsFile> f;
+  ASSERT_TRUE(SafetensorsFile::open(p, &f).is_ok());
+  TensorView va, vb;
+  ASSERT_TRUE(f->get("a", &va).is_ok());
+  ASSERT_TRUE(f->get("b", &vb).is_ok());
+  EXPECT_EQ(std::memcmp(va.data, a.data(), a.size() * 2), 0);
+  f->release(va);
+  f->release(TensorView(b.data(), DType::kU16, {100}));  // not in the mapping: ignored
+  EXPECT_EQ(std::memcmp(va.data, a.data(), a.size() * 2), 0);
+  EXPECT_EQ(std::memcmp(vb.data, b.data(), b.size() * 2), 0);
+  EXPECT_EQ(b[99], 106);
 }
 
 }  // namespace

@@ -132,4 +132,11 @@ Status Checkpoint::expect(const std::string& name, DType dtype,
   return Status::ok();
 }
 
+void Checkpoint::release(const TensorView& view) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : shards_) {
+    if (kv.second) kv.second->release(view);
+  }
+}
+
 }  // namespace qmoe::convert

@@ -25,6 +25,8 @@ class Checkpoint {
   // The tensor's view (mapping its shard on first use); *file receives the shard's path.
   // Thread-safe.
   Status tensor(const std::string& name, TensorView* out, std::string* file) const;
+  // Drops the mapped pages under a view read from one of the shards (SafetensorsFile::release).
+  void release(const TensorView& view) const;
   // The same, checking dtype and shape; the message names file, tensor, expected and found.
   Status expect(const std::string& name, DType dtype, std::initializer_list<int64_t> shape,
                 TensorView* out) const;

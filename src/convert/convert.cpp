@@ -101,10 +101,11 @@ Status pack_metadata(const convert::Checkpoint& c, const ConvertOptions& o, cons
   return Status::ok();
 }
 
-Status convert_layer(const LayerSource& l, const ConvertOptions& o, const MoeModelConfig& cfg,
-                     cpu::ThreadPool* pool, std::vector<ExpertScratch>* scratch, PackWriter* w,
-                     ConvertReport* r) {
+Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, const ConvertOptions& o,
+                     const MoeModelConfig& cfg, cpu::ThreadPool* pool,
+                     std::vector<ExpertScratch>* scratch, PackWriter* w, ConvertReport* r) {
   QMOE_RETURN_IF_ERROR(write_router(w, l));
+  ckpt.release(l.router);
   std::mutex mu;
   Status first;
   pool->parallel_for(cfg.num_experts, [&](int64_t e, int worker) {
@@ -114,6 +115,7 @@ Status convert_layer(const LayerSource& l, const ConvertOptions& o, const MoeMod
         convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg.gptq, &s, &stats);
     if (st.is_ok()) st = write_fc(w, l.index, kFc1Names, s.fc1, e);
     if (st.is_ok()) st = write_fc(w, l.index, kFc2Names, s.fc2, e);
+    convert::release_expert(ckpt, l.experts[static_cast<size_t>(e)]);
     std::lock_guard<std::mutex> lock(mu);
     if (!st.is_ok() && first.is_ok()) first = st;
     if (stats.requantized) {
@@ -181,7 +183,7 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   int64_t total = 0;
   for (const LayerSource& l : layers) total += l.source_bytes;
   for (size_t i = 0; i < layers.size(); ++i) {
-    QMOE_RETURN_IF_ERROR(convert_layer(layers[i], o, cfg, &pool, &scratch, &w, &r));
+    QMOE_RETURN_IF_ERROR(convert_layer(*ckpt, layers[i], o, cfg, &pool, &scratch, &w, &r));
     r.source_bytes += layers[i].source_bytes;
     if (o.progress) {
       const double sec =

@@ -279,6 +279,14 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
   return Status::ok();
 }
 
+void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
+  for (const ProjTensors* p : {&t.gate, &t.up, &t.down}) {
+    for (const TensorView* v : {&p->weight, &p->qweight, &p->qzeros, &p->scales}) {
+      if (v->present()) ckpt.release(*v);
+    }
+  }
+}
+
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const GptqConfig& gptq,
                       ExpertScratch* s, ExpertStats* stats) {
   const int64_t inter = t.gate.n, hidden = t.gate.k;

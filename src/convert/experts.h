@@ -66,6 +66,9 @@ struct ExpertScratch {
   std::vector<float> w1, w2;
 };
 
+// Drops the mapped pages of every tensor of one expert (it has been converted).
+void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);
+
 // Converts one expert into scratch->fc1 / fc2 (allocated by the caller for one expert in the
 // target formats).
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const GptqConfig& gptq,
