@@ -74,6 +74,7 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
   if (is_file(index_path)) {
     QMOE_RETURN_IF_ERROR(read_text(index_path, &text));
     QMOE_RETURN_IF_ERROR(parse_index(text, index_path, &c->shard_of_));
+    c->listing_ = index_path;
     std::set<std::string> checked;
     for (const auto& kv : c->shard_of_) {
       if (!checked.insert(kv.second).second) continue;
@@ -86,6 +87,7 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
     std::unique_ptr<SafetensorsFile> f;
     QMOE_RETURN_IF_ERROR(SafetensorsFile::open(dir + "/" + single, &f));
     for (const std::string& name : f->names()) c->shard_of_[name] = single;
+    c->listing_ = dir + "/" + single;
     c->shards_[single] = std::move(f);
   } else {
     return Status::io_error(dir + ": neither model.safetensors.index.json nor model.safetensors");
@@ -97,7 +99,7 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
 Status Checkpoint::tensor(const std::string& name, TensorView* out, std::string* file) const {
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
-    return Status::invalid(dir_ + ": missing tensor '" + name + "' (not in the checkpoint)");
+    return Status::invalid(listing_ + ": missing tensor '" + name + "'");
   }
   const std::string path = dir_ + "/" + it->second;
   if (file) *file = path;

@@ -33,6 +33,7 @@ class Checkpoint {
 
  private:
   std::string dir_;
+  std::string listing_;  // the file that lists the tensors: the index, or model.safetensors
   MoeModelConfig config_;
   std::map<std::string, std::string> shard_of_;  // tensor name -> shard file name
   mutable std::mutex mu_;

@@ -392,6 +392,15 @@ def test_hostile_index_points_to_absent_tensor(cli, tmp_path, rng):
     _expect_failure(cli, tmp_path, ckpt, 2, [other, name])
 
 
+def test_hostile_expert_missing_from_index(cli, tmp_path, rng):
+    ckpt, _, _ = _small_float(tmp_path, rng)
+    idx = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    name = "model.layers.0.mlp.experts.7.gate_proj.weight"
+    del idx["weight_map"][name]
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(idx))
+    _expect_failure(cli, tmp_path, ckpt, 2, ["model.safetensors.index.json", name])
+
+
 @pytest.mark.parametrize("kind", ["shape", "dtype"])
 def test_hostile_shape_or_dtype_mismatch(cli, tmp_path, rng, kind):
     cfg = qwen_config(layers=1)
