@@ -296,8 +296,14 @@ Status convert_expert(const ExpertTensors& t, SourceFormat from, const GptqConfi
     load_rows(t.gate.weight, inter, hidden, 0, 2, s->w1.data());
     load_rows(t.up.weight, inter, hidden, 1, 2, s->w1.data());
     load_rows(t.down.weight, hidden, inter, 0, 1, s->w2.data());
-    QMOE_RETURN_IF_ERROR(quantize_expert(s->w1.data(), 0, &s->fc1));
-    return quantize_expert(s->w2.data(), 0, &s->fc2);
+    Status st = quantize_expert(s->w1.data(), 0, &s->fc1);
+    if (!st.is_ok()) {
+      return Status(st.code(), t.gate.name + ".weight / " + t.up.name +
+                                   ".weight (FC1 rows interleave them): " + st.message());
+    }
+    st = quantize_expert(s->w2.data(), 0, &s->fc2);
+    if (!st.is_ok()) return Status(st.code(), t.down.name + ".weight: " + st.message());
+    return Status::ok();
   }
   bool exact1 = true, exact2 = true;
   std::fill(s->fc1.zero_points.begin(), s->fc1.zero_points.end(), 0);

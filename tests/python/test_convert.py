@@ -424,6 +424,15 @@ def test_hostile_wrong_group_size(cli, tmp_path, rng):
                                                          "[2, 64]", "[1, 64]"], frm="gptq")
 
 
+def test_hostile_non_finite_weight(cli, tmp_path, rng):
+    cfg = qwen_config(layers=1)
+    tensors, _ = float_model(cfg, rng)
+    name = "model.layers.0.mlp.experts.3.down_proj.weight"
+    tensors[name].bits[5, 9] = 0x7FC0  # a bf16 NaN
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, [name, "non-finite"])
+
+
 def test_hostile_truncated_shard(cli, tmp_path, rng):
     ckpt, _, _ = _small_float(tmp_path, rng)
     shard = ckpt / "model-00001-of-00002.safetensors"
