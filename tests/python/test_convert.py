@@ -10,19 +10,18 @@ Checkpoint layouts followed (public):
 - GPTQ as AutoGPTQ / GPTQModel pack it (QuantLinear.pack) and transformers' GPTQ integration reads
   it: qweight int32 [K/p, N] (p = 32/bits codes per int32, code of row p*r + j in bits
   [bits*j, bits*j + bits) of qweight[r, n]), qzeros int32 [K/g, N/p] packed the same way along N,
-  scales fp16 [K/g, N], g_idx int32 [K]; W[n, k] = scales[k/g, n] * (q - zero) with zero = stored + 1
-  for checkpoint_format "gptq" (v1) and zero = stored for "gptq_v2".
+  scales fp16 [K/g, N], g_idx int32 [K]; W[n, k] = scales[k/g, n] * (q - zero) with
+  zero = stored + 1 for checkpoint_format "gptq" (v1) and zero = stored for "gptq_v2".
 """
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ortqmoe import (BF16, Tagged, bf16, bf16_to_f32, dequantize_int, read_safetensors, rel_norm,
+from ortqmoe import (BF16, bf16, bf16_to_f32, dequantize_int, read_safetensors, rel_norm,
                      run_cli, write_safetensors)
 
 H, I, E, K_TOP = 64, 64, 8, 2
@@ -110,7 +109,7 @@ def float_model(cfg, rng, dtype=BF16):
 
 
 def pack_along(codes, bits, axis):
-    """GPTQ packing: `32/bits` codes per int32 along `axis`, code j in bits [bits*j, bits*j+bits)."""
+    """GPTQ packing: 32/bits codes per int32 along `axis`, code j in bits [bits*j, bits*j+bits)."""
     per = 32 // bits
     codes = np.moveaxis(np.asarray(codes, np.uint32), axis, 0)
     out = np.zeros((codes.shape[0] // per,) + codes.shape[1:], np.uint32)
