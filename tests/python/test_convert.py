@@ -460,35 +460,50 @@ def test_hostile_config_and_arguments(cli, tmp_path, rng):
 
 # ---------------------------------------------------------------------------------------------
 # A large synthetic checkpoint for measuring the conversion rate (not a test):
-#   python3 tests/python/test_convert.py DIR LAYERS  ->  DIR holds a Qwen3-30B-A3B-shaped bf16
-#   checkpoint of LAYERS MoE layers (1.2 GB each, one shard per layer), then
-#   qmoe convert --from bf16 DIR -o pack.safetensors
+#   python3 tests/python/test_convert.py DIR LAYERS [gptq]  ->  DIR holds a Qwen3-30B-A3B-shaped
+#   checkpoint of LAYERS MoE layers, one shard per layer (bf16: 1.2 GB a layer; gptq: int4, groups
+#   of 128, asymmetric, gptq_v2, 0.3 GB a layer), then
+#   qmoe convert --from bf16|gptq DIR -o pack.safetensors
 # ---------------------------------------------------------------------------------------------
 
-def write_large_qwen3(out: Path, layers: int, seed: int = 0):
+def write_large_qwen3(out: Path, layers: int, gptq: bool = False, seed: int = 0):
     import struct
     h, i, e = 2048, 768, 128
     rng = np.random.default_rng(seed)
+
+    def proj(n, k):
+        if not gptq:
+            return {".weight": bf16(rng.standard_normal((n, k)) / math.sqrt(k))}
+        return gptq_proj(rng, n, k, 4, 128, False, True)[0]
+
     # Eight distinct experts, reused: the converter's work does not depend on the values.
-    pool = [tuple(bf16(rng.standard_normal(s) / math.sqrt(s[1])).bits
-                  for s in ((i, h), (i, h), (h, i))) for _ in range(8)]
+    pool = [[proj(i, h), proj(i, h), proj(h, i)] for _ in range(8)]
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": "qwen3_moe", "hidden_size": h, "moe_intermediate_size": i,
            "num_experts": e, "num_experts_per_tok": 8, "norm_topk_prob": True,
            "num_hidden_layers": layers, "decoder_sparse_step": 1, "mlp_only_layers": [],
            "hidden_act": "silu"}
+    if gptq:
+        cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                      "sym": False, "desc_act": False,
+                                      "checkpoint_format": "gptq_v2"}
     (out / "config.json").write_text(json.dumps(cfg))
+    st_dtype = {np.dtype(np.uint16): "BF16", np.dtype(np.int32): "I32",
+                np.dtype(np.float16): "F16"}
     weight_map = {}
     for layer in range(layers):
         shard = f"model-{layer + 1:05d}-of-{layers:05d}.safetensors"
         items = [(f"model.layers.{layer}.mlp.gate.weight", bf16(rng.standard_normal((e, h))).bits)]
         for j in range(e):
             p = f"model.layers.{layer}.mlp.experts.{j}."
-            items += list(zip((p + "gate_proj.weight", p + "up_proj.weight",
-                               p + "down_proj.weight"), pool[(j * 7 + layer) % 8]))
+            projs = pool[(j * 7 + layer) % 8]
+            for name, tensors in zip(("gate_proj", "up_proj", "down_proj"), projs):
+                for suffix, a in tensors.items():
+                    if suffix != ".g_idx":
+                        items.append((p + name + suffix, a.bits if hasattr(a, "bits") else a))
         header, offset = {}, 0
         for name, a in items:
-            header[name] = {"dtype": "BF16", "shape": list(a.shape),
+            header[name] = {"dtype": st_dtype[a.dtype], "shape": list(a.shape),
                             "data_offsets": [offset, offset + a.nbytes]}
             offset += a.nbytes
             weight_map[name] = shard
@@ -497,10 +512,10 @@ def write_large_qwen3(out: Path, layers: int, seed: int = 0):
         with open(out / shard, "wb") as f:  # streamed: one tensor in memory at a time
             f.write(struct.pack("<Q", len(text)) + text)
             for _, a in items:
-                f.write(a.tobytes())
+                f.write(np.ascontiguousarray(a).tobytes())
     (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 if __name__ == "__main__":
     import sys
-    write_large_qwen3(Path(sys.argv[1]), int(sys.argv[2]))
+    write_large_qwen3(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["gptq"])
