@@ -78,7 +78,7 @@ struct ConvertReport {
   // GPTQ dequantization; the worst relative-norm error of those experts.
   int64_t experts_requantized = 0;
   double max_requant_error = 0;
-  std::vector<std::string> notes;
+  std::vector<std::string> notes;  // the first requantized experts by name, then a summary
 };
 
 // Converts a checkpoint directory into a pack. Everything is validated (config, index, every

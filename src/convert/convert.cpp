@@ -25,6 +25,8 @@ using convert::ExpertStats;
 using convert::LayerSource;
 using convert::PackWriter;
 
+constexpr size_t kMaxNotes = 8;  // requantized experts named one by one; the rest counted
+
 std::string layer_key(int layer, const std::string& name) {
   return "layers." + std::to_string(layer) + "." + name;
 }
@@ -121,6 +123,12 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
     if (stats.requantized) {
       ++r->experts_requantized;
       r->max_requant_error = std::max(r->max_requant_error, stats.requant_error);
+      if (r->notes.size() < kMaxNotes) {
+        char err[32];
+        std::snprintf(err, sizeof(err), "%.3e", stats.requant_error);
+        r->notes.push_back("requantized layer " + std::to_string(l.index) + " expert " +
+                           std::to_string(e) + ": relative-norm error " + err);
+      }
     }
   });
   return first;
@@ -203,7 +211,7 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   if (r.experts_requantized > 0) {
     r.notes.push_back(std::to_string(r.experts_requantized) +
                       " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
-                      "stored as 15, meaning 16) and were requantized");
+                      "stored as 15, meaning 16) and were requantized from GPTQ's dequantization");
   }
   *report = std::move(r);
   return Status::ok();

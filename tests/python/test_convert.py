@@ -279,6 +279,7 @@ def test_gptq_v1_zero_overflow_is_requantized_and_reported(cli, tmp_path, rng):
     out = tmp_path / "pack.safetensors"
     r = convert_ok(cli, tmp_path / "ckpt", out, "gptq")
     assert "requantized 1 expert" in r.stdout, r.stdout
+    assert "requantized layer 0 expert 3" in r.stdout, r.stdout
     t, meta = read_safetensors(out)
     _, gate, up, down = ref[0]
     fc1 = pack_fc(t, meta, 0, 1, 2 * I, H)
