@@ -111,7 +111,9 @@ void add_convert_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", a->threads, "worker threads (0: one per core)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  cmd->footer(std::string("Examples:\n"
+  cmd->footer(std::string("Float checkpoints are quantized to int4 (block 128) unless the format "
+                          "options say otherwise; GPTQ keeps its own format.\n"
+                          "Examples:\n"
                           "  qmoe convert --from bf16 Qwen3-30B-A3B -o qwen3.pack.safetensors\n"
                           "  qmoe convert --from bf16 --format int8 --block 64 Mixtral-8x7B -o "
                           "mixtral.safetensors\n"
