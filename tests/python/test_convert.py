@@ -353,6 +353,20 @@ def test_run_model_synthetic_and_info(cli, tmp_path, rng):
     assert r.returncode == 0 and "topk_softmax" in r.stdout, r.stdout
 
 
+def test_pack_opens_with_the_safetensors_package(cli, tmp_path, rng):
+    safetensors = pytest.importorskip("safetensors")
+    cfg, tensors, _ = gptq_model(qwen_config(layers=1), rng, 4, 64, False, True)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    out = tmp_path / "pack.safetensors"
+    convert_ok(cli, tmp_path / "ckpt", out, "gptq")
+    mine, meta = read_safetensors(out)
+    with safetensors.safe_open(str(out), "np") as f:
+        assert f.metadata() == meta
+        assert sorted(f.keys()) == sorted(mine)
+        for name in f.keys():
+            assert np.array_equal(f.get_tensor(name), mine[name]), name
+
+
 # ---------------------------------------------------------------------------------------------
 # Hostile checkpoints: a clear error naming the file and the tensor, and nothing written
 # ---------------------------------------------------------------------------------------------
