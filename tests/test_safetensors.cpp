@@ -163,8 +163,8 @@ TEST_F(SafetensorsTest, MetadataValueNotString) {
 }
 
 TEST_F(SafetensorsTest, UnsupportedDtypeNamesTensorAndDtype) {
-  expect_error(open(raw(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8)),
-               StatusCode::kUnsupported, {"tensor 'w'", "unsupported dtype 'I64'"});
+  expect_error(open(raw(R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8)),
+               StatusCode::kUnsupported, {"tensor 'w'", "unsupported dtype 'C64'"});
 }
 
 TEST_F(SafetensorsTest, NegativeDimension) {

@@ -46,6 +46,11 @@ class SafetensorsFile {
   const TensorView* find(const std::string& name) const;
   // An error naming the file and the tensor when it is missing.
   Status get(const std::string& name, TensorView* out) const;
+  // Lets the kernel drop the mapped pages under a view of this file once it has been read (they
+  // are re-read from the file if touched again), so that streaming over a large file keeps the
+  // resident set small. A view that is not inside the mapping (another file's, an aligned copy)
+  // is ignored.
+  void release(const TensorView& view) const;
 
  private:
   SafetensorsFile() = default;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "qmoe/backend.h"
+#include "qmoe/convert.h"
 #include "qmoe/format.h"
 #include "qmoe/io.h"
 #include "qmoe/layer.h"

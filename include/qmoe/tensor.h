@@ -20,6 +20,15 @@ enum class DType : uint8_t {
   kI32,
   kF8E4M3,  // float8e4m3fn: no infinities, 0x7F/0xFF are NaN, max 448
   kF8E8M0,  // float8e8m0fnu: 2^(code-127), 0xFF is NaN
+  // Checkpoint metadata (token ids, packed codes, shapes): read and passed through, never computed
+  // with.
+  kI64,
+  kI16,
+  kU16,
+  kU32,
+  kU64,
+  kBool,
+  kF8E5M2,
 };
 
 size_t dtype_size(DType t);

@@ -11,9 +11,12 @@ struct DTypeEntry {
   size_t size;
 };
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kF32, "f32", 4}, {DType::kF16, "f16", 2},       {DType::kBF16, "bf16", 2},
-    {DType::kF64, "f64", 8}, {DType::kU8, "u8", 1},         {DType::kI8, "i8", 1},
-    {DType::kI32, "i32", 4}, {DType::kF8E4M3, "f8e4m3", 1}, {DType::kF8E8M0, "f8e8m0", 1},
+    {DType::kF32, "f32", 4},       {DType::kF16, "f16", 2},       {DType::kBF16, "bf16", 2},
+    {DType::kF64, "f64", 8},       {DType::kU8, "u8", 1},         {DType::kI8, "i8", 1},
+    {DType::kI32, "i32", 4},       {DType::kF8E4M3, "f8e4m3", 1}, {DType::kF8E8M0, "f8e8m0", 1},
+    {DType::kI64, "i64", 8},       {DType::kI16, "i16", 2},       {DType::kU16, "u16", 2},
+    {DType::kU32, "u32", 4},       {DType::kU64, "u64", 8},       {DType::kBool, "bool", 1},
+    {DType::kF8E5M2, "f8e5m2", 1},
 };
 
 template <typename View>

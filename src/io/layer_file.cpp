@@ -24,9 +24,9 @@ int layer_tensor_index(const std::string& name) {
   return -1;
 }
 
-Status collect_inputs(const SafetensorsFile& file, TensorView* inputs, TensorView* router_bias) {
-  for (const std::string& name : file.names()) {
-    const TensorView& v = *file.find(name);
+Status collect_inputs(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                      TensorView* inputs, TensorView* router_bias) {
+  for (const auto& [name, v] : tensors) {
     if (name == kRouterCorrectionBiasName) {
       *router_bias = v;
       continue;
@@ -56,38 +56,44 @@ void add(std::vector<NamedTensor>* out, int ort_index, const TensorView& v) {
 
 }  // namespace
 
-Status load_layer_file(const std::string& path, LoadedLayer* out) {
-  LoadedLayer l;
-  QMOE_RETURN_IF_ERROR(SafetensorsFile::open(path, &l.file));
-  const auto& meta = l.file->metadata();
-  QMOE_RETURN_IF_ERROR(in_file(path, ort_attributes_from_map(meta, &l.attributes)));
+Status layer_from_parts(const std::map<std::string, std::string>& meta,
+                        const std::vector<std::pair<std::string, TensorView>>& tensors,
+                        LoadedLayer* l) {
+  QMOE_RETURN_IF_ERROR(ort_attributes_from_map(meta, &l->attributes));
   LayerFileExtensions ext;
-  QMOE_RETURN_IF_ERROR(in_file(path, parse_layer_extensions(meta, &ext)));
-  l.import_options.semantics = ext.semantics;
+  QMOE_RETURN_IF_ERROR(parse_layer_extensions(meta, &ext));
+  l->import_options.semantics = ext.semantics;
   if (ext.has_fp4_layout) {
-    if (l.attributes.quant_type != "fp4" && l.attributes.quant_type != "nvfp4") {
-      return Status::invalid(path +
-                             ": metadata qmoe.fp4_layout applies to quant_type fp4 or "
-                             "nvfp4, got quant_type '" +
-                             l.attributes.quant_type + "'");
+    if (l->attributes.quant_type != "fp4" && l->attributes.quant_type != "nvfp4") {
+      return Status::invalid(
+          "metadata qmoe.fp4_layout applies to quant_type fp4 or nvfp4, got quant_type '" +
+          l->attributes.quant_type + "'");
     }
     // For FP4, ORT's weights_prepacked says the same thing: 0 = N-packed, 1 = K-packed.
-    l.attributes.weights_prepacked = ext.fp4_layout == Fp4Layout::kKPacked ? 1 : 0;
+    l->attributes.weights_prepacked = ext.fp4_layout == Fp4Layout::kKPacked ? 1 : 0;
   }
 
   TensorView inputs[kNumOrtInputs];
   TensorView router_bias;
-  QMOE_RETURN_IF_ERROR(in_file(path, collect_inputs(*l.file, inputs, &router_bias)));
+  QMOE_RETURN_IF_ERROR(collect_inputs(tensors, inputs, &router_bias));
   QMOE_RETURN_IF_ERROR(
-      in_file(path, layer_from_ort(l.attributes, inputs, l.import_options, &l.spec, &l.weights)));
-  apply_layer_extensions(ext, &l.spec);
-  if (router_bias.present() && l.spec.routing.method != RoutingMethod::kGroupedTopK) {
-    return Status::invalid(path + ": tensor '" + kRouterCorrectionBiasName +
+      layer_from_ort(l->attributes, inputs, l->import_options, &l->spec, &l->weights));
+  apply_layer_extensions(ext, &l->spec);
+  if (router_bias.present() && l->spec.routing.method != RoutingMethod::kGroupedTopK) {
+    return Status::invalid(std::string("tensor '") + kRouterCorrectionBiasName +
                            "' is used only by grouped_topk routing, but the layer routes with " +
-                           routing_method_name(l.spec.routing.method));
+                           routing_method_name(l->spec.routing.method));
   }
-  l.weights.router_bias = router_bias;
-  QMOE_RETURN_IF_ERROR(in_file(path, check_layer(l.spec, l.weights)));
+  l->weights.router_bias = router_bias;
+  return check_layer(l->spec, l->weights);
+}
+
+Status load_layer_file(const std::string& path, LoadedLayer* out) {
+  LoadedLayer l;
+  QMOE_RETURN_IF_ERROR(SafetensorsFile::open(path, &l.file));
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const std::string& name : l.file->names()) tensors.emplace_back(name, *l.file->find(name));
+  QMOE_RETURN_IF_ERROR(in_file(path, layer_from_parts(l.file->metadata(), tensors, &l)));
   *out = std::move(l);
   return Status::ok();
 }

@@ -4,7 +4,10 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "qmoe/io.h"
 #include "qmoe/layer.h"
 #include "qmoe/ort.h"
 #include "qmoe/status.h"
@@ -38,5 +41,12 @@ Status ort_attributes_for_spec(const LayerSpec& spec, OrtQMoEAttributes* out);
 
 // The qmoe.* keys that, added to ort_attributes_for_spec(), reproduce spec.
 std::map<std::string, std::string> layer_extension_keys(const LayerSpec& spec);
+
+// Builds a layer (attributes, spec, weights) from a layer file's metadata and its tensors under
+// their layer-file names, then check_layer(); load_layer_file() and model packs
+// (docs/model-pack.md) read layers through it. l->file is left alone.
+Status layer_from_parts(const std::map<std::string, std::string>& meta,
+                        const std::vector<std::pair<std::string, TensorView>>& tensors,
+                        LoadedLayer* l);
 
 }  // namespace qmoe

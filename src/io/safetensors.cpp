@@ -90,4 +90,15 @@ Status SafetensorsFile::get(const std::string& name, TensorView* out) const {
   return Status::ok();
 }
 
+void SafetensorsFile::release(const TensorView& view) const {
+  const auto* p = static_cast<const uint8_t*>(view.data);
+  if (!p || p < map_ || p + view.bytes() > map_ + map_bytes_ || view.bytes() == 0) return;
+  // Whole pages, rounded outward: the mapping is private and never written, so dropping a page a
+  // neighbouring tensor shares only means it is read from the file again.
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p + view.bytes()) + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace qmoe

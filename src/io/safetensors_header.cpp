@@ -23,9 +23,12 @@ struct DTypeName {
   const char* name;
 };
 constexpr DTypeName kSafetensorsDTypes[] = {
-    {DType::kF32, "F32"}, {DType::kF16, "F16"},        {DType::kBF16, "BF16"},
-    {DType::kF64, "F64"}, {DType::kU8, "U8"},          {DType::kI8, "I8"},
-    {DType::kI32, "I32"}, {DType::kF8E4M3, "F8_E4M3"}, {DType::kF8E8M0, "F8_E8M0"},
+    {DType::kF32, "F32"},        {DType::kF16, "F16"},        {DType::kBF16, "BF16"},
+    {DType::kF64, "F64"},        {DType::kU8, "U8"},          {DType::kI8, "I8"},
+    {DType::kI32, "I32"},        {DType::kF8E4M3, "F8_E4M3"}, {DType::kF8E8M0, "F8_E8M0"},
+    {DType::kI64, "I64"},        {DType::kI16, "I16"},        {DType::kU16, "U16"},
+    {DType::kU32, "U32"},        {DType::kU64, "U64"},        {DType::kBool, "BOOL"},
+    {DType::kF8E5M2, "F8_E5M2"},
 };
 
 std::string json_type(const Json& j) { return j.type_name(); }

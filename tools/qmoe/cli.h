@@ -39,5 +39,6 @@ void add_run_command(CLI::App& app, int* exit_code);
 void add_make_layer_command(CLI::App& app, int* exit_code);
 void add_info_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);
+void add_convert_command(CLI::App& app, int* exit_code);
 
 }  // namespace qmoe::cli

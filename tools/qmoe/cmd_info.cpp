@@ -13,6 +13,7 @@
 #include "cuda/device_info.h"
 #include "describe.h"
 #include "presets.h"
+#include "qmoe/convert.h"
 #include "qmoe/format.h"
 #include "qmoe/quantize.h"
 
@@ -142,14 +143,50 @@ int info(bool formats_markdown) {
   return kExitOk;
 }
 
+// `qmoe info PACK`: what a model pack holds, layer by layer.
+int pack_info(const std::string& path) {
+  std::unique_ptr<ModelPack> pack;
+  Status s = ModelPack::open(path, &pack);
+  if (!s.is_ok()) return status_error(s);
+  const SafetensorsFile& f = pack->file();
+  std::printf("pack %s\n", path.c_str());
+  for (const auto& kv : pack->info())
+    std::printf("  %-22s %s\n", kv.first.c_str(), kv.second.c_str());
+  std::printf("  %-22s %zu\n\n", "MoE layers", pack->layer_indices().size());
+  std::vector<Row> rows = {{"layer", "shape", "formats", "routing", "activation", "bytes"}};
+  double total = 0;
+  for (int index : pack->layer_indices()) {
+    PackLayer l;
+    s = pack->layer(index, &l);
+    if (!s.is_ok()) return status_error(s);
+    const std::string prefix = "layers." + std::to_string(index) + ".";
+    double bytes = 0;
+    for (const std::string& name : f.names()) {
+      if (name.rfind(prefix, 0) == 0) bytes += static_cast<double>(f.find(name)->bytes());
+    }
+    total += bytes;
+    char mb[32];
+    std::snprintf(mb, sizeof(mb), "%.1f MB", bytes / 1e6);
+    rows.push_back({std::to_string(index), describe_shape(l.spec), describe_formats(l.spec),
+                    describe_routing(l.spec), describe_activation(l.spec), mb});
+  }
+  std::printf("%s\ntotal %.1f MB of tensors\n", aligned(rows).c_str(), total / 1e6);
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& app, int* exit_code) {
   auto formats_markdown = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("info", "version, weight formats, backends, presets");
+  auto pack = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand(
+      "info", "version, weight formats, backends, presets; or, given a model pack, its layers");
   cmd->add_flag("--formats-markdown", *formats_markdown,
                 "print only the weight-format table, as markdown (the table in README.md)");
-  cmd->callback([formats_markdown, exit_code] { *exit_code = info(*formats_markdown); });
+  cmd->add_option("PACK", *pack, "a model pack (qmoe convert) to describe");
+  cmd->callback([formats_markdown, pack, exit_code] {
+    *exit_code = pack->empty() ? info(*formats_markdown) : pack_info(*pack);
+  });
 }
 
 }  // namespace qmoe::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
                          "checked\n"
                          "  qmoe bench --tokens 1,8,64    time it over token counts\n"
                          "  qmoe info                     formats, backends, GPU, presets\n"
+                         "  qmoe convert --from bf16 DIR -o P  a Hugging Face checkpoint to a pack\n"
                          "  qmoe COMMAND --help           a command's options and examples\n") +
              qmoe::cli::kExitCodesHelp);
   int exit_code = qmoe::cli::kExitOk;
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   qmoe::cli::add_make_layer_command(app, &exit_code);
   qmoe::cli::add_info_command(app, &exit_code);
   qmoe::cli::add_bench_command(app, &exit_code);
+  qmoe::cli::add_convert_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

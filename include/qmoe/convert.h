@@ -1,0 +1,123 @@
+// qmoe: checkpoint import. Reads a Hugging Face MoE checkpoint directory (config.json, safetensors
+// shards through model.safetensors.index.json) and writes a model pack: one safetensors file with
+// every MoE layer's QMoE tensors and attributes under `layers.N.` (docs/model-pack.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qmoe/format.h"
+#include "qmoe/io.h"
+#include "qmoe/layer.h"
+#include "qmoe/status.h"
+
+namespace qmoe {
+
+// What the checkpoint's expert weights hold: plain floats (quantized here) or GPTQ codes
+// (transcoded exactly where qmoe's integer formats can express them).
+enum class SourceFormat : uint8_t { kBf16, kFp16, kFp32, kGptq };
+bool parse_source_format(const std::string& name, SourceFormat* out);
+const char* source_format_name(SourceFormat f);
+
+enum class MoeArch : uint8_t {
+  kQwen3Moe,  // model_type qwen3_moe: mlp.gate, mlp.experts.N.{gate,up,down}_proj
+  kMixtral,   // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
+};
+
+// config.json's quantization_config for quant_method "gptq".
+struct GptqConfig {
+  bool present = false;
+  int bits = 4;        // 4 or 8
+  int group_size = 0;  // 0: one group per output channel (GPTQ's -1)
+  bool sym = true;     // zero point 2^(bits-1) everywhere
+  bool desc_act = false;
+  bool v2 = false;  // checkpoint_format gptq_v2: zeros stored as is; v1 stores zero - 1
+};
+
+// The MoE part of config.json.
+struct MoeModelConfig {
+  MoeArch arch = MoeArch::kQwen3Moe;
+  std::string model_type;
+  int64_t hidden = 0;       // hidden_size
+  int64_t inter = 0;        // expert intermediate size (moe_intermediate_size / intermediate_size)
+  int64_t num_experts = 0;  // num_experts / num_local_experts
+  int top_k = 0;            // num_experts_per_tok
+  bool normalize = false;   // Qwen3: norm_topk_prob
+  int64_t num_layers = 0;   // num_hidden_layers
+  std::vector<int> moe_layers;  // indices of the decoder layers with a sparse MoE block
+  GptqConfig gptq;
+};
+
+// Parses config.json's text; `where` names the file in messages.
+Status parse_model_config(const std::string& json_text, const std::string& where,
+                          MoeModelConfig* out);
+
+// The LayerSpec of one MoE layer of `config` with the given FC formats: SwiGLU (silu(gate) * up)
+// with FC1 rows interleaved [gate0, up0, gate1, up1, ...], routing as the architecture does it.
+LayerSpec moe_layer_spec(const MoeModelConfig& config, const FcFormat& fc1, const FcFormat& fc2);
+
+struct ConvertOptions {
+  std::string src;  // checkpoint directory
+  std::string out;  // pack path
+  SourceFormat from = SourceFormat::kBf16;
+  FcFormat fc1, fc2;      // target formats for float sources (GPTQ sources decide their own)
+  int threads = 0;        // 0: hardware concurrency
+  bool progress = false;  // print progress lines to stderr
+};
+
+struct ConvertReport {
+  int layers = 0;
+  int64_t source_bytes = 0;  // checkpoint bytes read (experts and routers)
+  int64_t pack_bytes = 0;
+  double seconds = 0;
+  FcFormat fc1, fc2;
+  // GPTQ: (layer, fc, expert) groups that no qmoe format holds exactly were requantized from the
+  // GPTQ dequantization; the worst relative-norm error of those experts.
+  int64_t experts_requantized = 0;
+  double max_requant_error = 0;
+  std::vector<std::string> notes;  // the first requantized experts by name, then a summary
+};
+
+// Converts a checkpoint directory into a pack. Everything is validated (config, index, every
+// tensor's presence, dtype and shape) before the first weight is converted; the pack is written to
+// a temporary file renamed into place only on success.
+Status convert_checkpoint(const ConvertOptions& options, ConvertReport* report);
+
+// ---- model packs ----
+
+constexpr const char* kPackFormatVersion = "1";
+
+// One layer of a pack: spec and weights point into the pack's mapping.
+struct PackLayer {
+  int index = 0;  // the decoder layer index N
+  LayerSpec spec;
+  LayerWeights weights;
+  TensorView router_weight;  // f32 [E, H]
+};
+
+class ModelPack {
+ public:
+  static Status open(const std::string& path, std::unique_ptr<ModelPack>* out);
+
+  const SafetensorsFile& file() const { return *file_; }
+  const std::vector<int>& layer_indices() const { return layers_; }
+  // Pack-level metadata (keys without a `layers.` prefix).
+  const std::map<std::string, std::string>& info() const { return info_; }
+  // Builds and validates layer N (check_layer); an error names the pack and the layer.
+  Status layer(int index, PackLayer* out) const;
+
+ private:
+  std::unique_ptr<SafetensorsFile> file_;
+  std::vector<int> layers_;
+  std::map<std::string, std::string> info_;
+};
+
+// Router logits [T, E] = x [T, H] * router_weight^T, accumulated in fp64, rounded to f32 and then
+// to `out_dtype` (f32, f16 or bf16). x may be f32, f16 or bf16.
+Status router_logits(const TensorView& x, const TensorView& router_weight, DType out_dtype,
+                     std::vector<uint8_t>* out, TensorView* view);
+
+}  // namespace qmoe

@@ -1,0 +1,220 @@
+// The conversion driver: validate the whole checkpoint, lay the pack out, then convert one layer
+// after another, its experts in parallel, each expert written to its slice of the pack as soon as
+// it is done. Memory: one expert's fp32 staging and quantized copy per worker.
+#include "qmoe/convert.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "convert/checkpoint.h"
+#include "convert/experts.h"
+#include "convert/pack_writer.h"
+#include "core/numeric.h"
+#include "cpu/thread_pool.h"
+
+namespace qmoe {
+
+namespace {
+
+using convert::ExpertScratch;
+using convert::ExpertStats;
+using convert::LayerSource;
+using convert::PackWriter;
+
+constexpr size_t kMaxNotes = 8;  // requantized experts named one by one; the rest counted
+
+std::string layer_key(int layer, const std::string& name) {
+  return "layers." + std::to_string(layer) + "." + name;
+}
+
+// The ORT tensors of one FC, in the order ORT numbers them.
+struct FcNames {
+  int weight, scales, zero_points, global_scale;
+};
+constexpr FcNames kFc1Names{kOrtFc1Weights, kOrtFc1Scales, kOrtFc1ZeroPoints, kOrtFc1GlobalScale};
+constexpr FcNames kFc2Names{kOrtFc2Weights, kOrtFc2Scales, kOrtFc2ZeroPoints, kOrtFc2GlobalScale};
+
+void declare_fc(PackWriter* w, int layer, const FcNames& names, const FcFormat& f, int64_t e,
+                int64_t n, int64_t k) {
+  const FcTensorShapes s = fc_tensor_shapes(f, e, n, k);
+  auto decl = [&](int ort, DType t, const int64_t* d, int rank) {
+    const std::string name = layer_key(layer, ort_input_name(ort));
+    if (rank == 1) w->declare(name, t, {d[0]});
+    if (rank == 2) w->declare(name, t, {d[0], d[1]});
+    if (rank == 3) w->declare(name, t, {d[0], d[1], d[2]});
+  };
+  decl(names.weight, s.weight_dtype, s.weight, s.weight_rank);
+  decl(names.scales, s.scale_dtype, s.scale, s.scale_rank);
+  decl(names.zero_points, DType::kU8, s.zero_point, s.zero_point_rank);
+  if (s.global_scale) decl(names.global_scale, DType::kF32, &e, 1);
+}
+
+// Writes expert e's slice of each tensor of one FC (every layout has the expert dimension first).
+Status write_fc(PackWriter* w, int layer, const FcNames& names, const QuantizedFc& q, int64_t e) {
+  auto put = [&](int ort, const void* data, size_t bytes) {
+    if (bytes == 0) return Status::ok();
+    return w->write(layer_key(layer, ort_input_name(ort)), data, bytes,
+                    static_cast<uint64_t>(e) * bytes);
+  };
+  QMOE_RETURN_IF_ERROR(put(names.weight, q.weight.data(), q.weight.size()));
+  QMOE_RETURN_IF_ERROR(put(names.scales, q.scales.data(), q.scales.size()));
+  QMOE_RETURN_IF_ERROR(put(names.zero_points, q.zero_points.data(), q.zero_points.size()));
+  return put(names.global_scale, q.global_scale.data(), q.global_scale.size() * sizeof(float));
+}
+
+Status write_router(PackWriter* w, const LayerSource& l) {
+  std::vector<float> r(static_cast<size_t>(l.router.numel()));
+  for (size_t i = 0; i < r.size(); ++i) {
+    switch (l.router.dtype) {
+      case DType::kF32:
+        r[i] = static_cast<const float*>(l.router.data)[i];
+        break;
+      case DType::kF16:
+        r[i] = num::f16_to_f32(static_cast<const uint16_t*>(l.router.data)[i]);
+        break;
+      default:
+        r[i] = num::bf16_to_f32(static_cast<const uint16_t*>(l.router.data)[i]);
+    }
+  }
+  return w->write(layer_key(l.index, "router_weight"), r.data(), r.size() * sizeof(float));
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int i : v) s += (s.empty() ? "" : ",") + std::to_string(i);
+  return s;
+}
+
+Status pack_metadata(const convert::Checkpoint& c, const ConvertOptions& o, const LayerSpec& spec,
+                     std::map<std::string, std::string>* out) {
+  std::map<std::string, std::string> layer;
+  QMOE_RETURN_IF_ERROR(layer_file_metadata(spec, &layer));
+  for (int l : c.config().moe_layers) {
+    for (const auto& kv : layer) (*out)[layer_key(l, kv.first)] = kv.second;
+  }
+  (*out)["qmoe.pack_version"] = kPackFormatVersion;
+  (*out)["qmoe.layers"] = join(c.config().moe_layers);
+  (*out)["qmoe.model_type"] = c.config().model_type;
+  (*out)["qmoe.converted_from"] = source_format_name(o.from);
+  return Status::ok();
+}
+
+Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, const ConvertOptions& o,
+                     const MoeModelConfig& cfg, cpu::ThreadPool* pool,
+                     std::vector<ExpertScratch>* scratch, PackWriter* w, ConvertReport* r) {
+  QMOE_RETURN_IF_ERROR(write_router(w, l));
+  ckpt.release(l.router);
+  std::mutex mu;
+  Status first;
+  pool->parallel_for(cfg.num_experts, [&](int64_t e, int worker) {
+    ExpertStats stats;
+    ExpertScratch& s = (*scratch)[static_cast<size_t>(worker)];
+    Status st =
+        convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg.gptq, &s, &stats);
+    if (st.is_ok()) st = write_fc(w, l.index, kFc1Names, s.fc1, e);
+    if (st.is_ok()) st = write_fc(w, l.index, kFc2Names, s.fc2, e);
+    convert::release_expert(ckpt, l.experts[static_cast<size_t>(e)]);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!st.is_ok() && first.is_ok()) first = st;
+    if (stats.requantized) {
+      ++r->experts_requantized;
+      r->max_requant_error = std::max(r->max_requant_error, stats.requant_error);
+      if (r->notes.size() < kMaxNotes) {
+        char err[32];
+        std::snprintf(err, sizeof(err), "%.3e", stats.requant_error);
+        r->notes.push_back("requantized layer " + std::to_string(l.index) + " expert " +
+                           std::to_string(e) + ": relative-norm error " + err);
+      }
+    }
+  });
+  return first;
+}
+
+}  // namespace
+
+Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<convert::Checkpoint> ckpt;
+  QMOE_RETURN_IF_ERROR(convert::Checkpoint::open(o.src, &ckpt));
+  const MoeModelConfig& cfg = ckpt->config();
+  const std::string config_path = o.src + "/config.json";
+  if (cfg.moe_layers.empty()) return Status::invalid(config_path + ": no layer has an MoE block");
+  if (o.from == SourceFormat::kGptq && !cfg.gptq.present) {
+    return Status::invalid(config_path +
+                           ": --from gptq, but there is no quantization_config with quant_method "
+                           "gptq");
+  }
+  if (o.from != SourceFormat::kGptq && cfg.gptq.present) {
+    return Status::invalid(config_path +
+                           ": the checkpoint is GPTQ-quantized; convert it with "
+                           "--from gptq, not --from " +
+                           source_format_name(o.from));
+  }
+  // Everything is resolved and checked before the first byte is written.
+  std::vector<LayerSource> layers(cfg.moe_layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    QMOE_RETURN_IF_ERROR(resolve_layer(*ckpt, o.from, cfg.moe_layers[i], &layers[i]));
+  }
+  ConvertReport r;
+  r.fc1 = o.fc1;
+  r.fc2 = o.fc2;
+  if (o.from == SourceFormat::kGptq) {
+    r.fc1 = r.fc2 = convert::gptq_fc_format(cfg.gptq, layers[0].experts[0].gate.scales.dtype);
+  }
+  const LayerSpec spec = moe_layer_spec(cfg, r.fc1, r.fc2);
+  Status s = check_spec(spec);
+  if (!s.is_ok()) return Status(s.code(), o.src + ": " + s.message());
+
+  std::map<std::string, std::string> metadata;
+  QMOE_RETURN_IF_ERROR(pack_metadata(*ckpt, o, spec, &metadata));
+  PackWriter w(o.out);
+  for (int l : cfg.moe_layers) {
+    declare_fc(&w, l, kFc1Names, spec.fc1, spec.num_experts, spec.fc1_rows(), spec.hidden);
+    declare_fc(&w, l, kFc2Names, spec.fc2, spec.num_experts, spec.hidden, spec.inter);
+    w.declare(layer_key(l, "router_weight"), DType::kF32, {spec.num_experts, spec.hidden});
+  }
+  QMOE_RETURN_IF_ERROR(w.begin(metadata));
+
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::ThreadPool pool(threads);
+  std::vector<ExpertScratch> scratch(static_cast<size_t>(pool.size()));
+  for (ExpertScratch& sc : scratch) {
+    QMOE_RETURN_IF_ERROR(allocate_fc(spec.fc1, 1, spec.fc1_rows(), spec.hidden, &sc.fc1));
+    QMOE_RETURN_IF_ERROR(allocate_fc(spec.fc2, 1, spec.hidden, spec.inter, &sc.fc2));
+  }
+  int64_t total = 0;
+  for (const LayerSource& l : layers) total += l.source_bytes;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    QMOE_RETURN_IF_ERROR(convert_layer(*ckpt, layers[i], o, cfg, &pool, &scratch, &w, &r));
+    r.source_bytes += layers[i].source_bytes;
+    if (o.progress) {
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double rate = r.source_bytes / std::max(sec, 1e-9);
+      std::fprintf(stderr, "\rconvert: layer %zu/%zu, %.2f of %.2f GB, %.2f GB/s, ETA %.0f s   ",
+                   i + 1, layers.size(), r.source_bytes / 1e9, total / 1e9, rate / 1e9,
+                   (total - r.source_bytes) / std::max(rate, 1.0));
+      std::fflush(stderr);
+    }
+  }
+  if (o.progress) std::fprintf(stderr, "\n");
+  QMOE_RETURN_IF_ERROR(w.commit());
+  r.layers = static_cast<int>(layers.size());
+  r.pack_bytes = static_cast<int64_t>(w.file_bytes());
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.experts_requantized > 0) {
+    r.notes.push_back(std::to_string(r.experts_requantized) +
+                      " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
+                      "stored as 15, meaning 16) and were requantized from GPTQ's dequantization");
+  }
+  *report = std::move(r);
+  return Status::ok();
+}
+
+}  // namespace qmoe

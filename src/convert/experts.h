@@ -1,0 +1,77 @@
+// One MoE layer's experts as a checkpoint stores them, resolved and validated up front, and turned
+// into qmoe's FC1/FC2 one expert at a time.
+//
+// FC1 interleaves the two input projections row by row, FC2 is the down projection:
+//
+//   FC1 [2I, H]: row 2i = gate_proj (w1) row i, row 2i + 1 = up_proj (w3) row i
+//   FC2 [H, I]:  down_proj (w2)
+//
+// GPTQ tensors of one projection with logical W [N, K] (y = x W^T), b bits, groups of g along K,
+// p = 32 / b codes per int32, as AutoGPTQ / GPTQModel pack them:
+//
+//   qweight i32 [K/p, N]    bits [b*j, b*j + b) of qweight[r, n] = code of W[n, p*r + j]
+//   qzeros  i32 [K/g, N/p]  bits [b*j, b*j + b) of qzeros[G, c]  = stored zero of (G, n = p*c + j)
+//   scales  f16 [K/g, N]    (per channel: one group, K/g = 1)
+//   g_idx   i32 [K]         optional; must be k / g (no act-order permutation)
+//
+//   W[n, k] = scales[G, n] * (code - zero),  G = k / g,
+//   zero = stored + 1 (checkpoint_format gptq, "v1") or stored (gptq_v2)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "convert/checkpoint.h"
+#include "qmoe/quantize.h"
+
+namespace qmoe::convert {
+
+// The tensors of one projection of one expert.
+struct ProjTensors {
+  std::string name;  // checkpoint prefix, e.g. model.layers.3.mlp.experts.5.up_proj
+  int64_t n = 0, k = 0;
+  TensorView weight;                   // float sources: [N, K]
+  TensorView qweight, qzeros, scales;  // GPTQ
+};
+
+struct ExpertTensors {
+  ProjTensors gate, up, down;
+};
+
+struct LayerSource {
+  int index = 0;
+  std::string router_name;
+  TensorView router;  // [E, H], f32/f16/bf16
+  std::vector<ExpertTensors> experts;
+  int64_t source_bytes = 0;
+};
+
+// Resolves and checks every tensor of decoder layer `index` (names, dtypes, shapes, GPTQ groups
+// and g_idx); errors name the shard file and the tensor.
+Status resolve_layer(const Checkpoint& ckpt, SourceFormat from, int index, LayerSource* out);
+
+// The qmoe formats a GPTQ checkpoint maps onto: int4/int8, block = group size (0 per channel),
+// zero points unless symmetric, scales in the checkpoint's scale dtype.
+FcFormat gptq_fc_format(const GptqConfig& g, DType scale_dtype);
+
+struct ExpertStats {
+  bool requantized = false;
+  double requant_error = 0;  // relative-norm error of the requantized FCs (worst)
+};
+
+// Scratch of one worker: per-expert QuantizedFc (experts = 1) and fp32 staging.
+struct ExpertScratch {
+  QuantizedFc fc1, fc2;
+  std::vector<float> w1, w2;
+};
+
+// Drops the mapped pages of every tensor of one expert (it has been converted).
+void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);
+
+// Converts one expert into scratch->fc1 / fc2 (allocated by the caller for one expert in the
+// target formats).
+Status convert_expert(const ExpertTensors& t, SourceFormat from, const GptqConfig& gptq,
+                      ExpertScratch* scratch, ExpertStats* stats);
+
+}  // namespace qmoe::convert

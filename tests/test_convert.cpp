@@ -1,0 +1,167 @@
+// Checkpoint import: the parsing pieces that need no files (config.json, the shard index), the
+// layer spec each architecture maps onto, and the new safetensors dtypes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "convert/checkpoint.h"
+#include "qmoe/convert.h"
+#include "test_util.h"
+
+namespace qmoe {
+namespace {
+
+void expect_error(const Status& s, StatusCode code, std::initializer_list<const char*> parts) {
+  ASSERT_FALSE(s.is_ok()) << "expected an error";
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  for (const char* part : parts)
+    EXPECT_NE(s.message().find(part), std::string::npos)
+        << "'" << part << "' not in: " << s.message();
+}
+
+const char* kQwen =
+    R"({"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768,
+  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true, "num_hidden_layers": 6,
+  "decoder_sparse_step": 2, "mlp_only_layers": [3], "hidden_act": "silu"})";
+
+TEST(ConvertConfig, Qwen3MoeLayersAndRouting) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(kQwen, "config.json", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kQwen3Moe);
+  EXPECT_EQ(c.hidden, 2048);
+  EXPECT_EQ(c.inter, 768);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.top_k, 8);
+  // (i + 1) % 2 == 0 and not in mlp_only_layers: 1, 5 (3 is dense).
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{1, 5}));
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kInt4),
+                                     default_fc_format(WeightFormat::kInt8));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kSoftmaxTopK);
+  EXPECT_TRUE(s.routing.normalize);
+  EXPECT_EQ(s.activation.kind, Activation::kSwiGlu);
+  EXPECT_EQ(s.activation.glu, GluLayout::kInterleaved);
+  EXPECT_EQ(s.fc2.format, WeightFormat::kInt8);
+  EXPECT_TRUE(check_spec(s).is_ok());
+  EXPECT_FALSE(c.gptq.present);
+}
+
+TEST(ConvertConfig, MixtralEveryLayerTopKSoftmax) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(R"({"model_type": "mixtral", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "num_hidden_layers": 3})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{0, 1, 2}));
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kInt4),
+                                     default_fc_format(WeightFormat::kInt4));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kTopKSoftmax);
+  EXPECT_EQ(s.inter, 14336);
+}
+
+TEST(ConvertConfig, Gptq) {
+  MoeModelConfig c;
+  std::string q = kQwen;
+  q.pop_back();
+  q += R"(, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": -1,
+    "sym": false, "desc_act": false, "checkpoint_format": "gptq_v2"}})";
+  ASSERT_TRUE(parse_model_config(q, "c", &c).is_ok());
+  EXPECT_TRUE(c.gptq.present);
+  EXPECT_EQ(c.gptq.group_size, 0);
+  EXPECT_FALSE(c.gptq.sym);
+  EXPECT_TRUE(c.gptq.v2);
+}
+
+TEST(ConvertConfig, ErrorsNameTheField) {
+  MoeModelConfig c;
+  expect_error(parse_model_config("{", "cfg.json", &c), StatusCode::kInvalidArgument,
+               {"cfg.json", "not valid JSON"});
+  expect_error(parse_model_config(R"({"model_type": "llama"})", "cfg.json", &c),
+               StatusCode::kUnsupported, {"model_type 'llama'"});
+  std::string q = kQwen;
+  q.pop_back();
+  expect_error(parse_model_config(q + R"(, "num_experts_per_tok": 200})", "c", &c),
+               StatusCode::kInvalidArgument, {"num_experts_per_tok 200"});
+  expect_error(parse_model_config(q + R"(, "hidden_size": "2048"})", "c", &c),
+               StatusCode::kInvalidArgument, {"'hidden_size'", "integer"});
+  expect_error(parse_model_config(q + R"(, "hidden_act": "gelu"})", "c", &c),
+               StatusCode::kUnsupported, {"hidden_act 'gelu'"});
+  expect_error(
+      parse_model_config(q + R"(, "quantization_config": {"quant_method": "gptq", "bits": 3,
+        "group_size": 128}})",
+                         "c", &c),
+      StatusCode::kUnsupported, {"quantization_config.bits", "3"});
+  expect_error(
+      parse_model_config(q + R"(, "quantization_config": {"quant_method": "gptq", "bits": 4,
+        "group_size": 48}})",
+                         "c", &c),
+      StatusCode::kUnsupported, {"group_size", "48"});
+  expect_error(
+      parse_model_config(q + R"(, "quantization_config": {"quant_method": "awq"}})", "c", &c),
+      StatusCode::kUnsupported, {"quant_method 'awq'"});
+}
+
+TEST(ConvertIndex, ParsesAndRejectsPathsOutsideTheDirectory) {
+  std::map<std::string, std::string> m;
+  ASSERT_TRUE(convert::parse_index(R"({"metadata": {}, "weight_map": {"a": "s1.safetensors",
+    "b": "s2.safetensors"}})",
+                                   "idx", &m)
+                  .is_ok());
+  EXPECT_EQ(m.at("b"), "s2.safetensors");
+  expect_error(convert::parse_index(R"({"weight_map": {"a": "../x.safetensors"}})", "idx", &m),
+               StatusCode::kInvalidArgument, {"weight_map['a']", "not a file name"});
+  expect_error(convert::parse_index(R"({"weight_map": {"a": 3}})", "idx", &m),
+               StatusCode::kInvalidArgument, {"weight_map['a']"});
+  expect_error(convert::parse_index(R"({"metadata": {}})", "idx", &m), StatusCode::kInvalidArgument,
+               {"missing 'weight_map'"});
+}
+
+TEST(ConvertDtypes, CheckpointMetadataDtypesParse) {
+  for (const char* name : {"I64", "I16", "U16", "U32", "U64", "BOOL", "F8_E5M2"}) {
+    DType t;
+    ASSERT_TRUE(parse_safetensors_dtype(name, &t)) << name;
+    EXPECT_STREQ(safetensors_dtype_name(t), name);
+    EXPECT_GT(dtype_size(t), 0u) << name;
+  }
+  DType t;
+  EXPECT_FALSE(parse_safetensors_dtype("C64", &t));
+}
+
+TEST(ConvertSource, Names) {
+  SourceFormat f;
+  ASSERT_TRUE(parse_source_format("gptq", &f));
+  EXPECT_EQ(f, SourceFormat::kGptq);
+  EXPECT_FALSE(parse_source_format("awq", &f));
+}
+
+class ConvertFiles : public test::TempDirTest {};
+
+// Dropping the pages under a view (the converter does it after each expert) leaves the view
+// readable: the pages come back from the file.
+TEST_F(ConvertFiles, ReleasedViewsReadBackFromTheFile) {
+  std::vector<uint16_t> a(3 * 4096 + 5), b(100);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint16_t>(i + 7);
+  const std::string p = path("r.safetensors");
+  ASSERT_TRUE(write_safetensors(p, {{"a", TensorView(a.data(), DType::kBF16, {int64_t(a.size())})},
+                                    {"b", TensorView(b.data(), DType::kU16, {100})}})
+                  .is_ok());
+  std::unique_ptr<SafetensorsFile> f;
+  ASSERT_TRUE(SafetensorsFile::open(p, &f).is_ok());
+  TensorView va, vb;
+  ASSERT_TRUE(f->get("a", &va).is_ok());
+  ASSERT_TRUE(f->get("b", &vb).is_ok());
+  EXPECT_EQ(std::memcmp(va.data, a.data(), a.size() * 2), 0);
+  f->release(va);
+  f->release(TensorView(b.data(), DType::kU16, {100}));  // not in the mapping: ignored
+  EXPECT_EQ(std::memcmp(va.data, a.data(), a.size() * 2), 0);
+  EXPECT_EQ(std::memcmp(vb.data, b.data(), b.size() * 2), 0);
+  EXPECT_EQ(b[99], 106);
+}
+
+}  // namespace
+}  // namespace qmoe
