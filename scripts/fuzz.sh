@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (tests/fuzz: the safetensors header parser and the whole layer-file
-# reader, AddressSanitizer and UBSan on) with clang into build-fuzz, then runs each for
-# QMOE_FUZZ_SECONDS (default 30) from its seed corpus in tests/fuzz/corpus/<target>/. New inputs go
+# Builds the libFuzzer targets (tests/fuzz: the safetensors header parser, the whole layer-file
+# reader and the checkpoint JSON files; AddressSanitizer and UBSan on) with clang into build-fuzz,
+# then runs each for QMOE_FUZZ_SECONDS (default 30) from its seed corpus in
+# tests/fuzz/corpus/<target>/. New inputs go
 # to a scratch copy, never into the repository; a crash, leak, sanitizer report or timeout fails
 # the script and leaves the input that caused it in build-fuzz/artifacts/. Prints each target's
 # executions and coverage.
@@ -12,10 +13,10 @@ jobs="$(nproc)"
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DQMOE_FUZZ=ON -DQMOE_CUDA=OFF -DQMOE_BUILD_TESTS=OFF -DQMOE_BUILD_TOOLS=OFF >/dev/null
-cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_layer_file
+cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_layer_file fuzz_checkpoint_json
 
 mkdir -p build-fuzz/artifacts
-for target in fuzz_safetensors fuzz_layer_file; do
+for target in fuzz_safetensors fuzz_layer_file fuzz_checkpoint_json; do
   work="build-fuzz/corpus-$target"
   rm -rf "$work"
   cp -r "tests/fuzz/corpus/$target" "$work"
