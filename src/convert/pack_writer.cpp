@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
+#include "io/safetensors_header.h"
 #include "qmoe/io.h"
 
 namespace qmoe::convert {
@@ -45,25 +45,15 @@ Status PackWriter::begin(const std::map<std::string, std::string>& metadata) {
   std::stable_sort(slots_.begin(), slots_.end(), [](const Slot& a, const Slot& b) {
     return dtype_size(a.shape.dtype) > dtype_size(b.shape.dtype);
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  for (const auto& kv : metadata) meta[kv.first] = kv.second;
-  header["__metadata__"] = std::move(meta);
+  std::vector<std::pair<std::string, TensorView>> entries;
+  for (const Slot& s : slots_) entries.emplace_back(s.name, s.shape);
+  std::vector<uint64_t> offsets;
   uint64_t offset = 0;
+  const std::string text = encode_safetensors_header(entries, metadata, &offsets, &offset);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    index_[s.name] = i;
-    s.offset = offset;
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int d = 0; d < s.shape.rank; ++d) shape.push_back(s.shape.dims[d]);
-    const uint64_t bytes = s.shape.bytes();
-    header[s.name] = {{"dtype", safetensors_dtype_name(s.shape.dtype)},
-                      {"shape", std::move(shape)},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    index_[slots_[i].name] = i;
+    slots_[i].offset = offsets[i];
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
   data_start_ = 8 + n;
   file_bytes_ = data_start_ + offset;

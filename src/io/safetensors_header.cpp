@@ -272,4 +272,31 @@ Status parse_safetensors_header(const std::string& path, const uint8_t* file, si
   return Status::ok();
 }
 
+std::string encode_safetensors_header(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::vector<uint64_t>* offsets, uint64_t* data_bytes) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& kv : metadata) meta[kv.first] = kv.second;
+    header["__metadata__"] = std::move(meta);
+  }
+  offsets->clear();
+  uint64_t offset = 0;
+  for (const auto& [name, view] : tensors) {
+    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
+    for (int i = 0; i < view.rank; ++i) shape.push_back(static_cast<uint64_t>(view.dims[i]));
+    const uint64_t bytes = view.bytes();
+    header[name] = {{"dtype", safetensors_dtype_name(view.dtype)},
+                    {"shape", std::move(shape)},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offsets->push_back(offset);
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  *data_bytes = offset;
+  return text;
+}
+
 }  // namespace qmoe

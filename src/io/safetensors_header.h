@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,13 @@ struct SafetensorsHeader {
 // allowed. `path` only names the file in messages.
 Status parse_safetensors_header(const std::string& path, const uint8_t* file, size_t file_bytes,
                                 SafetensorsHeader* out);
+
+// The header of a safetensors file holding `tensors` (their names, dtypes and shapes; the data
+// pointers are not read) back to back in the order given: the JSON text, padded with spaces to a
+// multiple of 8 bytes (the 8-byte length prefix not included), with __metadata__ when metadata is
+// not empty. offsets receives each tensor's offset in the data section, *data_bytes its size.
+std::string encode_safetensors_header(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::vector<uint64_t>* offsets, uint64_t* data_bytes);
 
 }  // namespace qmoe

@@ -4,9 +4,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/safetensors_header.h"
 #include "qmoe/io.h"
 
 namespace qmoe {
@@ -71,24 +71,11 @@ Status write_safetensors(const std::string& path, const std::vector<NamedTensor>
     return dtype_size(a->view.dtype) > dtype_size(b->view.dtype);
   });
 
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& kv : metadata) meta[kv.first] = kv.second;
-    header["__metadata__"] = std::move(meta);
-  }
-  uint64_t offset = 0;
-  for (const NamedTensor* t : order) {
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int i = 0; i < t->view.rank; ++i) shape.push_back(static_cast<uint64_t>(t->view.dims[i]));
-    const uint64_t bytes = t->view.bytes();
-    header[t->name] = {{"dtype", safetensors_dtype_name(t->view.dtype)},
-                       {"shape", std::move(shape)},
-                       {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<std::pair<std::string, TensorView>> entries;
+  for (const NamedTensor* t : order) entries.emplace_back(t->name, t->view);
+  std::vector<uint64_t> offsets;
+  uint64_t data_bytes = 0;
+  const std::string text = encode_safetensors_header(entries, metadata, &offsets, &data_bytes);
   const uint64_t n = text.size();
 
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
