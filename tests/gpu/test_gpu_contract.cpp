@@ -235,6 +235,8 @@ TEST(GpuContract, NonFiniteInputsAreDeferredErrors) {
 
 TEST(GpuContract, WorkspaceSizeIsMonotoneAndSmallForDecode) {
   QMOE_REQUIRE_GPU();
+  // The dequantize path's layout (the mixed-input GEMM needs no scratch at all).
+  EnvOverride gemm("QMOE_GEMM", "cutlass-dequant");
   Prepared p;
   LayerSpec s = small_spec(WeightFormat::kInt4, 512, 256, 64, 8);
   s.act_dtype = DType::kBF16;

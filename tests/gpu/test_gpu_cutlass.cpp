@@ -128,7 +128,7 @@ TEST(GpuCutlassLayer, ChoiceIsReadAtPrepareAndBadValuesAreNamed) {
   ASSERT_TRUE(
       prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_gemm("mma"), &mma).is_ok());
   {
-    EnvOverride env("QMOE_GEMM", "cutlass");
+    EnvOverride env("QMOE_GEMM", "cutlass-dequant");  // the mixed-input GEMM has no scratch
     ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &cutlass).is_ok());
   }
   // CUTLASS's arrays and descriptors are the only difference in the workspace; both monotone.

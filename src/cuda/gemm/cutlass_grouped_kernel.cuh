@@ -158,6 +158,25 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
   return args;
 }
 
+// initialize() builds the kernel parameters on the host (TMA descriptor templates, no stream work
+// besides clearing CUTLASS's workspace part asynchronously) and sets the kernel's shared memory
+// attribute; run() launches on `stream`. Both are capture-safe. `what` names the GEMM in errors.
+template <typename Gemm>
+Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_workspace,
+                          cudaStream_t stream, const char* what) {
+  Gemm gemm;
+  cutlass::Status s = gemm.initialize(args, cutlass_workspace, stream);
+  if (s != cutlass::Status::kSuccess) {
+    return Status::internal(std::string(what) +
+                            " initialize: " + cutlass::cutlassGetStatusString(s));
+  }
+  s = gemm.run(stream);
+  if (s != cutlass::Status::kSuccess) {
+    return Status::internal(std::string(what) + " launch: " + cutlass::cutlassGetStatusString(s));
+  }
+  return cuda_status(cudaGetLastError(), (std::string("launch of ") + what).c_str());
+}
+
 template <typename G>
 WorkspaceParts workspace_parts(int64_t max_groups, int sm_count) {
   const size_t n = static_cast<size_t>(max_groups);
@@ -202,23 +221,8 @@ Status launch_for(const GroupedGemmArgs& p, int sm_count, void* workspace, cudaS
       reinterpret_cast<typename G::StrideD*>(ws + w.stride_d));
   QMOE_CUDA_CHECK_LAUNCH("setup_groups_kernel");
 
-  typename G::Gemm gemm;
-  const auto args = make_arguments<G>(p.max_groups, sm_count, &w, ws);
-  // initialize() builds the kernel parameters on the host (TMA descriptor templates, no stream
-  // work besides clearing CUTLASS's workspace part asynchronously) and sets the kernel's shared
-  // memory attribute; run() launches on `stream`. Both are capture-safe.
-  cutlass::Status s = gemm.initialize(args, ws + w.cutlass, stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Status::internal(std::string("CUTLASS grouped GEMM initialize: ") +
-                            cutlass::cutlassGetStatusString(s));
-  }
-  s = gemm.run(stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Status::internal(std::string("CUTLASS grouped GEMM launch: ") +
-                            cutlass::cutlassGetStatusString(s));
-  }
-  QMOE_CUDA_CHECK_LAUNCH("cutlass grouped gemm");
-  return Status::ok();
+  return initialize_and_run<typename G::Gemm>(make_arguments<G>(p.max_groups, sm_count, &w, ws),
+                                              ws + w.cutlass, stream, "CUTLASS grouped GEMM");
 }
 
 }  // namespace qmoe::cuda::cutlass_detail

@@ -22,6 +22,7 @@
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
 #include "cuda/gemm/cutlass_grouped.h"
+#include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
 #include "cuda/layer/stages.h"
@@ -129,6 +130,21 @@ __global__ void take_error_kernel(int32_t* error) {
 // shared memory (DecodeFcArgs::min_blocks; 0: none).
 int decode_min_blocks_knob() { return env_int("QMOE_DECODE_MIN_BLOCKS", 4); }
 
+// The generic path's GEMM (PrepareOptions::gemm): CUTLASS's mixed-input kernel on the packed codes
+// where an FC allows it, else dequantize + CUTLASS; dequantize + CUTLASS always; or dequantize +
+// the mma.sync kernel.
+enum class GemmChoice { kCutlass, kCutlassDequant, kMma };
+
+// An FC's copy for the mixed-input GEMM (cutlass_mixed.h): signed int4 codes [E, n, k/2] and
+// scales [E, k / chunk, n] in the activation dtype. Absent (codes null) where the FC runs through
+// the dequantize pass.
+struct MixedFc {
+  const uint8_t* codes = nullptr;
+  const void* scales = nullptr;
+  int64_t chunk = 0;
+  bool on() const { return codes != nullptr; }
+};
+
 class CudaLayer final : public PreparedLayer {
  public:
   CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
@@ -151,8 +167,11 @@ class CudaLayer final : public PreparedLayer {
   Status init(const LayerWeights& w);
   // The generic path's GEMM: CUTLASS (on `sm_count` multiprocessors) for bf16/f16 layers, where
   // an FC's shapes allow it; otherwise the mma.sync kernel. Before the first workspace_size().
-  void set_cutlass(bool on, int sm_count) {
+  // With `mixed`, FCs the mixed-input kernel takes skip the dequantize pass (init() prepares their
+  // copies).
+  void set_cutlass(bool on, bool mixed, int sm_count) {
     cutlass_ = on && (cdt_ == DType::kBF16 || cdt_ == DType::kF16);
+    mixed_ = cutlass_ && mixed;
     sm_count_ = sm_count;
   }
   // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
@@ -197,11 +216,14 @@ class CudaLayer final : public PreparedLayer {
   //   done        A(4 ceil(H / 16))                     FC2 tile counters (decode layers only)
   //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
   //                                                     descriptors (layers on CUTLASS only)
+  //   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
+  //                                                     mixed-input FC only)
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
-  // slots than it can touch experts, so decode shapes get a small scratch.
+  // slots than it can touch experts, so decode shapes get a small scratch. Where every FC runs
+  // on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        done, cutlass, total;
+        done, cutlass, mixed, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -232,10 +254,14 @@ class CudaLayer final : public PreparedLayer {
     const int64_t reach = std::min<int64_t>(E, r);
     l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
     l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
-    l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 ? l->slots_in_scratch : 0));
+    const bool dequant = !all_mixed();
+    l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 && dequant ? l->slots_in_scratch : 0));
     l->done = take(decode_ready_ ? 4 * static_cast<size_t>(pack2_.tiles) : 0);
-    l->cutlass = take(
-        cutlass_ && t > 0 ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_) : 0);
+    l->cutlass = take(cutlass_ && dequant && t > 0
+                          ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
+                          : 0);
+    const bool any_mixed = mixed1_.on() || mixed2_.on() || mixed3_.on();
+    l->mixed = take(any_mixed && t > 0 ? mixed_gemm_workspace_bytes(cdt_, reach, sm_count_) : 0);
     l->total = off;
     return Status::ok();
   }
@@ -253,9 +279,14 @@ class CudaLayer final : public PreparedLayer {
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   Status upload(const TensorView& v, const void** dst);
-  Status run_fc(const DeviceFc& fc, const Layout& l, char* ws, const RouteMapsView& maps,
-                const void* a, int64_t lda, float* c, int64_t ldc, int64_t ld_b,
-                cudaStream_t stream);
+  Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
+                const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
+                int64_t ld_b, cudaStream_t stream);
+  // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
+  Status prepare_mixed(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, MixedFc* out);
+  bool all_mixed() const {
+    return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
+  }
 
   LayerSpec spec_;
   int device_;
@@ -269,6 +300,8 @@ class CudaLayer final : public PreparedLayer {
   bool decode_planned_ = false, decode_ready_ = false;
   DispatchTable dispatch_;
   bool cutlass_ = false;  // set_cutlass()
+  bool mixed_ = false;    // set_cutlass()
+  MixedFc mixed1_, mixed2_, mixed3_;
   int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;
@@ -356,10 +389,38 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &mixed1_));
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &mixed2_));
+  if (spec_.has_fc3()) {
+    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, &mixed3_));
+  }
   const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
   QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
+  return Status::ok();
+}
+
+// A copy beside ORT's (dequantize fallback) and the decode path's: built on the host once.
+Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k,
+                                MixedFc* out) {
+  *out = MixedFc{};
+  if (!mixed_ || !mixed_int4_supported(f, cdt_, n, k)) return Status::ok();
+  std::vector<uint8_t> codes(w.weight.bytes()), scales(w.scales.bytes()), signed_codes;
+  QMOE_CUDA_TRY(cudaMemcpy(codes.data(), w.weight.data, codes.size(), cudaMemcpyDefault));
+  QMOE_CUDA_TRY(cudaMemcpy(scales.data(), w.scales.data, scales.size(), cudaMemcpyDefault));
+  std::vector<uint16_t> scales_t;
+  mixed_int4_prepare(f, cdt_, spec_.num_experts, n, k, codes.data(), scales.data(), &signed_codes,
+                     &scales_t);
+  const void* p = nullptr;
+  QMOE_RETURN_IF_ERROR(upload(
+      TensorView(signed_codes.data(), DType::kU8, {static_cast<int64_t>(signed_codes.size())}),
+      &p));
+  out->codes = static_cast<const uint8_t*>(p);
+  QMOE_RETURN_IF_ERROR(upload(
+      TensorView(scales_t.data(), DType::kU8, {static_cast<int64_t>(2 * scales_t.size())}), &p));
+  out->scales = p;
+  out->chunk = f.block_size == 0 ? k : f.block_size;
   return Status::ok();
 }
 
@@ -620,14 +681,35 @@ Status CudaLayer::take_deferred_error() {
   return Status::invalid(what + ": non-finite value(s)" + at + "; those tokens' outputs are NaN");
 }
 
-// One FC over every wave: dequantize the wave's experts, then the grouped GEMM into c.
-Status CudaLayer::run_fc(const DeviceFc& fc, const Layout& l, char* ws, const RouteMapsView& maps,
-                         const void* a, int64_t lda, float* c, int64_t ldc, int64_t ld_b,
-                         cudaStream_t stream) {
+// One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
+// dequantize the wave's experts, then the grouped GEMM into c.
+Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
+                         const RouteMapsView& maps, const void* a, int64_t lda, float* c,
+                         int64_t ldc, int64_t ld_b, cudaStream_t stream) {
   const int32_t* touched = reinterpret_cast<const int32_t*>(ws + l.touched);
   const int32_t* n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
   const int32_t* tile_start = reinterpret_cast<const int32_t*>(ws + l.tile_start);
   const int64_t routes = maps.tokens * spec_.slots();
+  if (mx.on()) {
+    // No fallback: the layout may hold no scratch. The strides and workspace pointers always
+    // qualify (multiples of 32 elements, 256-byte aligned); launch_mixed_grouped_gemm checks.
+    MixedGemmArgs m;
+    m.dtype = cdt_;
+    m.a = a;
+    m.lda = lda;
+    m.c = c;
+    m.ldc = ldc;
+    m.n = fc.n;
+    m.k = fc.k;
+    m.codes = mx.codes;
+    m.scales = mx.scales;
+    m.chunk = mx.chunk;
+    m.sched.touched = touched;
+    m.sched.n_touched = n_touched;
+    m.sched.offsets = maps.expert_offsets;
+    m.max_groups = static_cast<int>(std::min<int64_t>(spec_.num_experts, routes));
+    return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
+  }
   const int s = static_cast<int>(l.slots_in_scratch);
   for (int64_t wave = 0; wave < l.waves; ++wave) {
     DequantArgs d;
@@ -661,7 +743,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const Layout& l, char* ws, const Ro
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
     if (cutlass_ && cutlass_gemm_can_implement(g)) {
-      const size_t bytes = l.total - l.cutlass;  // the region runs to the end of the layout
+      const size_t bytes = l.mixed - l.cutlass;  // the region runs to the mixed GEMM's
       QMOE_RETURN_IF_ERROR(
           launch_cutlass_grouped_gemm(g, sm_count_, ws + l.cutlass, bytes, stream));
     } else {
@@ -806,9 +888,9 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                      maps.permuted_route, slots, routes, xa, hp_,
                                      error_.as<int32_t>(), stream));
-  QMOE_RETURN_IF_ERROR(run_fc(fc1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
   if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(run_fc(fc3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
+    QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
   }
   ActivationArgs aa;
   aa.act = spec_.activation;
@@ -833,20 +915,26 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   // FC2 into the FC1 output's space.
-  QMOE_RETURN_IF_ERROR(run_fc(fc2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
 
-// PrepareOptions::gemm, else $QMOE_GEMM, else CUTLASS.
-Status gemm_choice(const std::string& option, bool* cutlass) {
+// PrepareOptions::gemm, else $QMOE_GEMM, else "cutlass".
+Status gemm_choice(const std::string& option, GemmChoice* choice) {
   const char* env = std::getenv("QMOE_GEMM");
   const std::string v = !option.empty() ? option : (env ? env : "cutlass");
   const char* what = !option.empty() ? "gemm" : "QMOE_GEMM";
-  if (v != "cutlass" && v != "mma") {
-    return Status::invalid(std::string(what) + ": expected cutlass or mma, got '" + v + "'");
+  if (v == "cutlass") {
+    *choice = GemmChoice::kCutlass;
+  } else if (v == "cutlass-dequant") {
+    *choice = GemmChoice::kCutlassDequant;
+  } else if (v == "mma") {
+    *choice = GemmChoice::kMma;
+  } else {
+    return Status::invalid(std::string(what) + ": expected cutlass, cutlass-dequant or mma, got '" +
+                           v + "'");
   }
-  *cutlass = v == "cutlass";
   return Status::ok();
 }
 
@@ -916,11 +1004,11 @@ Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
   const size_t cap =
       options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
   auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
-  bool cutlass = true;
-  QMOE_RETURN_IF_ERROR(cuda::gemm_choice(options.gemm, &cutlass));
+  cuda::GemmChoice gemm = cuda::GemmChoice::kCutlass;
+  QMOE_RETURN_IF_ERROR(cuda::gemm_choice(options.gemm, &gemm));
   int sm_count = 0;
   QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, options.device));
-  layer->set_cutlass(cutlass, sm_count);
+  layer->set_cutlass(gemm != cuda::GemmChoice::kMma, gemm == cuda::GemmChoice::kCutlass, sm_count);
   QMOE_RETURN_IF_ERROR(layer->init(weights));
   const char* env_tune = std::getenv("QMOE_TUNE_FILE");
   QMOE_RETURN_IF_ERROR(layer->load_dispatch(

@@ -1,0 +1,209 @@
+// The CUTLASS SM90 mixed-input grouped GEMM instance (types, setup kernel, launch), included once
+// per dtype by cutlass_mixed_{bf16,f16}.cu. Only those translation units see CUTLASS.
+//
+// Configuration: that of cutlass_grouped_kernel.cuh (cooperative ptr-array kernel, 128 x 128 x 64
+// tile, cluster 1 x 1 x 1, the same fp32 column-major epilogue, stages from what the epilogue
+// leaves), with the A operand the tuple (int4b_t, scale type): CUTLASS's register-sourced (RS)
+// mainloop loads the codes and a [128 x 1] scale column per K tile by TMA, converts the codes to
+// the activation type in registers and multiplies by the scale (ConvertAndScale), one rounding
+// to the activation type per weight, then issues wgmma with A from registers. The codes are in
+// the plain K-contiguous order (no offline value shuffle): the simplest layout the collective
+// takes; the shuffled layout (cutlass::compute_memory_reordering_atom) is a measured follow-up.
+//
+// Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
+//   shapes   G x Shape<int, int, int>        (n, rows of the group, k)
+//   ptr_a    G x pointer                     codes of the group's expert
+//   ptr_b    G x pointer                     a + row0 * lda
+//   ptr_d    G x pointer                     c + row0 * ldc
+//   ptr_s    G x pointer                     scales of the group's expert
+//   stride_a, stride_b, stride_d   G x 8 bytes (one 64-bit leading dimension each)
+//   stride_s G x 16 bytes                    (_1, n, n k / chunk)
+//   cutlass  Gemm::get_workspace_size (three TMA descriptors per SM: codes, activations, scales)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/gemm/cutlass_grouped_kernel.cuh"
+#include "cuda/gemm/cutlass_mixed_instances.h"
+
+namespace qmoe::cuda::cutlass_detail {
+
+static_assert(cute::size<2>(GroupTileShape{}) == kMixedTileK, "cutlass_mixed.h's K tile");
+
+template <typename Element>
+struct MixedGemm {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  using LayoutA = cutlass::layout::RowMajor;     // codes [n, k]: K-contiguous along M
+  using LayoutB = cutlass::layout::ColumnMajor;  // the group's A rows [rows, lda]: K-contiguous
+  static constexpr int kAlignA = 128 / 4;        // TMA: 16-byte rows of int4
+  static constexpr int kAlignB = 16 / sizeof(Element);
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<cutlass::int4b_t, Element>,
+      LayoutA*, kAlignA, Element, LayoutB*, kAlignB, float, GroupTileShape, GroupClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kGroupEpilogueSmem>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  static_assert(Mainloop::KernelConversionMode == Mainloop::ConversionMode::ConvertAndScale,
+                "codes times scales, no zero term");
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, GroupEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using StrideS = typename Mainloop::StrideScale;
+  // docs/cuda-backend.md's workspace formula counts these sizes.
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+                "one 64-bit leading dimension per stride");
+  static_assert(sizeof(StrideS) == 16, "scale stride (_1, int64, int64)");
+  static_assert(sizeof(Shape3) == 12, "(M, N, K) as three ints");
+};
+
+struct MixedParts {
+  size_t shapes, ptr_a, ptr_b, ptr_d, ptr_s, stride_a, stride_b, stride_d, stride_s, cutlass, total;
+};
+
+// The setup kernel: one thread per group slot j (touched index j). Slots past n_touched get a
+// shape with no rows (no tiles) and valid pointers (expert 0's).
+template <typename G>
+__global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* shapes,
+                                   const void** ptr_a, const void** ptr_b, float** ptr_d,
+                                   const void** ptr_s, typename G::StrideA* stride_a,
+                                   typename G::StrideB* stride_b, typename G::StrideD* stride_d,
+                                   typename G::StrideS* stride_s) {
+  const int n_touched = *p.sched.n_touched;
+  const size_t elem = 2;  // bf16 / f16 activations and scales
+  const int64_t kb = p.k / p.chunk;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
+       j += gridDim.x * blockDim.x) {
+    int rows = 0;
+    int64_t row0 = 0, e = 0;
+    if (j < n_touched) {
+      e = p.sched.touched[j];
+      row0 = p.sched.offsets[e];
+      rows = p.sched.offsets[e + 1] - p.sched.offsets[e];
+    }
+    shapes[j] = typename G::Shape3(static_cast<int>(p.n), rows, static_cast<int>(p.k));
+    ptr_a[j] = p.codes + e * p.n * (p.k / 2);
+    ptr_b[j] = static_cast<const char*>(p.a) + row0 * p.lda * elem;
+    ptr_d[j] = p.c + row0 * p.ldc;
+    ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * elem;
+    typename G::StrideA sa{};
+    cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
+    stride_a[j] = sa;
+    typename G::StrideB sb{};
+    cute::get<0>(sb) = p.lda;
+    stride_b[j] = sb;
+    typename G::StrideD sd{};
+    cute::get<1>(sd) = p.ldc;
+    stride_d[j] = sd;
+    typename G::StrideS ss{};
+    cute::get<1>(ss) = p.n;
+    cute::get<2>(ss) = kb * p.n;
+    stride_s[j] = ss;
+  }
+}
+
+template <typename G>
+typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chunk, int sm_count,
+                                                 const MixedParts* parts, char* ws) {
+  typename G::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  auto at = [ws, parts](size_t MixedParts::*part) {
+    return ws == nullptr || parts == nullptr ? nullptr : ws + parts->*part;
+  };
+  // Host problem shapes nullptr: the grid is one CTA per SM and nothing is read on the host.
+  args.problem_shape = {static_cast<int>(max_groups),
+                        reinterpret_cast<typename G::Shape3*>(at(&MixedParts::shapes)), nullptr};
+  auto& m = args.mainloop;
+  m.ptr_A = reinterpret_cast<decltype(m.ptr_A)>(at(&MixedParts::ptr_a));
+  m.dA = reinterpret_cast<decltype(m.dA)>(at(&MixedParts::stride_a));
+  m.ptr_B = reinterpret_cast<decltype(m.ptr_B)>(at(&MixedParts::ptr_b));
+  m.dB = reinterpret_cast<decltype(m.dB)>(at(&MixedParts::stride_b));
+  m.ptr_S = reinterpret_cast<decltype(m.ptr_S)>(at(&MixedParts::ptr_s));
+  m.dS = reinterpret_cast<decltype(m.dS)>(at(&MixedParts::stride_s));
+  m.chunk_size = static_cast<int>(chunk);
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = reinterpret_cast<float**>(at(&MixedParts::ptr_d));
+  args.epilogue.dD = reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d));
+  args.hw_info.device_id = 0;  // unused: sm_count is given
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+template <typename G>
+MixedParts mixed_parts(int64_t max_groups, int sm_count) {
+  const size_t n = static_cast<size_t>(max_groups);
+  MixedParts w{};
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  w.shapes = take(n * sizeof(typename G::Shape3));
+  w.ptr_a = take(n * sizeof(void*));
+  w.ptr_b = take(n * sizeof(void*));
+  w.ptr_d = take(n * sizeof(void*));
+  w.ptr_s = take(n * sizeof(void*));
+  w.stride_a = take(n * sizeof(typename G::StrideA));
+  w.stride_b = take(n * sizeof(typename G::StrideB));
+  w.stride_d = take(n * sizeof(typename G::StrideD));
+  w.stride_s = take(n * sizeof(typename G::StrideS));
+  w.cutlass = take(G::Gemm::get_workspace_size(
+      make_mixed_arguments<G>(max_groups, kMixedTileK, sm_count, nullptr, nullptr)));
+  w.total = off;
+  return w;
+}
+
+template <typename Element>
+size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
+  return mixed_parts<MixedGemm<Element>>(max_groups, sm_count).total;
+}
+
+template <typename Element>
+Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
+                        cudaStream_t stream) {
+  using G = MixedGemm<Element>;
+  const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
+  char* ws = static_cast<char*>(workspace);
+  constexpr int kThreads = 128;
+  const int blocks = (p.max_groups + kThreads - 1) / kThreads;
+  mixed_setup_kernel<G><<<blocks, kThreads, 0, stream>>>(
+      p, reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
+      reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
+      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
+      reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
+      reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
+      reinterpret_cast<typename G::StrideD*>(ws + w.stride_d),
+      reinterpret_cast<typename G::StrideS*>(ws + w.stride_s));
+  QMOE_CUDA_CHECK_LAUNCH("mixed_setup_kernel");
+
+  return initialize_and_run<typename G::Gemm>(
+      make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws), ws + w.cutlass, stream,
+      "CUTLASS mixed-input GEMM");
+}
+
+}  // namespace qmoe::cuda::cutlass_detail
+
+// Defines the instance functions of cutlass_mixed_instances.h for one dtype.
+#define QMOE_CUTLASS_MIXED_INSTANCE(kBf16, Element)                                    \
+  namespace qmoe::cuda::cutlass_detail {                                               \
+  template <>                                                                          \
+  size_t mixed_workspace_bytes<kBf16>(int64_t max_groups, int sm_count) {              \
+    return mixed_workspace_bytes_for<Element>(max_groups, sm_count);                   \
+  }                                                                                    \
+  template <>                                                                          \
+  Status mixed_launch<kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
+                             cudaStream_t stream) {                                    \
+    return mixed_launch_for<Element>(args, sm_count, workspace, stream);               \
+  }                                                                                    \
+  }
