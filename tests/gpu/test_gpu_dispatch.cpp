@@ -40,6 +40,10 @@ TEST(Dispatch, AnalyticDefault) {
   const DispatchTable mixtral(true, 2, 8);
   EXPECT_EQ(chosen(mixtral, 64), "decode/1");  // 16 routes per expert
   EXPECT_EQ(chosen(mixtral, 65), "generic");
+  const DispatchTable no_dequant(true, 8, 128, true);  // the generic path reads the codes
+  EXPECT_EQ(chosen(no_dequant, 128), "decode/1");       // 8 routes per expert
+  EXPECT_EQ(chosen(no_dequant, 129), "generic");
+  EXPECT_EQ(chosen(no_dequant, 64), "decode/1");        // the 64-token window stays
   const DispatchTable wide(true, 8, 1 << 14);  // the window never passes the kernel's bound
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes), "decode/1");
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes + 1), "generic");

@@ -17,6 +17,7 @@ router_weights optional [T, E]; all contiguous, on the layer's device. moe_forwa
 into out (x's shape and dtype; pass it by name, out=...) and returns nothing, the form
 torch.compile functionalizes. Both refuse inputs that need a gradient (inference only)."""
 
+import atexit
 import itertools
 import threading
 import torch
@@ -70,6 +71,15 @@ def register_layer(layer):
 def unregister_layer(handle):
     with _LOCK:
         _LAYERS.pop(handle, None)
+
+
+@atexit.register
+def _release_layers():
+    """Layers still registered at exit are released before the interpreter tears the extension
+    down, so their C++ objects (and device memory) are freed in order and nanobind reports no
+    leaked instances."""
+    with _LOCK:
+        _LAYERS.clear()
 
 
 def _entry(handle):

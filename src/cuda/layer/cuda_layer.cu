@@ -645,7 +645,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
 }
 
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
-  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts);
+  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed());
   if (!tune_file.empty()) {
     cudaDeviceProp prop;
     QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));

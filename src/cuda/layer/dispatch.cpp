@@ -74,8 +74,9 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
 }
 
 DispatchChoice DispatchTable::analytic(int64_t tokens) const {
-  const bool in_window = tokens <= kDecodeWindowTokens ||
-                         tokens * slots_ <= kDecodeMaxMeanRoutes * experts_;
+  const int64_t mean_cap =
+      generic_reads_codes_ ? kDecodeMaxMeanRoutesNoDequant : kDecodeMaxMeanRoutes;
+  const bool in_window = tokens <= kDecodeWindowTokens || tokens * slots_ <= mean_cap * experts_;
   if (!decode_supported_ || tokens > kDecodeMaxRoutes || !in_window) {
     return DispatchChoice{CallPath::kGeneric, 1};
   }

@@ -4,7 +4,8 @@
 //   analytic default  decode/1 where the decode kernel takes both FCs and the call is inside its
 //                     default window: up to kDecodeWindowTokens tokens, and past that while an
 //                     expert averages at most kDecodeMaxMeanRoutes routes (tokens x slots /
-//                     experts); generic elsewhere;
+//                     experts), or kDecodeMaxMeanRoutesNoDequant where the generic path reads the
+//                     codes itself (the mixed-input GEMM takes every FC); generic elsewhere;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
 //   decode/2          16 routes per pass: a tuner candidate past 8 tokens, never the analytic
@@ -39,8 +40,14 @@ enum class CallPath : uint8_t { kDecode, kGeneric };
 // 1075, a tie at 64 routes (1024 tokens); INT8 a tie at 32; Mixtral-8x7B INT4 1650 against 2560
 // us at 16 routes per expert (64 tokens) and 3093 against 2584 at 32. So: every call of up to
 // 64 tokens (as before), and larger ones while an expert averages at most 16 routes.
+// Where the generic path runs the mixed-input GEMM on every FC it skips its dequantize pass, and it
+// wins sooner (bench/results/2026-12-01-h200-final.md, qwen3-30b-a3b INT4, generic against
+// decode/1: 375 against 228 us at 128 tokens, 8 routes per expert; 388 against 393 at 256, 16
+// routes; 405 against 645 at 512): there larger calls take the decode kernel up to 8 routes per
+// expert.
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
+constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
@@ -61,8 +68,13 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
 class DispatchTable {
  public:
   DispatchTable() = default;
-  DispatchTable(bool decode_supported, int slots, int64_t experts)
-      : decode_supported_(decode_supported), slots_(slots), experts_(experts) {}
+  // generic_reads_codes: the generic path runs without a dequantize pass (the mixed-input GEMM
+  // takes every FC), which moves the analytic default's window (kDecodeMaxMeanRoutesNoDequant).
+  DispatchTable(bool decode_supported, int slots, int64_t experts, bool generic_reads_codes = false)
+      : decode_supported_(decode_supported),
+        slots_(slots),
+        experts_(experts),
+        generic_reads_codes_(generic_reads_codes) {}
 
   // Tuned rows replace the analytic default up to their last max_tokens; an unknown choice name
   // is an error naming it.
@@ -83,6 +95,7 @@ class DispatchTable {
   bool decode_supported_ = false;
   int slots_ = 1;
   int64_t experts_ = 1;
+  bool generic_reads_codes_ = false;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
 };
 
