@@ -52,6 +52,13 @@ inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInput
   return ::testing::AssertionSuccess();
 }
 
+// PrepareOptions choosing the generic path's GEMM ("cutlass", "cutlass-dequant", "mma").
+inline PrepareOptions with_gemm(const std::string& gemm) {
+  PrepareOptions o;
+  o.gemm = gemm;
+  return o;
+}
+
 inline int64_t tokens_of(const RunInputs& in) {
   return in.input.dims[0] * (in.input.rank == 3 ? in.input.dims[1] : 1);
 }

@@ -11,12 +11,6 @@
 namespace qmoe::test {
 namespace {
 
-PrepareOptions with_gemm(const std::string& gemm) {
-  PrepareOptions o;
-  o.gemm = gemm;
-  return o;
-}
-
 // A random bf16/f16 INT4 or INT8 layer (H 256, I 128, 16 experts, k 4) and inputs of `tokens`.
 struct LayerCase {
   TestLayer tl;

@@ -19,12 +19,6 @@
 namespace qmoe::test {
 namespace {
 
-PrepareOptions with_gemm(const std::string& gemm) {
-  PrepareOptions o;
-  o.gemm = gemm;
-  return o;
-}
-
 LayerSpec int4_spec(DType dt, int64_t h, int64_t i, int64_t e, int k, int block, DType scale) {
   LayerSpec s = small_spec(WeightFormat::kInt4, h, i, e, k);
   s.act_dtype = dt;

@@ -656,9 +656,10 @@ def find_cli(option: Optional[str] = None) -> Optional[str]:
     return cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None
 
 
-def run_cli(cli: str, args: List[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(cli: str, args: List[str], timeout: float = 120, cwd=None,
+            env=None) -> subprocess.CompletedProcess:
     return subprocess.run([cli] + [str(a) for a in args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd, env=env)
 
 
 def qmoe_forward(cli: str, workdir: Path, layer: Layer, x, logits, semantics: str = "cpu",

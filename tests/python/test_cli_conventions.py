@@ -7,7 +7,6 @@ import csv
 import json
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -17,11 +16,6 @@ USAGE_EXIT, IO_EXIT = 2, 3
 # A tiny layer of the smallest preset's routing and activation: seconds on two cores.
 TINY = ["--backend", "cpu", "--presets", "qwen3-30b-a3b", "--shape", "256,128,8,2", "--tokens",
         "1,2", "--repeat", "1", "--warmup", "0"]
-
-
-def _run_in(cli, args, cwd, env=None, timeout=180):
-    return subprocess.run([cli] + [str(a) for a in args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
 
 
 def test_version_names_the_commit(cli):
@@ -82,7 +76,7 @@ def _env_without_knobs(**extra):
 
 
 def test_bench_writes_no_file_unless_asked(cli, tmp_path):
-    r = _run_in(cli, ["bench"] + TINY, cwd=tmp_path, env=_env_without_knobs())
+    r = run_cli(cli, ["bench"] + TINY, timeout=180, cwd=tmp_path, env=_env_without_knobs())
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     assert list(tmp_path.iterdir()) == [], f"bench wrote {list(tmp_path.iterdir())}"
     # The rows are on stdout, under a header naming the build, the settings and the time.
@@ -94,8 +88,8 @@ def test_bench_writes_no_file_unless_asked(cli, tmp_path):
 def test_bench_rows_describe_themselves(cli, tmp_path):
     env = _env_without_knobs(QMOE_TEST_KNOB="7")
     out_csv, out_json = tmp_path / "rows.csv", tmp_path / "rows.json"
-    r = _run_in(cli, ["bench"] + TINY + ["--csv", out_csv, "--json", out_json], cwd=tmp_path,
-                env=env)
+    r = run_cli(cli, ["bench"] + TINY + ["--csv", out_csv, "--json", out_json], timeout=180,
+                cwd=tmp_path, env=env)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     assert "QMOE_TEST_KNOB=7" in r.stdout, r.stdout
     with open(out_csv, newline="") as f:
