@@ -6,6 +6,7 @@
 # The first argument is the gtest filter ('-' skips the GPU suite; default: every GPU test); the
 # arguments after it are qmoe command lines (without the program name), run in order; leading
 # VAR=value words set the environment of that command alone ('QMOE_GEMM=mma bench --tokens 8').
+#   QMOE_QUICK_PREBUILT=1 runs the binaries in .gl/ (scripts/gpu-pack.sh) instead of building
 #   QMOE_QUICK_PYTHON=1   also builds the Python module (-DQMOE_PYTHON=ON, the machine's python3
 #                         with its torch) and runs QMOE_QUICK_PYTEST (default: the package and
 #                         torch suites) with PYTHONPATH=build-gpu/python, after the commands
@@ -47,12 +48,23 @@ if [ "$python_on" = 1 ]; then
   targets+=(_qmoe qmoe_python_files)
 fi
 t0=$(date +%s)
+if [ "${QMOE_QUICK_PREBUILT:-0}" = 1 ]; then
+  # Binaries built on another machine with the same toolkit (scripts/gpu-pack.sh), gzipped in the
+  # git-ignored .gl/: no build here.
+  mkdir -p build-gpu/tests build-gpu/tools
+  gunzip -c .gl/qmoe_gpu_tests.gz >build-gpu/tests/qmoe_gpu_tests &&
+    gunzip -c .gl/qmoe.gz >build-gpu/tools/qmoe &&
+    chmod +x build-gpu/tests/qmoe_gpu_tests build-gpu/tools/qmoe ||
+    { echo "prebuilt binaries missing from .gl/"; exit 1; }
+  step "prebuilt binaries" ok
+else
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a "${prefix[@]}" >"$dest/configure.log" 2>&1 ||
   { tail -30 "$dest/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$dest/build.log" 2>&1 ||
   { grep -E "error|Error" "$dest/build.log" | head -40; tail -20 "$dest/build.log"; exit 1; }
 step "build ($(( $(date +%s) - t0 )) s)" ok
+fi
 
 if [ "$filter" != "-" ]; then
   t0=$(date +%s)

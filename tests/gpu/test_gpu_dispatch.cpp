@@ -41,10 +41,10 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(mixtral, 64), "decode/1");  // 16 routes per expert
   EXPECT_EQ(chosen(mixtral, 65), "generic");
   const DispatchTable no_dequant(true, 8, 128, true);  // the generic path reads the codes
-  EXPECT_EQ(chosen(no_dequant, 128), "decode/1");       // 8 routes per expert
+  EXPECT_EQ(chosen(no_dequant, 128), "decode/1");      // 8 routes per expert
   EXPECT_EQ(chosen(no_dequant, 129), "generic");
-  EXPECT_EQ(chosen(no_dequant, 64), "decode/1");        // the 64-token window stays
-  const DispatchTable wide(true, 8, 1 << 14);  // the window never passes the kernel's bound
+  EXPECT_EQ(chosen(no_dequant, 64), "decode/1");  // the 64-token window stays
+  const DispatchTable wide(true, 8, 1 << 14);     // the window never passes the kernel's bound
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes), "decode/1");
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes + 1), "generic");
   const DispatchTable none(false, 8, 128);
@@ -92,6 +92,36 @@ TEST(Dispatch, EnvironmentOverride) {
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
   EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes).size(), 3u);
   EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes + 1).size(), 1u);
+}
+
+// The fused kernel: a candidate up to the layer's bound, never where the layer lacks it; forced
+// past the bound (or on a layer without it), the decode kernel or the generic path.
+TEST(Dispatch, FusedChoice) {
+  const DispatchTable t(true, 8, 128, false, 16);
+  const auto names = [](const std::vector<DispatchChoice>& v) {
+    std::string s;
+    for (const DispatchChoice& c : v) s += choice_name(c) + " ";
+    return s;
+  };
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 1, 16)), "generic decode/1 decode/cc fused ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 16, 16)), "generic decode/1 decode/2 fused ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 17, 16)), "generic decode/1 decode/2 ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 4, 0)), "generic decode/1 decode/cc ");
+  DispatchChoice c;
+  ASSERT_TRUE(cuda::parse_choice("fused", &c));
+  EXPECT_EQ(c.path, CallPath::kFused);
+  {
+    EnvOverride o("QMOE_DISPATCH", "fused");
+    EXPECT_EQ(chosen(t, 1), "fused");
+    EXPECT_EQ(chosen(t, 16), "fused");
+    EXPECT_EQ(chosen(t, 17), "decode/1");
+    EXPECT_EQ(chosen(DispatchTable(true, 8, 128), 1), "decode/1");
+    EXPECT_EQ(chosen(DispatchTable(false, 8, 128), 1), "generic");
+  }
+  DispatchTable tuned(true, 8, 128, false, 16);
+  ASSERT_TRUE(tuned.apply_tuned({{8, "fused"}, {64, "fused"}}).is_ok());
+  EXPECT_EQ(chosen(tuned, 8), "fused");
+  EXPECT_EQ(chosen(tuned, 20), "decode/1");  // a row past the bound: the decode kernel
 }
 
 // Rows per pass on the decode path: four times the mean routes per expert, to the nearest power

@@ -21,6 +21,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/dequant/dequant.h"
+#include "cuda/fused/fused_decode.h"
 #include "cuda/gemm/cutlass_grouped.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/grouped_gemm.h"
@@ -198,7 +199,8 @@ class CudaLayer final : public PreparedLayer {
   Status apply_tune_file(const std::string& tune_file) override { return load_dispatch(tune_file); }
   std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
     std::vector<std::string> names;
-    for (const DispatchChoice& c : cuda::dispatch_candidates(decode_ready_, tokens)) {
+    for (const DispatchChoice& c :
+         cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_)) {
       names.push_back(choice_name(c));
     }
     return names;
@@ -218,12 +220,14 @@ class CudaLayer final : public PreparedLayer {
   //                                                     descriptors (layers on CUTLASS only)
   //   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
   //                                                     mixed-input FC only)
+  //   fused       fused_decode_workspace_bytes(T)       the fused kernel's partial sums (layers
+  //                                                     it takes, T <= fused_max_tokens_ only)
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
   // slots than it can touch experts, so decode shapes get a small scratch. Where every FC runs
   // on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        done, cutlass, mixed, total;
+        done, cutlass, mixed, fused, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -262,6 +266,9 @@ class CudaLayer final : public PreparedLayer {
                           : 0);
     const bool any_mixed = mixed1_.on() || mixed2_.on() || mixed3_.on();
     l->mixed = take(any_mixed && t > 0 ? mixed_gemm_workspace_bytes(cdt_, reach, sm_count_) : 0);
+    l->fused = take(t > 0 && t <= fused_max_tokens_
+                        ? fused_decode_workspace_bytes(fused_shape_, static_cast<int>(t))
+                        : 0);
     l->total = off;
     return Status::ok();
   }
@@ -278,6 +285,11 @@ class CudaLayer final : public PreparedLayer {
                     RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
+  // The whole call in the fused kernel.
+  Status run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l, char* ws,
+                   int64_t tokens, cudaStream_t stream);
+  // Whether the fused kernel takes this layer (after pack_for_decode), and up to what count.
+  Status plan_fused();
   Status upload(const TensorView& v, const void** dst);
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
@@ -298,6 +310,9 @@ class CudaLayer final : public PreparedLayer {
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
+  FusedShape fused_shape_;
+  int64_t fused_max_tokens_ = 0;  // 0: the fused kernel does not take this layer
+  int fused_grid_ctas_ = 0;       // 0: as many as the device holds (tests set fewer)
   DispatchTable dispatch_;
   bool cutlass_ = false;  // set_cutlass()
   bool mixed_ = false;    // set_cutlass()
@@ -389,6 +404,7 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
+  QMOE_RETURN_IF_ERROR(plan_fused());
   QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &mixed1_));
   QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &mixed2_));
   if (spec_.has_fc3()) {
@@ -570,6 +586,65 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   return Status::ok();
 }
 
+Status CudaLayer::plan_fused() {
+  if (!decode_ready_ || spec_.has_fc3()) return Status::ok();
+  FusedShape f;
+  f.fc1 = pack1_;
+  f.fc2 = pack2_;
+  f.zp1 = tiled_zp1_ != nullptr;
+  f.zp2 = tiled_zp2_ != nullptr;
+  f.experts = static_cast<int>(spec_.num_experts);
+  f.slots = spec_.slots();
+  f.hidden = spec_.hidden;
+  f.inter = spec_.inter;
+  if (!fused_decode_supports(f, cdt_)) return Status::ok();
+  QMOE_RETURN_IF_ERROR(prepare_fused_decode());
+  fused_shape_ = f;
+  fused_max_tokens_ = kFusedDecodeMaxTokens;
+  // QMOE_FUSED_GRID=n runs the kernel on at most n CTAs (tests of grid independence), read once.
+  fused_grid_ctas_ = std::max(0, env_int("QMOE_FUSED_GRID", 0));
+  return Status::ok();
+}
+
+Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l,
+                            char* ws, int64_t tokens, cudaStream_t stream) {
+  FusedDecodeArgs a;
+  a.routing = spec_.routing;
+  a.experts = static_cast<int>(spec_.num_experts);
+  a.slots = spec_.slots();
+  a.tokens = static_cast<int>(tokens);
+  a.logits = in.router_logits.data;
+  a.logits_dtype = in.router_logits.dtype;
+  a.router_weights = in.router_weights.data;
+  a.rw_dtype = in.router_weights.present() ? in.router_weights.dtype : DType::kF32;
+  a.router_bias = router_bias_;
+  auto fc = [](const MmaPackShape& shape, const uint32_t* packed, const uint8_t* scales,
+               DType scale_dtype, const uint8_t* zp, const DeviceFc& d) {
+    FusedFc f;
+    f.shape = shape;
+    f.packed = packed;
+    f.scales = scales;
+    f.scale_dtype = scale_dtype;
+    f.zero_points = zp;
+    f.bias = d.bias;
+    f.bias_dtype = d.bias_dtype;
+    return f;
+  };
+  a.fc1 = fc(pack1_, packed1_, tiled_scales1_, spec_.fc1.scale_dtype, tiled_zp1_, fc1_);
+  a.fc2 = fc(pack2_, packed2_, tiled_scales2_, spec_.fc2.scale_dtype, tiled_zp2_, fc2_);
+  a.dtype = cdt_;
+  a.act = spec_.activation;
+  a.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  a.hidden = spec_.hidden;
+  a.inter = spec_.inter;
+  a.x = in.input.data;
+  a.out = out.data;
+  a.out_dtype = out.dtype;
+  a.partial = reinterpret_cast<float*>(ws + l.fused);
+  a.error = error_.as<int32_t>();
+  return launch_fused_decode(a, fused_grid_ctas_, stream);
+}
+
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
                              const RouteMapsView& maps, const FinalizeArgs* combine,
@@ -645,7 +720,8 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
 }
 
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
-  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed());
+  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed(),
+                      fused_max_tokens_);
   if (!tune_file.empty()) {
     cudaDeviceProp prop;
     QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
@@ -801,6 +877,20 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   char* ws = static_cast<char*>(workspace);
   const int slots = spec_.slots();
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[0], stream));
+  if (choice.path == CallPath::kFused && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0) {
+    // One kernel: every stage's time is in fc1_us, the combine fused.
+    QMOE_RETURN_IF_ERROR(run_fused(in, out, l, ws, tokens, stream));
+    if (profile) {
+      QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
+      QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
+      float ms = 0.0f;
+      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms, events_[0], events_[4]));
+      *profile = RunProfile{};
+      profile->fc1_us = 1000.0 * ms;
+      profile->combine_fused = true;
+    }
+    return Status::ok();
+  }
 
   // Routing and the plan.
   RouteMapsView maps = carve_route_maps(ws + l.maps, tokens, slots, spec_.num_experts);

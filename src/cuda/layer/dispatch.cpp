@@ -9,6 +9,7 @@ namespace qmoe::cuda {
 
 std::string choice_name(const DispatchChoice& c) {
   if (c.path == CallPath::kGeneric) return "generic";
+  if (c.path == CallPath::kFused) return "fused";
   if (c.route_groups == 0) return "decode/cc";
   return "decode/" + std::to_string(c.route_groups);
 }
@@ -19,7 +20,8 @@ namespace {
 constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric, 1},
                                        {CallPath::kDecode, 1},
                                        {CallPath::kDecode, 2},
-                                       {CallPath::kDecode, 0}};
+                                       {CallPath::kDecode, 0},
+                                       {CallPath::kFused, 1}};
 
 // "generic, decode/1, decode/2 or decode/cc".
 std::string choice_list() {
@@ -43,7 +45,8 @@ bool parse_choice(const std::string& name, DispatchChoice* out) {
   return false;
 }
 
-std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens) {
+std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
+                                                int64_t fused_max_tokens) {
   std::vector<DispatchChoice> c = {DispatchChoice{CallPath::kGeneric, 1}};
   if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
     c.push_back(DispatchChoice{CallPath::kDecode, 1});
@@ -51,6 +54,7 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
     // CUDA cores, one route per pass: a candidate where experts mostly have one route.
     if (tokens <= 8) c.push_back(DispatchChoice{CallPath::kDecode, 0});
   }
+  if (tokens >= 1 && tokens <= fused_max_tokens) c.push_back(DispatchChoice{CallPath::kFused, 1});
   return c;
 }
 
@@ -84,6 +88,8 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
 }
 
 DispatchChoice DispatchTable::feasible(DispatchChoice c, int64_t tokens) const {
+  if (c.path == CallPath::kFused && tokens > fused_max_tokens_)
+    c = DispatchChoice{CallPath::kDecode, 1};
   if (c.path == CallPath::kDecode && (!decode_supported_ || tokens > kDecodeMaxRoutes)) {
     return DispatchChoice{CallPath::kGeneric, 1};
   }

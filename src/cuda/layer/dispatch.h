@@ -15,7 +15,9 @@
 //                     reads its weights r times, all but the first from L2): a tuner candidate up
 //                     to 8 tokens, never the analytic default (it lost to decode/1 at every count
 //                     measured on an H200, docs/cuda-backend.md);
-//   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc: forces one choice (A/B runs);
+//   fused             one cooperative kernel for the whole call (fused_decode.h): routing, FC1,
+//                     FC2 and the combine; a candidate up to the layer's fused_max_tokens;
+//   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc | fused: forces one choice;
 //                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
 // A choice the call cannot take (decode past kDecodeMaxRoutes tokens or for a layer it does not
 // support) falls back to the generic path, which takes every call.
@@ -30,7 +32,7 @@
 
 namespace qmoe::cuda {
 
-enum class CallPath : uint8_t { kDecode, kGeneric };
+enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 
 // The analytic default's decode window. The decode kernel takes calls up to kDecodeMaxRoutes
 // tokens (decode_gemv.h), and the tuner and QMOE_DISPATCH may choose it anywhere there; the
@@ -54,27 +56,31 @@ struct DispatchChoice {
   int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2); 0: CUDA cores
 
   bool operator==(const DispatchChoice& o) const {
-    return path == o.path && (path == CallPath::kGeneric || route_groups == o.route_groups);
+    return path == o.path && (path != CallPath::kDecode || route_groups == o.route_groups);
   }
 };
 
-// "generic", "decode/1", "decode/2", "decode/cc".
+// "generic", "decode/1", "decode/2", "decode/cc", "fused".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 
 // Every choice worth timing for a call of `tokens` tokens (the tuner's candidates).
-std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens);
+// fused_max_tokens: the most tokens the fused kernel takes on this layer (0: none).
+std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
+                                                int64_t fused_max_tokens = 0);
 
 class DispatchTable {
  public:
   DispatchTable() = default;
   // generic_reads_codes: the generic path runs without a dequantize pass (the mixed-input GEMM
   // takes every FC), which moves the analytic default's window (kDecodeMaxMeanRoutesNoDequant).
-  DispatchTable(bool decode_supported, int slots, int64_t experts, bool generic_reads_codes = false)
+  DispatchTable(bool decode_supported, int slots, int64_t experts, bool generic_reads_codes = false,
+                int64_t fused_max_tokens = 0)
       : decode_supported_(decode_supported),
         slots_(slots),
         experts_(experts),
-        generic_reads_codes_(generic_reads_codes) {}
+        generic_reads_codes_(generic_reads_codes),
+        fused_max_tokens_(fused_max_tokens) {}
 
   // Tuned rows replace the analytic default up to their last max_tokens; an unknown choice name
   // is an error naming it.
@@ -96,6 +102,7 @@ class DispatchTable {
   int slots_ = 1;
   int64_t experts_ = 1;
   bool generic_reads_codes_ = false;
+  int64_t fused_max_tokens_ = 0;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
 };
 

@@ -1,0 +1,9 @@
+// The fused decode kernel's int2 instantiations (a file per width, so that they compile in
+// parallel).
+#include "cuda/fused/fused_decode_kernel.cuh"
+
+namespace qmoe::cuda::fused_detail {
+
+template const void* fused_kernel_for<2>(bool, int);
+
+}  // namespace qmoe::cuda::fused_detail

@@ -1,0 +1,203 @@
+// The fused decode kernel's launcher (see fused_decode.h): which layers it takes, the slice width,
+// the shared-memory geometry, the cooperative launch, and the turn from runtime widths into
+// template arguments (fused_kernel_for, one file per width).
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/decode/decode_launch.h"
+#include "cuda/fused/fused_decode.h"
+#include "cuda/fused/fused_launch.h"
+#include "cuda/routing/route_warp.cuh"
+
+namespace qmoe::cuda {
+
+using namespace fused_detail;
+
+namespace {
+
+int chunk_k(const MmaPackShape& s) { return 16 * s.steps_per_chunk; }
+
+// Steps per scale block where blocks are shorter than a chunk, else 0 (also per channel).
+int steps_per_block(const MmaPackShape& s) {
+  return s.block_size == 0 || s.block_size >= chunk_k(s) ? 0 : s.block_size / 16;
+}
+
+int chunks_per_block(const MmaPackShape& s) {
+  if (s.block_size == 0) return static_cast<int>(s.chunks);
+  return std::max(1, s.block_size / chunk_k(s));
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+const void* kernel_for(int bits, bool bf16, int spb) {
+  switch (bits) {
+    case 2:
+      return fused_kernel_for<2>(bf16, spb);
+    case 4:
+      return fused_kernel_for<4>(bf16, spb);
+    case 8:
+      return fused_kernel_for<8>(bf16, spb);
+    default:
+      return nullptr;
+  }
+}
+
+FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
+  const MmaPackShape& s1 = sh.fc1;
+  const MmaPackShape& s2 = sh.fc2;
+  FusedGeometry g;
+  g.units = units;
+  g.slices = static_cast<int>((sh.inter + units - 1) / units);
+  const int rows = std::min(tokens, kFusedDecodeMaxTokens);
+  // Row strides of 16 halves modulo 32: the B loads of a half-warp's rows meet no bank twice
+  // (decode_gemv.cu's geometry()).
+  const int kpad = static_cast<int>(s1.chunks) * chunk_k(s1);
+  g.ld1 = kpad % 32 == 0 ? kpad + 16 : kpad;
+  g.lda = units % 32 == 0 ? units + 16 : units;
+  g.zrow_len = (std::max(g.ld1, g.lda) + 7) / 8 * 8;
+  g.nbp1 = static_cast<int>(s1.scale_blocks);
+  g.cpb1 = chunks_per_block(s1);
+  g.nbs2 = s2.block_size == 0 ? 1 : std::max(1, units / s2.block_size);
+  g.cpb2 = chunks_per_block(s2);
+  g.spb = steps_per_block(s1);
+  const int upt1 = s1.map == MmaRowMap::kIdentity ? 16 : 8;
+  const size_t tiles1 = static_cast<size_t>(units / upt1);
+  const size_t routing_bytes = static_cast<size_t>(kFusedWarps) *
+                               routing_detail::routing_warp_floats(sh.experts, sh.slots) * 4;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += align16(bytes);
+    return static_cast<int>(o);
+  };
+  g.off_xs = take(std::max(static_cast<size_t>(rows) * g.ld1 * 2, routing_bytes));
+  g.off_zrow = take(static_cast<size_t>(g.zrow_len) * 2);
+  g.off_acts = take(static_cast<size_t>(rows) * g.lda * 2);
+  g.off_sc1 = take(tiles1 * 16 * g.nbp1 * 4);
+  g.off_zs1 = take(sh.zp1 ? tiles1 * 16 * g.nbp1 * 4 : 0);
+  g.off_sc2 = take(static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4);
+  g.off_zs2 = take(sh.zp2 ? static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4 : 0);
+  g.smem = off;
+  return g;
+}
+
+// Two CTAs per multiprocessor: the dynamic shared memory of each.
+// (228 KiB a multiprocessor; each CTA also has its static Maps, about 11 KiB, and 1 KiB reserved.)
+constexpr size_t kSmemBudget = 96 * 1024;
+
+bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+FusedShape shape_of(const FusedDecodeArgs& a) {
+  FusedShape sh;
+  sh.fc1 = a.fc1.shape;
+  sh.fc2 = a.fc2.shape;
+  sh.zp1 = a.fc1.zero_points != nullptr;
+  sh.zp2 = a.fc2.zero_points != nullptr;
+  sh.experts = a.experts;
+  sh.slots = a.slots;
+  sh.hidden = a.hidden;
+  sh.inter = a.inter;
+  return sh;
+}
+
+}  // namespace
+
+bool fused_decode_supports(const FusedShape& sh, DType act_dtype) {
+  const MmaPackShape& s1 = sh.fc1;
+  const MmaPackShape& s2 = sh.fc2;
+  if (act_dtype != DType::kBF16 && act_dtype != DType::kF16) return false;
+  if (s1.codes != MmaCodes::kInt || s2.codes != MmaCodes::kInt) return false;
+  if (s1.bits != s2.bits || (s1.bits != 2 && s1.bits != 4 && s1.bits != 8)) return false;
+  if (s1.block_size != s2.block_size) return false;
+  if (s1.block_size != 0 && !pow2(s1.block_size)) return false;
+  if (s2.map != MmaRowMap::kIdentity) return false;
+  if (sh.experts > kFusedMaxExperts || sh.slots > kFusedMaxSlots || sh.slots < 1) return false;
+  if (sh.hidden % 8 != 0 || s2.n != sh.hidden || s2.k != sh.inter) return false;
+  if (!pow2(chunk_k(s2)) || chunk_k(s2) > kFusedMaxUnits) return false;
+  return fused_geometry(sh, kFusedDecodeMaxTokens, chunk_k(s2)).smem <= kSmemBudget;
+}
+
+int fused_decode_units(const FusedShape& sh, int tokens) {
+  const int ck = chunk_k(sh.fc2);
+  const int64_t kmax = sh.fc2.chunks * ck;
+  const int64_t touched = std::min<int64_t>(sh.experts, static_cast<int64_t>(tokens) * sh.slots);
+  int u = ck;
+  while (2 * u <= kFusedMaxUnits && 2 * u <= kmax &&
+         touched * ((sh.inter + 2 * u - 1) / (2 * u)) >= kFusedTargetItems &&
+         fused_geometry(sh, tokens, 2 * u).smem <= kSmemBudget) {
+    u *= 2;
+  }
+  return u;
+}
+
+size_t fused_decode_workspace_bytes(const FusedShape& sh, int tokens) {
+  const int u = fused_decode_units(sh, tokens);
+  const int64_t slices = (sh.inter + u - 1) / u;
+  const size_t bytes = static_cast<size_t>(slices) * tokens * sh.slots * sh.hidden * 4;
+  return (bytes + 255) / 256 * 256;
+}
+
+Status prepare_fused_decode() {
+  for (int bits : {2, 4, 8}) {
+    for (bool bf16 : {false, true}) {
+      for (int spb : {0, 1, 2, 4}) {
+        const void* k = kernel_for(bits, bf16, spb);
+        if (k == nullptr) continue;
+        QMOE_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kSmemBudget)));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t stream) {
+  if (a.tokens < 1 || a.tokens > kFusedDecodeMaxTokens) {
+    return Status::invalid("fused decode: tokens must be 1.." +
+                           std::to_string(kFusedDecodeMaxTokens) + ", got " +
+                           std::to_string(a.tokens));
+  }
+  if (a.x == nullptr || a.out == nullptr || a.partial == nullptr || a.logits == nullptr ||
+      a.fc1.packed == nullptr || a.fc2.packed == nullptr || a.fc1.scales == nullptr ||
+      a.fc2.scales == nullptr) {
+    return Status::invalid("fused decode: null input, output, workspace or weight pointer");
+  }
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
+    return Status::invalid("fused decode: input must be 16-byte aligned");
+  }
+  const FusedShape sh = shape_of(a);
+  const FusedGeometry geo = fused_geometry(sh, a.tokens, fused_decode_units(sh, a.tokens));
+  const void* kernel = kernel_for(a.fc1.shape.bits, a.dtype == DType::kBF16, geo.spb);
+  if (kernel == nullptr || geo.smem > kSmemBudget) {
+    return Status::invalid("fused decode: no kernel for this layer (fused_decode_supports)");
+  }
+  int device = 0, sms = 0, per_sm = 0;
+  QMOE_CUDA_TRY(cudaGetDevice(&device));
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  QMOE_CUDA_TRY(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedWarps * 32, geo.smem));
+  if (per_sm < 1) return Status::internal("fused decode: the kernel does not fit a multiprocessor");
+  int grid = sms * per_sm;
+  if (grid_ctas > 0) grid = std::min(grid, grid_ctas);
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kFusedWarps * 32);
+  cfg.dynamicSmemBytes = geo.smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  FusedDecodeArgs args = a;
+  FusedGeometry g = geo;
+  void* params[] = {&args, &g};
+  QMOE_CUDA_TRY(cudaLaunchKernelExC(&cfg, kernel, params));
+  QMOE_CUDA_CHECK_LAUNCH("fused_decode_kernel");
+  return Status::ok();
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,99 @@
+// The fused decode kernel: one persistent, cooperative launch per layer call that routes, runs FC1,
+// the activation and FC2 of every touched expert, and combines, with no other kernel. For small
+// calls (up to kFusedDecodeMaxTokens tokens) of integer layers the decode kernel reads (int2, int4,
+// int8; see fused_decode_supports()).
+//
+//   every CTA        routes all the call's tokens itself (route_warp.cuh, bit for bit route()) and
+//                    builds the expert maps in shared memory: no routing kernel, no maps in memory
+//   work items       (touched expert u, unit slice s), expert-major, CTA c takes c, c + G, ...:
+//                      FC1 tiles of units [s U, s U + U) -> activation -> shared memory (bf16/f16)
+//                      FC2 K-slice [s U, s U + U) of every output row -> fp32 partial sums
+//                    FC1's result never leaves the CTA and FC2 waits for nobody, so no counters
+//   grid.sync()      (cooperative groups: the barrier's state is the driver's, not the workspace)
+//   combine          out[t, c] = sum over slots j (slot order) of w_j (sum over s (slice order) of
+//                    partial[s][t slots + j][c] + b2[e_j, c]); the CTAs share the columns
+//
+// Partial sums, in the workspace (fused_decode_workspace_bytes):
+//     partial [slices][T * slots][H] fp32     route id r = t * slots + j
+// Each entry is written by exactly one work item, whatever CTA runs it, and every sum has a fixed
+// order, so a call's bits do not depend on the grid size or on scheduling. U depends on the call's
+// token count and the layer only (fused_decode_units), never on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/formats/mma_pack.h"
+#include "cuda/routing/device_routing.h"
+#include "qmoe/layer.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cuda {
+
+constexpr int kFusedDecodeMaxTokens = 16;  // routes per expert <= 16: two mma column groups
+
+struct FusedFc {
+  MmaPackShape shape;
+  const uint32_t* packed = nullptr;  // [E, words_per_expert] (mma_pack.h)
+  const uint8_t* scales = nullptr;   // tile order, in scale_dtype
+  DType scale_dtype = DType::kF32;
+  const uint8_t* zero_points = nullptr;  // tile order, a byte each, or nullptr
+  const void* bias = nullptr;            // FC1: [E, fc1 rows]; FC2: [E, H]; or nullptr
+  DType bias_dtype = DType::kF32;
+};
+
+struct FusedDecodeArgs {
+  // Routing (the inputs of launch_routing(); maps are built in shared memory only).
+  RoutingSpec routing;
+  int experts = 0;  // E, shared experts included
+  int slots = 0;    // top_k + num_shared
+  int tokens = 0;   // T, 1..kFusedDecodeMaxTokens
+  const void* logits = nullptr;
+  DType logits_dtype = DType::kF32;
+  const void* router_weights = nullptr;
+  DType rw_dtype = DType::kF32;
+  const float* router_bias = nullptr;  // kGroupedTopK
+
+  FusedFc fc1, fc2;
+  DType dtype = DType::kBF16;  // activations (input, FC1's output): bf16 or f16
+  ActivationSpec act;
+  bool scale_input = false;  // CombineMode::kScaleInput
+  int64_t hidden = 0, inter = 0;
+  const void* x = nullptr;  // input [T, H]
+  void* out = nullptr;      // [T, H] in out_dtype
+  DType out_dtype = DType::kBF16;
+  float* partial = nullptr;  // workspace, fused_decode_workspace_bytes()
+  int32_t* error = nullptr;  // the layer's error record (device_routing.h, stages.h)
+};
+
+// What the slice width, the shared memory and the workspace depend on: the layer's packed FCs.
+struct FusedShape {
+  MmaPackShape fc1, fc2;
+  bool zp1 = false, zp2 = false;  // zero points
+  int experts = 0, slots = 0;
+  int64_t hidden = 0, inter = 0;
+};
+
+// Whether the fused kernel takes a layer of this shape: integer codes of 2, 4 or 8 bits, the same
+// width and scale-block size (a power of two, or per channel) for both FCs, bf16/f16 activations,
+// E <= 512 experts, slots <= 16, and a call of 16 tokens fits two CTAs' shared memory per SM.
+bool fused_decode_supports(const FusedShape& shape, DType act_dtype);
+
+// The units per work item's slice for a call of `tokens`: a power-of-two multiple of FC2's chunk,
+// the widest that still gives kFusedTargetItems items (a device-independent count) and fits the
+// shared memory, so that a call's bits depend on the layer and the token count only.
+int fused_decode_units(const FusedShape& shape, int tokens);
+
+// The workspace the partial sums take (256-byte multiple).
+size_t fused_decode_workspace_bytes(const FusedShape& shape, int tokens);
+
+// Once per device, outside capture: the instantiations' shared-memory opt-in.
+Status prepare_fused_decode();
+
+// Launches the call on `stream` (asynchronous, capturable). grid_ctas: 0 for as many CTAs as the
+// device holds at once; otherwise that many (at most that), for tests of grid independence.
+Status launch_fused_decode(const FusedDecodeArgs& args, int grid_ctas, cudaStream_t stream);
+
+}  // namespace qmoe::cuda

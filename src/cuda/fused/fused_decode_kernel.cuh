@@ -1,0 +1,561 @@
+// The fused decode kernel (see fused_decode.h), included once per code width by fused_b*.cu.
+//
+// A CTA of kFusedWarps warps, persistent: routing, then work items, then grid.sync(), then its
+// share of the combine. Shared memory (dynamic, fused_geometry() sizes it):
+//
+//   xs     [rows_cap][ld1] halves   the item's routes' input rows, zero from H to ld1 (FC1's B)
+//          (before the items, the routing warps' scratch lives here: routing_warp_floats each)
+//   zrow   [max(ld1, lda)]          zeros: the B rows of absent routes
+//   acts   [rows_cap][lda] halves   the item's activations, units [s U, s U + U) (FC2's B)
+//   sc1    [tiles1 * 16][nbp1]      FC1 scales of the item's tiles (fp32), zs1 likewise (zp)
+//   sc2    [tiles2 * 16][nbs2]      FC2 scales of the slice's blocks, every row; zs2 likewise
+//
+// A warp's share of an FC is a stream of 16-byte-per-lane chunks (mma_pack.h): tiles first,
+// first + kFusedWarps, ... and chunks [c0, c0 + nc) of each. Its loads run kRing chunks ahead in
+// registers, and L2 prefetches kPrefetch chunks ahead of those, so the bytes in flight per SM cover
+// HBM's latency from the item's start; the decode of a chunk is the decode kernel's (window pairs,
+// exact (q - zp) in bf16/f16, scales on the fp32 sums per block).
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_numeric.cuh"
+#include "cuda/decode/decode_common.cuh"
+#include "cuda/fused/fused_decode.h"
+#include "cuda/fused/fused_launch.h"
+#include "cuda/layer/activation.cuh"
+#include "cuda/layer/stages.h"
+#include "cuda/routing/route_warp.cuh"
+
+namespace qmoe::cuda::fused_detail {
+
+using decode_detail::int8_pair_bf16;
+using decode_detail::kUsesWindows;
+using decode_detail::load_stream;
+using decode_detail::mma16816;
+using decode_detail::pair_of;
+using decode_detail::prefetch_l2;
+using decode_detail::window_base;
+using decode_detail::window_pair;
+using decode_detail::window_positions;
+using decode_detail::Windows;
+using routing_detail::route_token_warp;
+
+constexpr int kThreads = kFusedWarps * 32;
+constexpr int kRing = 4;       // chunk loads in flight per lane
+constexpr int kPrefetch = 16;  // chunks a warp's L2 prefetch runs ahead of its loads
+constexpr int kCols = 2;       // mma column groups: up to 16 routes per expert
+
+// The call's routing, in every CTA's shared memory.
+struct Maps {
+  unsigned long long mask[kFusedMaxExperts];  // tokens that chose expert e
+  int32_t offset[kFusedMaxExperts];           // e's first position in perm
+  int32_t touched[kFusedMaxExperts];          // touched experts, ascending
+  int32_t ids[kFusedMaxRoutes];               // route r = t * slots + j: its expert
+  float weights[kFusedMaxRoutes];
+  int32_t perm[kFusedMaxRoutes];  // expert-major, tokens ascending: route ids
+  int32_t n_touched;
+};
+
+// Routes the call's tokens (warp w takes tokens w, w + kFusedWarps, ...) and builds the maps.
+// Not inlined: one copy per translation unit, whatever the width.
+static __device__ __noinline__ void route_all(const FusedDecodeArgs& a, float* scratch, Maps& m) {
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  for (int e = tid; e < a.experts; e += kThreads) m.mask[e] = 0ull;
+  __syncthreads();
+  routing_detail::TokenRouting r;
+  r.spec = a.routing;
+  r.experts = a.experts;
+  r.slots = a.slots;
+  r.logits = a.logits;
+  r.logits_dtype = a.logits_dtype;
+  r.router_weights = a.router_weights;
+  r.rw_dtype = a.rw_dtype;
+  r.bias = a.routing.method == RoutingMethod::kGroupedTopK ? a.router_bias : nullptr;
+  r.ids = m.ids;  // shared memory, through generic addresses
+  r.weights = m.weights;
+  r.error = a.error;  // every CTA records the same bits: atomicOr / atomicMin are idempotent
+  float* x =
+      scratch + static_cast<size_t>(warp) * routing_detail::routing_warp_floats(a.experts, a.slots);
+  int32_t* sids = reinterpret_cast<int32_t*>(x + 2 * a.experts);
+  float* sw = x + 2 * a.experts + a.slots;
+  for (int t = warp; t < a.tokens; t += kFusedWarps) {
+    switch (a.routing.method) {  // the method's code only is fetched (route_warp.cuh)
+      case RoutingMethod::kTopKSoftmax:
+        route_token_warp<RoutingMethod::kTopKSoftmax>(r, t, x, x + a.experts, sids, sw, lane);
+        break;
+      case RoutingMethod::kSparseMixer:
+        route_token_warp<RoutingMethod::kSparseMixer>(r, t, x, x + a.experts, sids, sw, lane);
+        break;
+      case RoutingMethod::kGroupedTopK:
+        route_token_warp<RoutingMethod::kGroupedTopK>(r, t, x, x + a.experts, sids, sw, lane);
+        break;
+      case RoutingMethod::kTopKSigmoid:
+        route_token_warp<RoutingMethod::kTopKSigmoid>(r, t, x, x + a.experts, sids, sw, lane);
+        break;
+      default:
+        route_token_warp<RoutingMethod::kSoftmaxTopK>(r, t, x, x + a.experts, sids, sw, lane);
+        break;
+    }
+    for (int j = lane; j < a.slots; j += 32) atomicOr(&m.mask[sids[j]], 1ull << t);
+    __syncwarp();
+  }
+  __syncthreads();
+  if (warp == 0) {  // touched list and offsets: one pass over E, 32 experts a step
+    int nt = 0, base = 0;
+    for (int e0 = 0; e0 < a.experts; e0 += 32) {
+      const int e = e0 + lane;
+      const int c = e < a.experts ? __popcll(m.mask[e]) : 0;
+      const unsigned flags = __ballot_sync(0xFFFFFFFFu, c > 0);
+      int inc = c;
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int y = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+        if (lane >= o) inc += y;
+      }
+      if (c > 0) {
+        m.touched[nt + __popc(flags & ((1u << lane) - 1u))] = e;
+        m.offset[e] = base + inc - c;
+      }
+      nt += __popc(flags);
+      base += __shfl_sync(0xFFFFFFFFu, inc, 31);
+    }
+    if (lane == 0) m.n_touched = nt;
+  }
+  __syncthreads();
+  for (int r2 = tid; r2 < a.tokens * a.slots; r2 += kThreads) {
+    const int t = r2 / a.slots;
+    const int e = m.ids[r2];
+    const unsigned long long earlier = t == 0 ? 0ull : (~0ull >> (64 - t));
+    m.perm[m.offset[e] + __popcll(m.mask[e] & earlier)] = r2;
+  }
+  __syncthreads();
+}
+
+// n entries from `first` of a tile-ordered scale array (and zero points) as fp32, one per thread
+// and entry (the runs are short: a slice's blocks of every row).
+__device__ __forceinline__ void copy_run(const FusedFc& f, int64_t first, int n, float* sc,
+                                         float* zs, int dst_first) {
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += kThreads) {
+    sc[dst_first + i] = load_scalar(f.scales, f.scale_dtype, first + i);
+    if (f.zero_points != nullptr) zs[dst_first + i] = static_cast<float>(f.zero_points[first + i]);
+  }
+}
+
+// One warp's stream over an FC's tiles. For each finished tile, done(tile, acc) gets the
+// sums in the mma's C layout (acc[ch]: rows g, g + 8 of columns 8 ch + 2 t, + 1).
+//   w0: the expert's words; tiles first, first + kFusedWarps, ... below tile_end; chunks
+//   [c0, c0 + nc) of each (chunks per tile: `chunks`). sc/zs: the scales staged for tile index
+//   tile - tile_base, nbs blocks per row, the first for chunk c0. x[ch]: lane's B row of column
+//   group ch at chunk c0 (+ 4 t added here); nch: the groups with routes.
+template <int kBits, bool kBf16, int kSpb, typename Done>
+__device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int first, int tile_end,
+                                            int tile_base, int c0, int nc, const float* sc,
+                                            const float* zs, int nbs, int cpb,
+                                            const uint16_t* const x[kCols], int nch,
+                                            const Done& done) {
+  constexpr int kSteps = 16 / kBits;
+  constexpr int kPairsPerWord = 16 / kBits;
+  constexpr int kChunkK = 16 * kSteps;
+  const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
+  const int ntiles = first < tile_end ? (tile_end - first + kFusedWarps - 1) / kFusedWarps : 0;
+  const int total = ntiles * nc;
+  if (total == 0) return;
+  const int64_t jump = (static_cast<int64_t>(kFusedWarps) * chunks - nc) * 128;  // tile to tile
+  const uint32_t* lp = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128 + lane * 4;
+  int lc = nc;  // chunks left in the load cursor's tile
+  auto advance = [&](const uint32_t*& p, int& left) {
+    p += 128;
+    if (--left == 0) {
+      p += jump;
+      left = nc;
+    }
+  };
+  // L2 prefetch: lane l's line (l % 4) of chunk (l / 4) of each round of 8 chunks, kPrefetch ahead.
+  const uint32_t* pp = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128 + (lane & 3) * 32;
+  int pc = nc;
+  int pj = 0;                          // the prefetch cursor's chunk
+  auto prefetch_to = [&](int until) {  // every chunk below `until`, 8 a round
+    for (; pj < until && pj < total; pj += 8) {
+      // Lane l takes chunk pj + l / 4: its cursor steps l / 4 chunks ahead, then back.
+      const uint32_t* q = pp;
+      int ql = pc;
+      for (int i = 0; i < (lane >> 2); ++i) advance(q, ql);
+      if (pj + (lane >> 2) < total) prefetch_l2(q);
+      for (int i = 0; i < 8; ++i) advance(pp, pc);
+    }
+  };
+  prefetch_to(kRing + kPrefetch);
+
+  uint4 ring[kRing];
+#pragma unroll
+  for (int i = 0; i < kRing; ++i) {
+    if (i < total) ring[i] = load_stream(lp);
+    advance(lp, lc);
+  }
+
+  const bool has_zp = zs != nullptr;
+  constexpr int kNPos = window_positions<kBits, kBf16>();
+  const float mid = static_cast<float>(1 << (kBits - 1));
+  float s0 = 0.0f, s1 = 0.0f, z0 = mid, z1 = mid;
+  uint32_t subs0[kNPos], subs1[kNPos];
+  auto set_subs = [&]() {
+#pragma unroll
+    for (int i = 0; i < kNPos; ++i) {
+      subs0[i] = pair_of<kBf16>(window_base<kBits, kBf16>(i) + z0);
+      subs1[i] = pair_of<kBf16>(window_base<kBits, kBf16>(i) + z1);
+    }
+  };
+  set_subs();
+  float acc[kCols][4], blk[kCols][4];
+#pragma unroll
+  for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
+  }
+  auto flush = [&]() {
+#pragma unroll
+    for (int ch = 0; ch < kCols; ++ch) {
+      acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
+      acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
+      acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
+      acc[ch][3] = fmaf(s1, blk[ch][3], acc[ch][3]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
+    }
+  };
+  int tile = first;
+  const float* srow = sc + ((tile - tile_base) * 16 + g) * nbs;  // row g's entries
+  const float* zrow_s = has_zp ? zs + ((tile - tile_base) * 16 + g) * nbs : nullptr;
+  const int nbs8 = 8 * nbs;
+  auto load_scale = [&](int b) {
+    s0 = srow[b];
+    s1 = srow[b + nbs8];
+    if (has_zp) {
+      z0 = zrow_s[b];
+      z1 = zrow_s[b + nbs8];
+      set_subs();
+    }
+  };
+  const uint16_t* xa[kCols];
+#pragma unroll
+  for (int ch = 0; ch < kCols; ++ch) xa[ch] = x[ch] + 4 * t4;
+  int left = kSpb == 0 ? cpb - c0 % cpb : 0;  // chunks to the block's end
+  int bl = 0;                                 // the current block (local)
+  int cleft = nc;                             // chunks to the tile's end
+  load_scale(0);
+
+  auto process = [&](const uint4& wv) {
+    const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if constexpr (kSpb > 0) {
+        if (st % kSpb == 0 && !(st == 0 && bl == 0 && cleft == nc)) {
+          flush();
+          load_scale(++bl);
+        }
+      }
+      uint32_t af[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int pair = 4 * st + j;
+        const uint32_t word = w[pair / kPairsPerWord];
+        const int jj = pair % kPairsPerWord;
+        if constexpr (kUsesWindows<kBits, kBf16>) {
+          const int i = Windows<kBits, kBf16>::position_index(jj);
+          af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
+        } else {
+          af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
+        }
+      }
+#pragma unroll
+      for (int ch = 0; ch < kCols; ++ch) {
+        if (ch < nch) {
+          const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
+          mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
+        }
+      }
+    }
+  };
+  // After a chunk: the B pointers move on; a scale block's or a tile's end flushes.
+  auto after = [&]() {
+#pragma unroll
+    for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
+    if (--cleft == 0) {  // the tile's end
+      flush();
+      done(tile, acc);
+#pragma unroll
+      for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[ch][i] = 0.0f;
+        xa[ch] -= kChunkK * nc;
+      }
+      tile += kFusedWarps;
+      if (tile < tile_end) {
+        srow += kFusedWarps * 16 * nbs;
+        if (has_zp) zrow_s += kFusedWarps * 16 * nbs;
+        cleft = nc;
+        bl = 0;
+        left = kSpb == 0 ? cpb - c0 % cpb : 0;
+        load_scale(0);
+      }
+      return;
+    }
+    if constexpr (kSpb == 0) {
+      if (--left == 0) {
+        flush();
+        load_scale(++bl);
+        left = cpb;
+      }
+    }
+  };
+
+  for (int jb = 0; jb < total; jb += kRing) {
+    prefetch_to(jb + kRing + kPrefetch);
+#pragma unroll
+    for (int i = 0; i < kRing; ++i) {
+      if (jb + i < total) {
+        const uint4 v = ring[i];
+        if (jb + i + kRing < total) ring[i] = load_stream(lp);
+        advance(lp, lc);
+        process(v);
+        after();
+      }
+    }
+  }
+}
+
+template <int kBits, bool kBf16, int kSpb>
+__global__ void __launch_bounds__(kThreads, 2)
+    fused_decode_kernel(FusedDecodeArgs a, FusedGeometry geo) {
+  constexpr int kSteps = 16 / kBits;
+  constexpr int kChunkK = 16 * kSteps;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Maps m;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem + geo.off_xs);
+  uint16_t* zrow = reinterpret_cast<uint16_t*>(smem + geo.off_zrow);
+  uint16_t* acts = reinterpret_cast<uint16_t*>(smem + geo.off_acts);
+  float* sc1 = reinterpret_cast<float*>(smem + geo.off_sc1);
+  float* zs1 = reinterpret_cast<float*>(smem + geo.off_zs1);
+  float* sc2 = reinterpret_cast<float*>(smem + geo.off_sc2);
+  float* zs2 = reinterpret_cast<float*>(smem + geo.off_zs2);
+  const bool zp1 = a.fc1.zero_points != nullptr, zp2 = a.fc2.zero_points != nullptr;
+  const MmaPackShape& s1 = a.fc1.shape;
+  const MmaPackShape& s2 = a.fc2.shape;
+  const DType act_dtype = kBf16 ? DType::kBF16 : DType::kF16;
+
+  route_all(a, reinterpret_cast<float*>(smem), m);
+  for (int i = tid; i < geo.zrow_len / 8; i += kThreads) {
+    reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+
+  const int routes = a.tokens * a.slots;
+  const int n_items = m.n_touched * geo.slices;
+  const int U = geo.units;
+  const int gated = s1.map != MmaRowMap::kIdentity;
+  const int upt1 = gated ? 8 : 16;
+  const int64_t fc1_rows = gated ? 2 * s1.units : s1.n;
+  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
+  auto nonfinite = [&](uint32_t v) {
+    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
+           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
+  };
+
+  for (int item = static_cast<int>(blockIdx.x); item < n_items;
+       item += static_cast<int>(gridDim.x)) {
+    const int u = item / geo.slices, s = item - u * geo.slices;
+    const int e = m.touched[u];
+    const int off = m.offset[e];
+    const int cnt = __popcll(m.mask[e]);
+    const int j0 = s * U;
+    const int m1 = j0 / upt1;
+    const int m1_end = min(m1 + U / upt1, static_cast<int>(s1.tiles));
+    const int c2 = j0 / kChunkK;
+    const int nc2 = min(U / kChunkK, static_cast<int>(s2.chunks) - c2);
+    const uint32_t* w1 = a.fc1.packed + e * s1.words_per_expert();
+    const uint32_t* w2 = a.fc2.packed + e * s2.words_per_expert();
+    __syncthreads();  // the previous item's readers of the staged rows are done
+
+    // 1. Stage: the routes' input rows, the activations' zeros, both FCs' scales.
+    const int pieces = geo.ld1 / 8, real = static_cast<int>(a.hidden) / 8;
+    for (int r = 0; r < cnt; ++r) {
+      const int tok = m.perm[off + r] / a.slots;
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                        static_cast<int64_t>(tok) * a.hidden);
+      for (int p = tid; p < pieces; p += kThreads) {
+        const uint4 v = p < real ? __ldg(src + p) : make_uint4(0u, 0u, 0u, 0u);
+        if (s == 0 && a.error != nullptr &&
+            (nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w))) {
+          atomicOr(a.error, kErrorInput);
+          atomicMin(a.error + 1, tok);
+        }
+        reinterpret_cast<uint4*>(xs + r * geo.ld1)[p] = v;
+      }
+    }
+    for (int i = tid; i < cnt * geo.lda / 8; i += kThreads) {
+      reinterpret_cast<uint4*>(acts)[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    {
+      const int nbp1 = geo.nbp1;
+      copy_run(a.fc1, (e * s1.tiles + m1) * 16 * nbp1, (m1_end - m1) * 16 * nbp1, sc1, zs1, 0);
+      // FC2: the slice's nbs2 blocks of every row, from block b2.
+      const int nbp2 = static_cast<int>(s2.scale_blocks);
+      const int b2 = s2.block_size ? j0 / s2.block_size : 0;
+      const int rows2 = static_cast<int>(s2.tiles) * 16;
+      for (int i = tid; i < rows2 * geo.nbs2; i += kThreads) {
+        const int row = i / geo.nbs2, b = i - row * geo.nbs2;
+        // The last slice may pass K's last block (its codes there meet zero activations).
+        const bool in = b2 + b < nbp2;
+        const int64_t src = (e * s2.tiles * 16 + row) * nbp2 + b2 + b;
+        sc2[i] = in ? load_scalar(a.fc2.scales, a.fc2.scale_dtype, src) : 0.0f;
+        if (zp2) zs2[i] = in ? static_cast<float>(a.fc2.zero_points[src]) : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    // 2. FC1: tiles [m1, m1_end), a warp each in turn, all of K; the activation into acts.
+    const uint16_t* x1[kCols];
+#pragma unroll
+    for (int ch = 0; ch < kCols; ++ch) {
+      const int r = 8 * ch + g;
+      x1[ch] = r < cnt ? xs + r * geo.ld1 : zrow;
+    }
+    const int nch = (cnt + 7) / 8;
+    warp_stream<kBits, kBf16, kSpb>(
+        w1, static_cast<int>(s1.chunks), m1 + warp, m1_end, m1, 0, static_cast<int>(s1.chunks), sc1,
+        zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
+        [&](int tile, const float(&acc)[kCols][4]) {
+          const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
+          const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
+#pragma unroll
+          for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const int r = 8 * ch + 2 * t4 + rr;
+              if (r >= cnt) continue;
+              const int route = m.perm[off + r];
+              const float scale = a.scale_input ? m.weights[route] : 1.0f;
+              auto value = [&](float dot, int64_t lr) {
+                const float b = a.fc1.bias
+                                    ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, e * fc1_rows + lr)
+                                    : 0.0f;
+                return scale * dot + b;
+              };
+              uint16_t* row = acts + r * geo.lda;
+              if (gated) {
+                if (lr0 < 0) continue;
+                const float v =
+                    gated_act(a.act, value(acc[ch][rr], lr0), value(acc[ch][2 + rr], lr1));
+                store_float(row, act_dtype, (tile - m1) * 8 + g, v);
+              } else {
+                if (lr0 >= 0) {
+                  store_float(row, act_dtype, (tile - m1) * 16 + g,
+                              scalar_act(a.act.kind, value(acc[ch][rr], lr0)));
+                }
+                if (lr1 >= 0) {
+                  store_float(row, act_dtype, (tile - m1) * 16 + g + 8,
+                              scalar_act(a.act.kind, value(acc[ch][2 + rr], lr1)));
+                }
+              }
+            }
+          }
+        });
+    __syncthreads();
+
+    // 3. FC2: every tile, chunks [c2, c2 + nc2): partial sums of the slice.
+    const uint16_t* x2[kCols];
+#pragma unroll
+    for (int ch = 0; ch < kCols; ++ch) {
+      const int r = 8 * ch + g;
+      x2[ch] = r < cnt ? acts + r * geo.lda : zrow;
+    }
+    float* part = a.partial + static_cast<int64_t>(s) * routes * a.hidden;
+    warp_stream<kBits, kBf16, kSpb>(
+        w2, static_cast<int>(s2.chunks), warp, static_cast<int>(s2.tiles), 0, c2, nc2, sc2,
+        zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
+        [&](int tile, const float(&acc)[kCols][4]) {
+          const int64_t lr0 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g);
+          const int64_t lr1 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
+#pragma unroll
+          for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const int r = 8 * ch + 2 * t4 + rr;
+              if (r >= cnt) continue;
+              float* y = part + static_cast<int64_t>(m.perm[off + r]) * a.hidden;
+              if (lr0 >= 0) y[lr0] = acc[ch][rr];
+              if (lr1 >= 0) y[lr1] = acc[ch][2 + rr];
+            }
+          }
+        });
+  }
+
+  // 4. Every partial sum is written: the combine, columns shared by all CTAs.
+  __threadfence();
+  cooperative_groups::this_grid().sync();
+  const int64_t n_out = static_cast<int64_t>(a.tokens) * a.hidden;
+  const int64_t plane = static_cast<int64_t>(routes) * a.hidden;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + tid; i < n_out;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int tk = static_cast<int>(i / a.hidden);
+    const int64_t c = i - static_cast<int64_t>(tk) * a.hidden;
+    float sum = 0.0f;
+    for (int j = 0; j < a.slots; ++j) {
+      const int r = tk * a.slots + j;
+      const float* p = a.partial + static_cast<int64_t>(r) * a.hidden + c;
+      float y = 0.0f;
+      int s = 0;
+      for (; s + 4 <= geo.slices; s += 4) {  // four loads in flight, then the adds in order
+        const float v0 = __ldcg(p + (s + 0) * plane), v1 = __ldcg(p + (s + 1) * plane);
+        const float v2 = __ldcg(p + (s + 2) * plane), v3 = __ldcg(p + (s + 3) * plane);
+        y = y + v0;
+        y = y + v1;
+        y = y + v2;
+        y = y + v3;
+      }
+      for (; s < geo.slices; ++s) y = y + __ldcg(p + s * plane);
+      if (a.fc2.bias) {
+        y = y + load_scalar(a.fc2.bias, a.fc2.bias_dtype,
+                            static_cast<int64_t>(m.ids[r]) * a.hidden + c);
+      }
+      sum = a.scale_input ? sum + y : sum + m.weights[r] * y;
+    }
+    store_float(a.out, a.out_dtype, i, sum);
+  }
+}
+
+template <int kBits, bool kBf16, int kSpb>
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(&fused_decode_kernel<kBits, kBf16, kSpb>);
+}
+
+// The instantiations of one width: kSpb 0 (blocks of whole chunks, or per channel) and the block
+// sizes shorter than a chunk (kSpb = steps per block).
+template <int kBits>
+const void* fused_kernel_for(bool bf16, int spb) {
+  auto pick = [&](auto spb_c) -> const void* {
+    constexpr int kS = decltype(spb_c)::value;
+    return bf16 ? kernel_of<kBits, true, kS>() : kernel_of<kBits, false, kS>();
+  };
+  switch (spb) {
+    case 0:
+      return pick(std::integral_constant<int, 0>{});
+    case 1:
+      return pick(std::integral_constant<int, 1>{});
+    case 2:
+      if constexpr (16 / kBits >= 2) return pick(std::integral_constant<int, 2>{});
+      return nullptr;
+    case 4:
+      if constexpr (16 / kBits >= 4) return pick(std::integral_constant<int, 4>{});
+      return nullptr;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace qmoe::cuda::fused_detail
