@@ -252,7 +252,7 @@ TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
   EXPECT_EQ(layer->dispatch_choice(1), "generic");
   EXPECT_EQ(layer->dispatch_choice(4), "generic");
   EXPECT_EQ(layer->dispatch_choice(5), "decode/1");
-  EXPECT_EQ(layer->dispatch_candidates(12).size(), 3u);
+  EXPECT_EQ(layer->dispatch_candidates(12).size(), 4u);  // generic, decode/1, decode/2, fused
   TestInputs ti;
   make_inputs(tl.spec, 3, fresh_seed(), false, &ti);
   GpuRun r;

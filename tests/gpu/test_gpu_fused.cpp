@@ -57,6 +57,22 @@ TEST(GpuFused, IntegerFormatsMatchOracle) {
   }
 }
 
+// Zero points on one FC only, with blocks spanning chunks (int8 b32, int4 b128).
+TEST(GpuFused, ZeroPointsOnOneFc) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (int which : {1, 2}) {
+      LayerSpec s = small_spec(f, 256, 128, 16, 4);
+      s.act_dtype = DType::kBF16;
+      s.fc1.block_size = s.fc2.block_size = f == WeightFormat::kInt8 ? 32 : 128;
+      s.fc1.zero_points = which == 1;
+      s.fc2.zero_points = which == 2;
+      SCOPED_TRACE(layer_name(s));
+      check_fused(s, 1);
+    }
+  }
+}
+
 TEST(GpuFused, ActivationsAndBiases) {
   QMOE_REQUIRE_GPU();
   for (const ActivationSpec& a : activation_cases()) {

@@ -153,7 +153,16 @@ Status prepare_fused_decode() {
   return Status::ok();
 }
 
-Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t stream) {
+Status fused_decode_max_ctas(int* ctas) {
+  int device = 0, sms = 0;
+  QMOE_CUDA_TRY(cudaGetDevice(&device));
+  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  *ctas = 2 * sms;  // __launch_bounds__(kThreads, 2) and the shared-memory budget: at most two
+  return Status::ok();
+}
+
+Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t stream,
+                           int* ctas_used) {
   if (a.tokens < 1 || a.tokens > kFusedDecodeMaxTokens) {
     return Status::invalid("fused decode: tokens must be 1.." +
                            std::to_string(kFusedDecodeMaxTokens) + ", got " +
@@ -179,8 +188,9 @@ Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t
   QMOE_CUDA_TRY(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedWarps * 32, geo.smem));
   if (per_sm < 1) return Status::internal("fused decode: the kernel does not fit a multiprocessor");
-  int grid = sms * per_sm;
+  int grid = sms * std::min(per_sm, 2);
   if (grid_ctas > 0) grid = std::min(grid, grid_ctas);
+  if (ctas_used != nullptr) *ctas_used = grid;
 
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);

@@ -66,6 +66,21 @@ struct FusedDecodeArgs {
   DType out_dtype = DType::kBF16;
   float* partial = nullptr;  // workspace, fused_decode_workspace_bytes()
   int32_t* error = nullptr;  // the layer's error record (device_routing.h, stages.h)
+  // Profiling only (RunProfile): each CTA's kFusedStamps %globaltimer readings, or nullptr.
+  unsigned long long* stamps = nullptr;
+};
+
+// A CTA's stamps (ns): instants, and the summed durations of its items' phases.
+enum FusedStamp : int {
+  kStampStart,      // the CTA's first instruction
+  kStampRouted,     // routing and maps done
+  kStampStageNs,    // items: staging the rows and scales (sum)
+  kStampFc1Ns,      // items: FC1 and the activation (sum)
+  kStampFc2Ns,      // items: FC2 (sum)
+  kStampItemsDone,  // before grid.sync()
+  kStampSynced,     // after grid.sync()
+  kStampEnd,        // the combine done
+  kFusedStamps
 };
 
 // What the slice width, the shared memory and the workspace depend on: the layer's packed FCs.
@@ -92,8 +107,13 @@ size_t fused_decode_workspace_bytes(const FusedShape& shape, int tokens);
 // Once per device, outside capture: the instantiations' shared-memory opt-in.
 Status prepare_fused_decode();
 
+// The most CTAs a call runs on this device (the size of the stamps buffer, per kFusedStamps).
+Status fused_decode_max_ctas(int* ctas);
+
 // Launches the call on `stream` (asynchronous, capturable). grid_ctas: 0 for as many CTAs as the
 // device holds at once; otherwise that many (at most that), for tests of grid independence.
-Status launch_fused_decode(const FusedDecodeArgs& args, int grid_ctas, cudaStream_t stream);
+// *ctas_used (optional): the grid launched.
+Status launch_fused_decode(const FusedDecodeArgs& args, int grid_ctas, cudaStream_t stream,
+                           int* ctas_used = nullptr);
 
 }  // namespace qmoe::cuda

@@ -135,13 +135,53 @@ static __device__ __noinline__ void route_all(const FusedDecodeArgs& a, float* s
   __syncthreads();
 }
 
-// n entries from `first` of a tile-ordered scale array (and zero points) as fp32, one per thread
-// and entry (the runs are short: a slice's blocks of every row).
-__device__ __forceinline__ void copy_run(const FusedFc& f, int64_t first, int n, float* sc,
-                                         float* zs, int dst_first) {
-  for (int i = static_cast<int>(threadIdx.x); i < n; i += kThreads) {
-    sc[dst_first + i] = load_scalar(f.scales, f.scale_dtype, first + i);
-    if (f.zero_points != nullptr) zs[dst_first + i] = static_cast<float>(f.zero_points[first + i]);
+// Entries of a tile-ordered scale array (and its zero points) into shared memory as fp32: entry i
+// of the run comes from src_of(i) (negative: none, 0 is staged), kBatch loads in flight per
+// thread, the dtype's switch outside the loop.
+template <typename T, typename Src>
+__device__ __forceinline__ void stage_run(const T* scales, float (*cvt)(T), const uint8_t* zp,
+                                          int n, float* sc, float* zs, const Src& src_of) {
+  constexpr int kBatch = 8;
+  for (int base = static_cast<int>(threadIdx.x); base < n; base += kThreads * kBatch) {
+    float v[kBatch], z[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      const int64_t src = i < n ? src_of(i) : -1;
+      v[u] = src >= 0 ? cvt(__ldg(scales + src)) : 0.0f;
+      z[u] = zp != nullptr && src >= 0 ? static_cast<float>(__ldg(zp + src)) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      if (i < n) {
+        sc[i] = v[u];
+        if (zp != nullptr) zs[i] = z[u];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float f32_of(float v) { return v; }
+__device__ __forceinline__ float bf16_of(uint16_t v) {
+  return __uint_as_float(static_cast<uint32_t>(v) << 16);
+}
+__device__ __forceinline__ float f16_of(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+
+template <typename Src>
+__device__ __forceinline__ void stage_scales(const FusedFc& f, int n, float* sc, float* zs,
+                                             const Src& src_of) {
+  const uint8_t* zp = f.zero_points;
+  switch (f.scale_dtype) {
+    case DType::kF32:
+      stage_run(reinterpret_cast<const float*>(f.scales), f32_of, zp, n, sc, zs, src_of);
+      break;
+    case DType::kBF16:
+      stage_run(reinterpret_cast<const uint16_t*>(f.scales), bf16_of, zp, n, sc, zs, src_of);
+      break;
+    default:
+      stage_run(reinterpret_cast<const uint16_t*>(f.scales), f16_of, zp, n, sc, zs, src_of);
+      break;
   }
 }
 
@@ -328,6 +368,51 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
   }
 }
 
+// The combine, after every partial sum is written. A unit is one token's 32 columns: lane c
+// takes column c, warp w the token's slots w, w + kFusedWarps, ...; each slot's value (the slices
+// summed in order, the bias, the routing weight) waits in shared memory, and warp 0 adds the slots
+// in order, as the finalize kernel does (combine.cuh). The slices' loads are all in flight at
+// once, so a unit costs about two round trips to L2.
+static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                            const Maps& m, float* red) {
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int groups = static_cast<int>((a.hidden + 31) / 32);
+  const int64_t plane = static_cast<int64_t>(a.tokens) * a.slots * a.hidden;
+  for (int unit = static_cast<int>(blockIdx.x); unit < a.tokens * groups;
+       unit += static_cast<int>(gridDim.x)) {
+    const int tk = unit / groups;
+    const int64_t c = static_cast<int64_t>(unit - tk * groups) * 32 + lane;
+    const bool col = c < a.hidden;
+    for (int j = warp; j < a.slots; j += kFusedWarps) {
+      const int r = tk * a.slots + j;
+      const float* p = a.partial + static_cast<int64_t>(r) * a.hidden + (col ? c : 0);
+      float y = 0.0f;
+      for (int s0 = 0; s0 < geo.slices; s0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          v[u] = s0 + u < geo.slices ? __ldcg(p + (s0 + u) * plane) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (s0 + u < geo.slices) y = y + v[u];
+        }
+      }
+      if (a.fc2.bias && col) {
+        y = y + load_scalar(a.fc2.bias, a.fc2.bias_dtype,
+                            static_cast<int64_t>(m.ids[r]) * a.hidden + c);
+      }
+      red[j * 32 + lane] = a.scale_input ? y : m.weights[r] * y;
+    }
+    __syncthreads();
+    if (warp == 0 && col) {
+      float sum = 0.0f;
+      for (int j = 0; j < a.slots; ++j) sum = sum + red[j * 32 + lane];
+      store_float(a.out, a.out_dtype, static_cast<int64_t>(tk) * a.hidden + c, sum);
+    }
+    __syncthreads();
+  }
+}
+
 template <int kBits, bool kBf16, int kSpb>
 __global__ void __launch_bounds__(kThreads, 2)
     fused_decode_kernel(FusedDecodeArgs a, FusedGeometry geo) {
@@ -349,7 +434,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   const MmaPackShape& s2 = a.fc2.shape;
   const DType act_dtype = kBf16 ? DType::kBF16 : DType::kF16;
 
+  // Profiling (a.stamps): thread 0's %globaltimer, instants and summed phase durations.
+  unsigned long long* st = a.stamps != nullptr && tid == 0
+                               ? a.stamps + static_cast<size_t>(blockIdx.x) * kFusedStamps
+                               : nullptr;
+  unsigned long long mark = 0;
+  auto now = []() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  auto at = [&](int i) {
+    if (st != nullptr) st[i] = mark = now();
+  };
+  auto add = [&](int i) {  // the time since the last stamp, to slot i
+    if (st != nullptr) {
+      const unsigned long long t = now();
+      st[i] += t - mark;
+      mark = t;
+    }
+  };
+  if (st != nullptr) st[kStampStageNs] = st[kStampFc1Ns] = st[kStampFc2Ns] = 0;
+  at(kStampStart);
   route_all(a, reinterpret_cast<float*>(smem), m);
+  at(kStampRouted);
   for (int i = tid; i < geo.zrow_len / 8; i += kThreads) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -381,42 +489,59 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t* w2 = a.fc2.packed + e * s2.words_per_expert();
     __syncthreads();  // the previous item's readers of the staged rows are done
 
-    // 1. Stage: the routes' input rows, the activations' zeros, both FCs' scales.
+    // 1. Stage: the routes' input rows, the activations' zeros, both FCs' scales, every load of a
+    //    batch in flight at once (a CTA's item starts with these round trips).
+    if (st != nullptr) mark = now();
     const int pieces = geo.ld1 / 8, real = static_cast<int>(a.hidden) / 8;
-    for (int r = 0; r < cnt; ++r) {
-      const int tok = m.perm[off + r] / a.slots;
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
-                                                        static_cast<int64_t>(tok) * a.hidden);
-      for (int p = tid; p < pieces; p += kThreads) {
-        const uint4 v = p < real ? __ldg(src + p) : make_uint4(0u, 0u, 0u, 0u);
-        if (s == 0 && a.error != nullptr &&
-            (nonfinite(v.x) || nonfinite(v.y) || nonfinite(v.z) || nonfinite(v.w))) {
-          atomicOr(a.error, kErrorInput);
-          atomicMin(a.error + 1, tok);
+    {
+      constexpr int kBatch = 4;
+      const int n = cnt * pieces;
+      for (int base = tid; base < n; base += kThreads * kBatch) {
+        uint4 v[kBatch];
+        int tok[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = base + u * kThreads;
+          const int r = i / pieces, p = i - r * pieces;
+          tok[u] = i < n ? m.perm[off + r] / a.slots : 0;
+          const uint4* src = reinterpret_cast<const uint4*>(
+              static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(tok[u]) * a.hidden);
+          v[u] = i < n && p < real ? __ldg(src + p) : make_uint4(0u, 0u, 0u, 0u);
         }
-        reinterpret_cast<uint4*>(xs + r * geo.ld1)[p] = v;
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = base + u * kThreads;
+          if (i >= n) continue;
+          const int r = i / pieces, p = i - r * pieces;
+          if (s == 0 && a.error != nullptr &&
+              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
+            atomicOr(a.error, kErrorInput);
+            atomicMin(a.error + 1, tok[u]);
+          }
+          reinterpret_cast<uint4*>(xs + r * geo.ld1)[p] = v[u];
+        }
       }
     }
     for (int i = tid; i < cnt * geo.lda / 8; i += kThreads) {
       reinterpret_cast<uint4*>(acts)[i] = make_uint4(0u, 0u, 0u, 0u);
     }
     {
-      const int nbp1 = geo.nbp1;
-      copy_run(a.fc1, (e * s1.tiles + m1) * 16 * nbp1, (m1_end - m1) * 16 * nbp1, sc1, zs1, 0);
-      // FC2: the slice's nbs2 blocks of every row, from block b2.
+      const int64_t first1 = (e * s1.tiles + m1) * 16 * geo.nbp1;
+      stage_scales(a.fc1, (m1_end - m1) * 16 * geo.nbp1, sc1, zs1,
+                   [&](int i) { return first1 + i; });
+      // FC2: the slice's nbs2 blocks of every row, from block b2; the last slice may pass K's
+      // last block (its codes there meet zero activations).
       const int nbp2 = static_cast<int>(s2.scale_blocks);
       const int b2 = s2.block_size ? j0 / s2.block_size : 0;
-      const int rows2 = static_cast<int>(s2.tiles) * 16;
-      for (int i = tid; i < rows2 * geo.nbs2; i += kThreads) {
-        const int row = i / geo.nbs2, b = i - row * geo.nbs2;
-        // The last slice may pass K's last block (its codes there meet zero activations).
-        const bool in = b2 + b < nbp2;
-        const int64_t src = (e * s2.tiles * 16 + row) * nbp2 + b2 + b;
-        sc2[i] = in ? load_scalar(a.fc2.scales, a.fc2.scale_dtype, src) : 0.0f;
-        if (zp2) zs2[i] = in ? static_cast<float>(a.fc2.zero_points[src]) : 0.0f;
-      }
+      const int nbs2 = geo.nbs2;
+      const int64_t first2 = e * s2.tiles * 16 * nbp2 + b2;
+      stage_scales(a.fc2, static_cast<int>(s2.tiles) * 16 * nbs2, sc2, zs2, [&](int i) {
+        const int row = i / nbs2, b = i - row * nbs2;
+        return b2 + b < nbp2 ? first2 + static_cast<int64_t>(row) * nbp2 + b : int64_t{-1};
+      });
     }
     __syncthreads();
+    add(kStampStageNs);
 
     // 2. FC1: tiles [m1, m1_end), a warp each in turn, all of K; the activation into acts.
     const uint16_t* x1[kCols];
@@ -466,6 +591,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         });
     __syncthreads();
+    add(kStampFc1Ns);
 
     // 3. FC2: every tile, chunks [c2, c2 + nc2): partial sums of the slice.
     const uint16_t* x2[kCols];
@@ -493,40 +619,18 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
           }
         });
+    if (a.stamps != nullptr) {
+      __syncthreads();
+      add(kStampFc2Ns);
+    }
   }
 
-  // 4. Every partial sum is written: the combine, columns shared by all CTAs.
-  __threadfence();
+  // 4. Every partial sum is written: the combine.
+  at(kStampItemsDone);
   cooperative_groups::this_grid().sync();
-  const int64_t n_out = static_cast<int64_t>(a.tokens) * a.hidden;
-  const int64_t plane = static_cast<int64_t>(routes) * a.hidden;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + tid; i < n_out;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int tk = static_cast<int>(i / a.hidden);
-    const int64_t c = i - static_cast<int64_t>(tk) * a.hidden;
-    float sum = 0.0f;
-    for (int j = 0; j < a.slots; ++j) {
-      const int r = tk * a.slots + j;
-      const float* p = a.partial + static_cast<int64_t>(r) * a.hidden + c;
-      float y = 0.0f;
-      int s = 0;
-      for (; s + 4 <= geo.slices; s += 4) {  // four loads in flight, then the adds in order
-        const float v0 = __ldcg(p + (s + 0) * plane), v1 = __ldcg(p + (s + 1) * plane);
-        const float v2 = __ldcg(p + (s + 2) * plane), v3 = __ldcg(p + (s + 3) * plane);
-        y = y + v0;
-        y = y + v1;
-        y = y + v2;
-        y = y + v3;
-      }
-      for (; s < geo.slices; ++s) y = y + __ldcg(p + s * plane);
-      if (a.fc2.bias) {
-        y = y + load_scalar(a.fc2.bias, a.fc2.bias_dtype,
-                            static_cast<int64_t>(m.ids[r]) * a.hidden + c);
-      }
-      sum = a.scale_input ? sum + y : sum + m.weights[r] * y;
-    }
-    store_float(a.out, a.out_dtype, i, sum);
-  }
+  at(kStampSynced);
+  combine(a, geo, m, reinterpret_cast<float*>(smem));
+  at(kStampEnd);
 }
 
 template <int kBits, bool kBf16, int kSpb>

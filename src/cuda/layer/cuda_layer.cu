@@ -220,8 +220,9 @@ class CudaLayer final : public PreparedLayer {
   //                                                     descriptors (layers on CUTLASS only)
   //   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
   //                                                     mixed-input FC only)
-  //   fused       fused_decode_workspace_bytes(T)       the fused kernel's partial sums (layers
-  //                                                     it takes, T <= fused_max_tokens_ only)
+  //   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
+  //               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
+  //                                                     maximum keeps the total monotone in T
   // S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
   // slots than it can touch experts, so decode shapes get a small scratch. Where every FC runs
   // on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
@@ -266,9 +267,9 @@ class CudaLayer final : public PreparedLayer {
                           : 0);
     const bool any_mixed = mixed1_.on() || mixed2_.on() || mixed3_.on();
     l->mixed = take(any_mixed && t > 0 ? mixed_gemm_workspace_bytes(cdt_, reach, sm_count_) : 0);
-    l->fused = take(t > 0 && t <= fused_max_tokens_
-                        ? fused_decode_workspace_bytes(fused_shape_, static_cast<int>(t))
-                        : 0);
+    l->fused = take(fused_ws_.empty()
+                        ? 0
+                        : fused_ws_[static_cast<size_t>(std::min<int64_t>(t, fused_max_tokens_))]);
     l->total = off;
     return Status::ok();
   }
@@ -286,8 +287,11 @@ class CudaLayer final : public PreparedLayer {
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   // The whole call in the fused kernel.
+  // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest
+  // CTA's routing), fc1 (the busiest CTA's staging and FC1), fc2 (its FC2) and combine (from the
+  // last CTA's items to the end: the grid barrier's wait and the combine).
   Status run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l, char* ws,
-                   int64_t tokens, cudaStream_t stream);
+                   int64_t tokens, cudaStream_t stream, RunProfile* profile);
   // Whether the fused kernel takes this layer (after pack_for_decode), and up to what count.
   Status plan_fused();
   Status upload(const TensorView& v, const void** dst);
@@ -313,6 +317,8 @@ class CudaLayer final : public PreparedLayer {
   FusedShape fused_shape_;
   int64_t fused_max_tokens_ = 0;  // 0: the fused kernel does not take this layer
   int fused_grid_ctas_ = 0;       // 0: as many as the device holds (tests set fewer)
+  DeviceBuffer fused_stamps_;     // profiled calls only (they take turns: profile_mu_)
+  std::vector<size_t> fused_ws_;  // [0, F]: the layout's fused entry by token count
   DispatchTable dispatch_;
   bool cutlass_ = false;  // set_cutlass()
   bool mixed_ = false;    // set_cutlass()
@@ -601,13 +607,17 @@ Status CudaLayer::plan_fused() {
   QMOE_RETURN_IF_ERROR(prepare_fused_decode());
   fused_shape_ = f;
   fused_max_tokens_ = kFusedDecodeMaxTokens;
+  fused_ws_.assign(static_cast<size_t>(fused_max_tokens_) + 1, 0);
+  for (int t = 1; t <= fused_max_tokens_; ++t) {
+    fused_ws_[t] = std::max(fused_ws_[t - 1], fused_decode_workspace_bytes(f, t));
+  }
   // QMOE_FUSED_GRID=n runs the kernel on at most n CTAs (tests of grid independence), read once.
   fused_grid_ctas_ = std::max(0, env_int("QMOE_FUSED_GRID", 0));
   return Status::ok();
 }
 
 Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l,
-                            char* ws, int64_t tokens, cudaStream_t stream) {
+                            char* ws, int64_t tokens, cudaStream_t stream, RunProfile* profile) {
   FusedDecodeArgs a;
   a.routing = spec_.routing;
   a.experts = static_cast<int>(spec_.num_experts);
@@ -642,7 +652,36 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
   a.out_dtype = out.dtype;
   a.partial = reinterpret_cast<float*>(ws + l.fused);
   a.error = error_.as<int32_t>();
-  return launch_fused_decode(a, fused_grid_ctas_, stream);
+  if (profile == nullptr) return launch_fused_decode(a, fused_grid_ctas_, stream);
+  int max_ctas = 0, ctas = 0;
+  QMOE_RETURN_IF_ERROR(fused_decode_max_ctas(&max_ctas));
+  const size_t bytes = sizeof(unsigned long long) * kFusedStamps * static_cast<size_t>(max_ctas);
+  if (fused_stamps_.bytes() < bytes) QMOE_RETURN_IF_ERROR(fused_stamps_.allocate(bytes));
+  a.stamps = fused_stamps_.as<unsigned long long>();
+  QMOE_RETURN_IF_ERROR(launch_fused_decode(a, fused_grid_ctas_, stream, &ctas));
+  std::vector<unsigned long long> t(static_cast<size_t>(ctas) * kFusedStamps);
+  QMOE_CUDA_TRY(
+      cudaMemcpyAsync(t.data(), a.stamps, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost, stream));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(stream));
+  unsigned long long t0 = ~0ull, routed = 0, done = 0, end = 0, busy = 0, fc2 = 0;
+  for (int c = 0; c < ctas; ++c) {
+    const unsigned long long* s = t.data() + static_cast<size_t>(c) * kFusedStamps;
+    t0 = std::min(t0, s[kStampStart]);
+    routed = std::max(routed, s[kStampRouted]);
+    done = std::max(done, s[kStampItemsDone]);
+    end = std::max(end, s[kStampEnd]);
+    if (s[kStampStageNs] + s[kStampFc1Ns] + s[kStampFc2Ns] >= busy + fc2) {
+      busy = s[kStampStageNs] + s[kStampFc1Ns];
+      fc2 = s[kStampFc2Ns];
+    }
+  }
+  *profile = RunProfile{};
+  profile->route_us = 1e-3 * static_cast<double>(routed - t0);
+  profile->fc1_us = 1e-3 * static_cast<double>(busy);
+  profile->fc2_us = 1e-3 * static_cast<double>(fc2);
+  profile->combine_us = 1e-3 * static_cast<double>(end - done);
+  profile->combine_fused = true;
+  return Status::ok();
 }
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
@@ -878,18 +917,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   const int slots = spec_.slots();
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[0], stream));
   if (choice.path == CallPath::kFused && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0) {
-    // One kernel: every stage's time is in fc1_us, the combine fused.
-    QMOE_RETURN_IF_ERROR(run_fused(in, out, l, ws, tokens, stream));
-    if (profile) {
-      QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
-      QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
-      float ms = 0.0f;
-      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms, events_[0], events_[4]));
-      *profile = RunProfile{};
-      profile->fc1_us = 1000.0 * ms;
-      profile->combine_fused = true;
-    }
-    return Status::ok();
+    return run_fused(in, out, l, ws, tokens, stream, profile);
   }
 
   // Routing and the plan.
