@@ -51,11 +51,8 @@ t0=$(date +%s)
 if [ "${QMOE_QUICK_PREBUILT:-0}" = 1 ]; then
   # Binaries built on another machine with the same toolkit (scripts/gpu-pack.sh), gzipped in the
   # git-ignored .gl/: no build here.
-  mkdir -p build-gpu/tests build-gpu/tools
-  gunzip -c .gl/qmoe_gpu_tests.gz >build-gpu/tests/qmoe_gpu_tests &&
-    gunzip -c .gl/qmoe.gz >build-gpu/tools/qmoe &&
-    chmod +x build-gpu/tests/qmoe_gpu_tests build-gpu/tools/qmoe ||
-    { echo "prebuilt binaries missing from .gl/"; exit 1; }
+  python3 -c "import tarfile; tarfile.open('.gl/bins.tar.xz').extractall('build-gpu')" ||
+    { echo "prebuilt binaries missing from .gl/bins.tar.xz"; exit 1; }
   step "prebuilt binaries" ok
 else
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
