@@ -185,6 +185,16 @@ __device__ __forceinline__ void stage_scales(const FusedFc& f, int n, float* sc,
   }
 }
 
+// A tile's end, out of line: the epilogue's code (activation, bias loads, stores) stays out of the
+// unrolled K loop, whose copies of it filled the instruction cache.
+template <typename Done>
+static __device__ __noinline__ void tile_done(const Done& done, int tile, float a0, float a1,
+                                              float a2, float a3, float b0, float b1, float b2,
+                                              float b3) {
+  const float acc[kCols][4] = {{a0, a1, a2, a3}, {b0, b1, b2, b3}};
+  done(tile, acc);
+}
+
 // One warp's stream over an FC's tiles. For each finished tile, done(tile, acc) gets the
 // sums in the mma's C layout (acc[ch]: rows g, g + 8 of columns 8 ch + 2 t, + 1).
 //   w0: the expert's words; tiles first, first + kFusedWarps, ... below tile_end; chunks
@@ -290,6 +300,14 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
 
   auto process = [&](const uint4& wv) {
     const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
+    if constexpr (kSpb == 0) {  // a block that starts with this chunk: the last one's sums out
+      if (left == 0) {
+        flush();
+        load_scale(++bl);
+        left = cpb;
+      }
+      --left;
+    }
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       if constexpr (kSpb > 0) {
@@ -326,7 +344,8 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
     for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
     if (--cleft == 0) {  // the tile's end
       flush();
-      done(tile, acc);
+      tile_done(done, tile, acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1],
+                acc[1][2], acc[1][3]);
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
@@ -341,14 +360,6 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
         bl = 0;
         left = kSpb == 0 ? cpb - c0 % cpb : 0;
         load_scale(0);
-      }
-      return;
-    }
-    if constexpr (kSpb == 0) {
-      if (--left == 0) {
-        flush();
-        load_scale(++bl);
-        left = cpb;
       }
     }
   };
@@ -415,7 +426,8 @@ static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Fuse
 
 template <int kBits, bool kBf16, int kSpb>
 __global__ void __launch_bounds__(kThreads, 2)
-    fused_decode_kernel(FusedDecodeArgs a, FusedGeometry geo) {
+    fused_decode_kernel(const __grid_constant__ FusedDecodeArgs a,
+                        const __grid_constant__ FusedGeometry geo) {
   constexpr int kSteps = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -488,6 +500,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t* w1 = a.fc1.packed + e * s1.words_per_expert();
     const uint32_t* w2 = a.fc2.packed + e * s2.words_per_expert();
     __syncthreads();  // the previous item's readers of the staged rows are done
+
+    // FC2's slice (whole chunks at a stride) comes into L2 while the item stages and runs FC1.
+    for (int i = tid; i < static_cast<int>(s2.tiles) * nc2 * 4; i += kThreads) {
+      const int tile = i / (nc2 * 4), line = i - tile * (nc2 * 4);
+      prefetch_l2(w2 + (static_cast<int64_t>(tile) * s2.chunks + c2) * 128 + line * 32);
+    }
 
     // 1. Stage: the routes' input rows, the activations' zeros, both FCs' scales, every load of a
     //    batch in flight at once (a CTA's item starts with these round trips).
