@@ -69,6 +69,14 @@ TEST(GpuFused, ZeroPointsOnOneFc) {
       s.fc2.zero_points = which == 2;
       SCOPED_TRACE(layer_name(s));
       check_fused(s, 1);
+      GpuRun d;  // the decode kernel on the same kind of layer, for comparison
+      const uint64_t seed = fresh_seed();
+      TestLayer tl;
+      make_layer(s, seed, &tl);
+      TestInputs ti;
+      make_inputs(tl.spec, 1, seed, false, &ti);
+      gpu_run_with("QMOE_DISPATCH", "decode/1", tl, ti, &d);
+      EXPECT_LE(d.error, gpu_budget(s.act_dtype)) << "decode/1, seed " << seed;
     }
   }
 }

@@ -185,16 +185,6 @@ __device__ __forceinline__ void stage_scales(const FusedFc& f, int n, float* sc,
   }
 }
 
-// A tile's end, out of line: the epilogue's code (activation, bias loads, stores) stays out of the
-// unrolled K loop, whose copies of it filled the instruction cache.
-template <typename Done>
-static __device__ __noinline__ void tile_done(const Done& done, int tile, float a0, float a1,
-                                              float a2, float a3, float b0, float b1, float b2,
-                                              float b3) {
-  const float acc[kCols][4] = {{a0, a1, a2, a3}, {b0, b1, b2, b3}};
-  done(tile, acc);
-}
-
 // One warp's stream over an FC's tiles. For each finished tile, done(tile, acc) gets the
 // sums in the mma's C layout (acc[ch]: rows g, g + 8 of columns 8 ch + 2 t, + 1).
 //   w0: the expert's words; tiles first, first + kFusedWarps, ... below tile_end; chunks
@@ -344,8 +334,7 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
     for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
     if (--cleft == 0) {  // the tile's end
       flush();
-      tile_done(done, tile, acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1],
-                acc[1][2], acc[1][3]);
+      done(tile, acc);
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
