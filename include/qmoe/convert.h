@@ -16,15 +16,25 @@
 
 namespace qmoe {
 
-// What the checkpoint's expert weights hold: plain floats (quantized here) or GPTQ codes
-// (transcoded exactly where qmoe's integer formats can express them).
-enum class SourceFormat : uint8_t { kBf16, kFp16, kFp32, kGptq };
+// What the checkpoint's expert weights hold: plain floats (quantized here) or integer codes of a
+// quantizer (transcoded exactly where qmoe's integer formats can express them).
+enum class SourceFormat : uint8_t {
+  kBf16,
+  kFp16,
+  kFp32,
+  kGptq,
+  kAwq,
+  kCompressedTensors,
+  kFp8,  // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3 FP8): fp8_block
+};
 bool parse_source_format(const std::string& name, SourceFormat* out);
 const char* source_format_name(SourceFormat f);
 
 enum class MoeArch : uint8_t {
-  kQwen3Moe,  // model_type qwen3_moe: mlp.gate, mlp.experts.N.{gate,up,down}_proj
-  kMixtral,   // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
+  kQwen3Moe,    // model_type qwen3_moe: mlp.gate, mlp.experts.N.{gate,up,down}_proj
+  kMixtral,     // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
+  kDeepseekV3,  // model_type deepseek_v3: mlp.gate (+ e_score_correction_bias), mlp.experts.N,
+                // mlp.shared_experts
 };
 
 // config.json's quantization_config for quant_method "gptq".
@@ -35,6 +45,29 @@ struct GptqConfig {
   bool sym = true;     // zero point 2^(bits-1) everywhere
   bool desc_act = false;
   bool v2 = false;  // checkpoint_format gptq_v2: zeros stored as is; v1 stores zero - 1
+};
+
+// config.json's quantization_config for quant_method "awq" (AutoAWQ, version "gemm").
+struct AwqConfig {
+  bool present = false;
+  int bits = 4;        // 4 only
+  int group_size = 0;  // 0: one group per output channel (AWQ's -1)
+};
+
+// config.json's quantization_config for quant_method "compressed-tensors", format
+// "pack-quantized": integer weights, one scheme for every quantized Linear.
+struct CompressedTensorsConfig {
+  bool present = false;
+  int bits = 4;        // 4 or 8
+  int group_size = 0;  // 0: strategy "channel"
+  bool sym = true;     // false: weight_zero_point present
+};
+
+// config.json's quantization_config for quant_method "fp8": e4m3 weights with one fp32 scale per
+// weight_block_size block ("weight_scale_inv", multiplied in), activations quantized dynamically.
+struct Fp8Config {
+  bool present = false;
+  int block = 128;  // weight_block_size [block, block]
 };
 
 // The MoE part of config.json.
@@ -48,7 +81,16 @@ struct MoeModelConfig {
   bool normalize = false;   // Qwen3: norm_topk_prob
   int64_t num_layers = 0;   // num_hidden_layers
   std::vector<int> moe_layers;  // indices of the decoder layers with a sparse MoE block
+  // DeepSeek-V3: grouped top-k over sigmoid scores with e_score_correction_bias.
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  int64_t n_shared = 0;  // n_shared_experts: always-on experts of inter * n_shared rows
   GptqConfig gptq;
+  AwqConfig awq;
+  CompressedTensorsConfig ct;
+  Fp8Config fp8;
+  // The quant_method of quantization_config ("" when absent): which --from it needs.
+  std::string quant_method;
 };
 
 // Parses config.json's text; `where` names the file in messages.
@@ -63,7 +105,7 @@ struct ConvertOptions {
   std::string src;  // checkpoint directory
   std::string out;  // pack path
   SourceFormat from = SourceFormat::kBf16;
-  FcFormat fc1, fc2;      // target formats for float sources (GPTQ sources decide their own)
+  FcFormat fc1, fc2;      // target formats for float sources (quantized sources decide their own)
   int threads = 0;        // 0: hardware concurrency
   bool progress = false;  // print progress lines to stderr
 };

@@ -16,6 +16,7 @@ Checkpoint layouts followed (public):
 
 import json
 import math
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,10 @@ def gptq_proj(rng, n, k, bits, group, sym, v2, zero_overflow=False):
     return t, deq.T
 
 
-def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
+def quantized_model(cfg, rng, proj, quant_config):
+    """A bf16 router and every expert projection from `proj(rng, n, k, (layer, expert, i))`
+    (i: 0 gate, 1 up, 2 down), which returns (tensors by suffix, exact dequantization [n, k]).
+    Returns (cfg with quant_config, tensors, {layer: (router, gate, up, down) as f64})."""
     tensors, ref = {}, {}
     for layer in moe_layers(cfg):
         r = bf16(rng.standard_normal((E, H)))
@@ -147,15 +151,19 @@ def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
         for e in range(E):
             _, g, u, d = names(cfg, layer, e)
             for i, (name, n, k) in enumerate(((g, I, H), (u, I, H), (d, H, I))):
-                over = overflow_expert == (layer, e) and i == 0
-                t, deq = gptq_proj(rng, n, k, bits, group, sym, v2, over)
+                t, deq = proj(rng, n, k, (layer, e, i))
                 tensors.update({name + s: v for s, v in t.items()})
                 mats[i].append(deq)
         ref[layer] = (bf16_to_f32(r.bits).astype(np.float64),) + tuple(np.stack(m) for m in mats)
-    cfg = dict(cfg, quantization_config={
-        "quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": False,
-        "checkpoint_format": "gptq_v2" if v2 else "gptq"})
-    return cfg, tensors, ref
+    return dict(cfg, quantization_config=quant_config), tensors, ref
+
+
+def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
+    over = overflow_expert + (0,) if overflow_expert else None  # that expert's gate_proj
+    return quantized_model(
+        cfg, rng, lambda r, n, k, at: gptq_proj(r, n, k, bits, group, sym, v2, at == over),
+        {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": False,
+         "checkpoint_format": "gptq_v2" if v2 else "gptq"})
 
 
 def write_checkpoint(path: Path, cfg, tensors, shards=2):
@@ -231,6 +239,43 @@ def run_model(cli, tmp, pack, layer, x):
     return read_safetensors(yout)[0]["output"].astype(np.float64)
 
 
+def stored_dtypes(path):
+    """{tensor: safetensors dtype name} from a file's header."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    return {k: v["dtype"] for k, v in json.loads(blob[8:8 + n]).items() if k != "__metadata__"}
+
+
+def check_exact(cli, tmp_path, rng, cfg, tensors, ref, frm, zero_points, scale_dtype):
+    """Converts an integer checkpoint (with dense tensors added) and checks that every expert
+    dequantizes exactly to `ref` and that the pack runs as the Hugging Face block does."""
+    tensors.update(dense_tensors(cfg, rng))
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, frm)
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    assert meta["qmoe.converted_from"] == frm
+    assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
+    for layer, (router, gate, up, down) in ref.items():
+        p = f"layers.{layer}."
+        assert (p + "fc1_zero_points" in t) == zero_points
+        assert stored_dtypes(out)[p + "fc1_scales"] == scale_dtype
+        fc1 = pack_fc(t, meta, layer, 1, 2 * I, H)
+        # FC1 rows interleave gate and up: [g0, u0, g1, u1, ...].
+        assert np.array_equal(fc1[:, 0::2], gate), "gate rows differ from the source's dequant"
+        assert np.array_equal(fc1[:, 1::2], up), "up rows differ from the source's dequant"
+        assert np.array_equal(pack_fc(t, meta, layer, 2, H, I), down), "down rows differ"
+        assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
+    # The pack runs: qmoe's output equals the Hugging Face block on the source's weights.
+    layer = moe_layers(cfg)[-1]
+    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
+    y = run_model(cli, tmp_path, out, layer, x)
+    want = hf_block(cfg, x, *ref[layer])
+    assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
+    return t, meta
+
+
 # ---------------------------------------------------------------------------------------------
 # GPTQ: exact transcoding
 # ---------------------------------------------------------------------------------------------
@@ -247,29 +292,7 @@ def run_model(cli, tmp, pack, layer, x):
 def test_gptq_converts_bit_exact(cli, tmp_path, rng, arch, bits, group, sym, v2):
     base = qwen_config() if arch == "qwen3_moe" else mixtral_config()
     cfg, tensors, ref = gptq_model(base, rng, bits, group, sym, v2)
-    tensors.update(dense_tensors(cfg, rng))
-    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
-    out = tmp_path / "pack.safetensors"
-    r = convert_ok(cli, tmp_path / "ckpt", out, "gptq")
-    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
-    t, meta = read_safetensors(out)
-    assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
-    for layer, (router, gate, up, down) in ref.items():
-        p = f"layers.{layer}."
-        assert (p + "fc1_zero_points" in t) == (not sym)
-        assert t[p + "fc1_scales"].dtype == np.float16
-        fc1 = pack_fc(t, meta, layer, 1, 2 * I, H)
-        # FC1 rows interleave gate and up: [g0, u0, g1, u1, ...].
-        assert np.array_equal(fc1[:, 0::2], gate), "gate rows differ from GPTQ's dequantization"
-        assert np.array_equal(fc1[:, 1::2], up), "up rows differ from GPTQ's dequantization"
-        assert np.array_equal(pack_fc(t, meta, layer, 2, H, I), down)
-        assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
-    # The pack runs: qmoe's output equals the HF block on the GPTQ weights.
-    layer = moe_layers(cfg)[-1]
-    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
-    y = run_model(cli, tmp_path, out, layer, x)
-    want = hf_block(cfg, x, *ref[layer])
-    assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
+    check_exact(cli, tmp_path, rng, cfg, tensors, ref, "gptq", not sym, "F16")
 
 
 def test_gptq_v1_zero_overflow_is_requantized_and_reported(cli, tmp_path, rng):
@@ -382,7 +405,8 @@ def _small_float(tmp_path, rng, shards=2):
 def _expect_failure(cli, tmp_path, ckpt, code, needles, frm="bf16"):
     out = tmp_path / "out" / "pack.safetensors"
     out.parent.mkdir(exist_ok=True)
-    r = convert(cli, ckpt, out, frm, *([] if frm == "gptq" else ["--block", "32"]))
+    quantized = frm not in ("bf16", "fp16", "fp32")  # quantized sources keep their format
+    r = convert(cli, ckpt, out, frm, *([] if quantized else ["--block", "32"]))
     assert r.returncode == code, f"exit {r.returncode}, expected {code}:\n{r.stdout}\n{r.stderr}"
     for n in needles:
         assert n in r.stderr, f"'{n}' not in: {r.stderr}"
