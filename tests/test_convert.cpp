@@ -90,6 +90,27 @@ TEST(ConvertConfig, DeepseekV3GroupedTopKAndFp8) {
   EXPECT_TRUE(check_spec(s).is_ok());
 }
 
+TEST(ConvertConfig, GptOssMxfp4) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(R"({"model_type": "gpt_oss", "hidden_size": 2880,
+    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+    "num_hidden_layers": 2, "swiglu_limit": 7.0, "quantization_config": {"quant_method": "mxfp4"}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kGptOss);
+  EXPECT_TRUE(c.mxfp4);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{0, 1}));
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kMxFp4),
+                                     default_fc_format(WeightFormat::kMxFp4));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kTopKSoftmax);
+  EXPECT_FLOAT_EQ(s.activation.alpha, 1.702f);
+  EXPECT_FLOAT_EQ(s.activation.beta, 1.0f);
+  EXPECT_FLOAT_EQ(s.activation.limit, 7.0f);
+  EXPECT_EQ(s.activation.glu, GluLayout::kInterleaved);
+  EXPECT_TRUE(s.has_fc1_bias && s.has_fc2_bias);
+  EXPECT_TRUE(check_spec(s).is_ok());
+}
+
 TEST(ConvertConfig, Gptq) {
   MoeModelConfig c;
   std::string q = kQwen;

@@ -25,7 +25,8 @@ enum class SourceFormat : uint8_t {
   kGptq,
   kAwq,
   kCompressedTensors,
-  kFp8,  // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3 FP8): fp8_block
+  kFp8,    // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3 FP8): fp8_block
+  kMxfp4,  // quant_method "mxfp4" (gpt-oss): *_blocks and *_scales, mxfp4
 };
 bool parse_source_format(const std::string& name, SourceFormat* out);
 const char* source_format_name(SourceFormat f);
@@ -35,6 +36,7 @@ enum class MoeArch : uint8_t {
   kMixtral,     // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
   kDeepseekV3,  // model_type deepseek_v3: mlp.gate (+ e_score_correction_bias), mlp.experts.N,
                 // mlp.shared_experts
+  kGptOss,      // model_type gpt_oss: mlp.router (+ bias), mlp.experts.{gate_up,down}_proj_*
 };
 
 // config.json's quantization_config for quant_method "gptq".
@@ -84,11 +86,13 @@ struct MoeModelConfig {
   // DeepSeek-V3: grouped top-k over sigmoid scores with e_score_correction_bias.
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f;
-  int64_t n_shared = 0;  // n_shared_experts: always-on experts of inter * n_shared rows
+  int64_t n_shared = 0;       // n_shared_experts: always-on experts of inter * n_shared rows
+  float swiglu_limit = 7.0f;  // gpt-oss: the clamp of its SwiGLU
   GptqConfig gptq;
   AwqConfig awq;
   CompressedTensorsConfig ct;
   Fp8Config fp8;
+  bool mxfp4 = false;  // quant_method "mxfp4" (no parameters)
   // The quant_method of quantization_config ("" when absent): which --from it needs.
   std::string quant_method;
 };
@@ -138,6 +142,7 @@ struct PackLayer {
   LayerSpec spec;
   LayerWeights weights;
   TensorView router_weight;  // f32 [E, H]
+  TensorView router_bias;    // f32 [E], added to the logits (gpt-oss); absent elsewhere
 };
 
 class ModelPack {
@@ -157,9 +162,10 @@ class ModelPack {
   std::map<std::string, std::string> info_;
 };
 
-// Router logits [T, E] = x [T, H] * router_weight^T, accumulated in fp64, rounded to f32 and then
-// to `out_dtype` (f32, f16 or bf16). x may be f32, f16 or bf16.
-Status router_logits(const TensorView& x, const TensorView& router_weight, DType out_dtype,
-                     std::vector<uint8_t>* out, TensorView* view);
+// Router logits [T, E] = x [T, H] * router_weight^T (+ router_bias [E] when present), accumulated
+// in fp64, rounded to f32 and then to `out_dtype` (f32, f16 or bf16). x may be f32, f16 or bf16.
+Status router_logits(const TensorView& x, const TensorView& router_weight,
+                     const TensorView& router_bias, DType out_dtype, std::vector<uint8_t>* out,
+                     TensorView* view);
 
 }  // namespace qmoe

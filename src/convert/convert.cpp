@@ -68,18 +68,7 @@ Status write_fc(PackWriter* w, int layer, const FcNames& names, const QuantizedF
 
 std::vector<float> to_f32(const TensorView& v) {
   std::vector<float> r(static_cast<size_t>(v.numel()));
-  for (size_t i = 0; i < r.size(); ++i) {
-    switch (v.dtype) {
-      case DType::kF32:
-        r[i] = static_cast<const float*>(v.data)[i];
-        break;
-      case DType::kF16:
-        r[i] = num::f16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
-        break;
-      default:
-        r[i] = num::bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
-    }
-  }
+  convert::widen(v, r.data());
   return r;
 }
 
@@ -87,10 +76,22 @@ Status write_router(PackWriter* w, const LayerSource& l) {
   const std::vector<float> r = to_f32(l.router);
   QMOE_RETURN_IF_ERROR(
       w->write(layer_key(l.index, "router_weight"), r.data(), r.size() * sizeof(float)));
-  if (!l.router_bias.present()) return Status::ok();
-  const std::vector<float> b = to_f32(l.router_bias);
-  return w->write(layer_key(l.index, kRouterCorrectionBiasName), b.data(),
-                  b.size() * sizeof(float));
+  const std::pair<const TensorView*, const char*> biases[2] = {
+      {&l.router_bias, kRouterCorrectionBiasName}, {&l.router_logit_bias, "router_bias"}};
+  for (const auto& [view, name] : biases) {
+    if (!view->present()) continue;
+    const std::vector<float> b = to_f32(*view);
+    QMOE_RETURN_IF_ERROR(w->write(layer_key(l.index, name), b.data(), b.size() * sizeof(float)));
+  }
+  return Status::ok();
+}
+
+// Writes expert e's slice of an FC bias ([E, N] f32) when the layer has one.
+Status write_bias(PackWriter* w, int layer, int ort, const std::vector<float>& b, int64_t e) {
+  if (b.empty()) return Status::ok();
+  const size_t bytes = b.size() * sizeof(float);
+  return w->write(layer_key(layer, ort_input_name(ort)), b.data(), bytes,
+                  static_cast<uint64_t>(e) * bytes);
 }
 
 std::string join(const std::vector<int>& v) {
@@ -126,6 +127,8 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
     Status st = convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg, &s, &stats);
     if (st.is_ok()) st = write_fc(w, l.index, kFc1Names, s.fc1, e);
     if (st.is_ok()) st = write_fc(w, l.index, kFc2Names, s.fc2, e);
+    if (st.is_ok()) st = write_bias(w, l.index, kOrtFc1Bias, s.b1, e);
+    if (st.is_ok()) st = write_bias(w, l.index, kOrtFc2Bias, s.b2, e);
     convert::release_expert(ckpt, l.experts[static_cast<size_t>(e)]);
     std::lock_guard<std::mutex> lock(mu);
     if (!st.is_ok() && first.is_ok()) first = st;
@@ -209,6 +212,17 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
     w.declare(layer_key(l, "router_weight"), DType::kF32, {spec.num_experts, spec.hidden});
     if (layers[0].router_bias.present()) {
       w.declare(layer_key(l, kRouterCorrectionBiasName), DType::kF32, {spec.num_experts});
+    }
+    if (layers[0].router_logit_bias.present()) {
+      w.declare(layer_key(l, "router_bias"), DType::kF32, {spec.num_experts});
+    }
+    if (spec.has_fc1_bias) {
+      w.declare(layer_key(l, ort_input_name(kOrtFc1Bias)), DType::kF32,
+                {spec.num_experts, spec.fc1_rows()});
+    }
+    if (spec.has_fc2_bias) {
+      w.declare(layer_key(l, ort_input_name(kOrtFc2Bias)), DType::kF32,
+                {spec.num_experts, spec.hidden});
     }
   }
   QMOE_RETURN_IF_ERROR(w.begin(metadata));

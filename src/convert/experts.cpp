@@ -39,18 +39,6 @@ float load_f32(const TensorView& v, int64_t i) {
   }
 }
 
-// A float tensor (f32, f16 or bf16) of the given shape.
-Status expect_float(const Checkpoint& c, const std::string& name,
-                    std::initializer_list<int64_t> shape, TensorView* out) {
-  std::string file;
-  QMOE_RETURN_IF_ERROR(c.tensor(name, out, &file));
-  if (!is_float(out->dtype)) {
-    return Status::invalid(file + ": tensor '" + name + "': expected F32, F16 or BF16, got " +
-                           safetensors_dtype_name(out->dtype));
-  }
-  return c.expect(name, out->dtype, shape, out);
-}
-
 Status where(const Checkpoint& c, const std::string& name, std::string* file) {
   TensorView v;
   return c.tensor(name, &v, file);
@@ -225,6 +213,21 @@ void load_rows(const TensorView& v, int64_t n, int64_t k, int64_t row0, int64_t 
 
 }  // namespace
 
+Status expect_float(const Checkpoint& c, const std::string& name,
+                    std::initializer_list<int64_t> shape, TensorView* out) {
+  std::string file;
+  QMOE_RETURN_IF_ERROR(c.tensor(name, out, &file));
+  if (!is_float(out->dtype)) {
+    return Status::invalid(file + ": tensor '" + name + "': expected F32, F16 or BF16, got " +
+                           safetensors_dtype_name(out->dtype));
+  }
+  return c.expect(name, out->dtype, shape, out);
+}
+
+void widen(const TensorView& v, float* out) {
+  for (int64_t i = 0; i < v.numel(); ++i) out[i] = load_f32(v, i);
+}
+
 void put_code(uint8_t* stream, int64_t i, int bits, uint32_t code) {
   if (bits == 8) {
     stream[i] = static_cast<uint8_t>(code);
@@ -262,6 +265,8 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
     bits = c.ct.bits;
     f.block_size = c.ct.group_size;
     f.zero_points = !c.ct.sym;
+  } else if (from == SourceFormat::kMxfp4) {
+    return default_fc_format(WeightFormat::kMxFp4);  // block 32, e8m0 scales, K-packed
   } else {
     f.format = WeightFormat::kFp8Block;
     f.block_size = c.fp8.block;
@@ -275,6 +280,13 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
 
 Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out) {
   const MoeModelConfig& cfg = c.config();
+  if ((cfg.arch == MoeArch::kGptOss) != (from == SourceFormat::kMxfp4)) {
+    return Status::unsupported(c.dir() +
+                               "/config.json: --from mxfp4 reads gpt-oss's MXFP4 experts, and "
+                               "gpt_oss checkpoints are read only that way (model_type '" +
+                               cfg.model_type + "', --from " + source_format_name(from) + ")");
+  }
+  if (from == SourceFormat::kMxfp4) return resolve_gpt_oss_layer(c, index, out);
   const std::string prefix = block_prefix(cfg.arch, index);
   const bool qwen = cfg.arch != MoeArch::kMixtral;  // Qwen3 and DeepSeek name them alike
   LayerSource l;
@@ -291,9 +303,9 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
   for (int64_t e = 0; e < cfg.num_experts; ++e) {
     const std::string ep = prefix + "experts." + std::to_string(e) + ".";
     ExpertTensors t;
-    t.gate = {ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden, {}, {}, {}, {}};
-    t.up = {ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden, {}, {}, {}, {}};
-    t.down = {ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter, {}, {}, {}, {}};
+    t.gate = {ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}};
+    t.up = {ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}};
+    t.down = {ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter, {}, {}, {}, {}, {}};
     for (ProjTensors* p : {&t.gate, &t.up, &t.down}) {
       if (from == SourceFormat::kGptq) {
         QMOE_RETURN_IF_ERROR(resolve_gptq(c, cfg.gptq, &scale_dtype, p, &l.source_bytes));
@@ -317,7 +329,7 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
 
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
   for (const ProjTensors* p : {&t.gate, &t.up, &t.down}) {
-    for (const TensorView* v : {&p->weight, &p->qweight, &p->qzeros, &p->scales}) {
+    for (const TensorView* v : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->bias}) {
       if (v->present()) ckpt.release(*v);
     }
   }
@@ -325,6 +337,10 @@ void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
 
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
                       ExpertScratch* s, ExpertStats* stats) {
+  if (from == SourceFormat::kMxfp4) {  // FC1 and FC2 whole, in `gate` and `down`
+    transcode_gpt_oss(t, s);
+    return Status::ok();
+  }
   const int64_t inter = t.gate.n, hidden = t.gate.k;
   s->w1.resize(static_cast<size_t>(2 * inter * hidden));
   s->w2.resize(static_cast<size_t>(hidden * inter));

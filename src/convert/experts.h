@@ -34,6 +34,7 @@ struct ProjTensors {
   std::string name;  // checkpoint prefix, e.g. model.layers.3.mlp.experts.5.up_proj
   int64_t n = 0, k = 0;
   TensorView weight;                   // float sources: [N, K]
+  TensorView bias;                     // gpt-oss: [N]
   TensorView qweight, qzeros, scales;  // GPTQ, AWQ; compressed-tensors: weight_packed,
                                        // weight_zero_point (absent when symmetric), weight_scale
 };
@@ -45,8 +46,9 @@ struct ExpertTensors {
 struct LayerSource {
   int index = 0;
   std::string router_name;
-  TensorView router;       // [E, H], f32/f16/bf16
-  TensorView router_bias;  // DeepSeek-V3: e_score_correction_bias [E], f32/f16/bf16
+  TensorView router;             // [E, H], f32/f16/bf16
+  TensorView router_bias;        // DeepSeek-V3: e_score_correction_bias [E], f32/f16/bf16
+  TensorView router_logit_bias;  // gpt-oss: router.bias [E], added to the logits
   std::vector<ExpertTensors> experts;
   int64_t source_bytes = 0;
 };
@@ -63,6 +65,17 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
 // (*scale_dtype == kU8 until then) and every other must agree.
 Status expect_scales(const Checkpoint& c, const std::string& name, DType* scale_dtype, int64_t rows,
                      int64_t cols, TensorView* out);
+
+// A float tensor (f32, f16 or bf16) of the given shape; the message names file and tensor.
+Status expect_float(const Checkpoint& c, const std::string& name,
+                    std::initializer_list<int64_t> shape, TensorView* out);
+
+// Widens every element of a float tensor (f32, f16 or bf16) to fp32 (exact).
+void widen(const TensorView& v, float* out);
+
+// gpt-oss (gpt_oss.cpp): resolves a whole MoE layer of MXFP4 experts, each expert's FC1 in
+// `gate` and FC2 in `down` (slices of the fused tensors); transcode copies them into mxfp4.
+Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out);
 
 // Sets code `i` of an LSB-first bitstream of `bits`-bit codes (4 or 8).
 void put_code(uint8_t* stream, int64_t i, int bits, uint32_t code);
@@ -94,7 +107,11 @@ struct ExpertStats {
 struct ExpertScratch {
   QuantizedFc fc1, fc2;
   std::vector<float> w1, w2;
+  std::vector<float> b1, b2;  // FC biases (gpt-oss); empty for unbiased layers
 };
+
+// Copies one gpt-oss expert (resolve_gpt_oss_layer) into scratch's mxfp4 FCs and biases.
+void transcode_gpt_oss(const ExpertTensors& t, ExpertScratch* s);
 
 // Drops the mapped pages of every tensor of one expert (it has been converted).
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);

@@ -322,9 +322,11 @@ Status parse_model_config(const std::string& json_text, const std::string& where
     c.arch = MoeArch::kMixtral;
   } else if (c.model_type == "deepseek_v3") {
     c.arch = MoeArch::kDeepseekV3;
+  } else if (c.model_type == "gpt_oss") {
+    c.arch = MoeArch::kGptOss;
   } else {
     return Status::unsupported(where + ": model_type '" + c.model_type +
-                               "' is not supported (qwen3_moe, mixtral, deepseek_v3)");
+                               "' is not supported (qwen3_moe, mixtral, deepseek_v3, gpt_oss)");
   }
   const bool qwen = c.arch == MoeArch::kQwen3Moe;
   const bool deepseek = c.arch == MoeArch::kDeepseekV3;
@@ -354,6 +356,14 @@ Status parse_model_config(const std::string& json_text, const std::string& where
   } else if (deepseek) {
     QMOE_RETURN_IF_ERROR(deepseek_fields(r, where, &c));
   } else {
+    if (c.arch == MoeArch::kGptOss) {
+      double limit = c.swiglu_limit;
+      QMOE_RETURN_IF_ERROR(r.number("swiglu_limit", &limit));
+      if (!(limit > 0) || limit > 1e30) {
+        return Status::invalid(where + ": 'swiglu_limit': expected a positive number");
+      }
+      c.swiglu_limit = static_cast<float>(limit);
+    }
     for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers.push_back(static_cast<int>(i));
   }
   auto q = j.find("quantization_config");
@@ -370,9 +380,11 @@ Status parse_model_config(const std::string& json_text, const std::string& where
       QMOE_RETURN_IF_ERROR(parse_compressed_tensors(*q, where, &c.ct));
     } else if (method == "fp8") {
       QMOE_RETURN_IF_ERROR(parse_fp8(*q, where, &c.fp8));
+    } else if (method == "mxfp4") {
+      c.mxfp4 = true;
     } else {
       return Status::unsupported(where + ": quantization_config.quant_method '" + method +
-                                 "' is not supported (gptq, awq, compressed-tensors, fp8)");
+                                 "' is not supported (gptq, awq, compressed-tensors, fp8, mxfp4)");
     }
   }
   *out = std::move(c);
@@ -391,6 +403,15 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
     // softmax over all experts in fp32, top-k, renormalized when norm_topk_prob.
     s.routing.method = RoutingMethod::kSoftmaxTopK;
     s.routing.normalize = c.normalize;
+  } else if (c.arch == MoeArch::kGptOss) {
+    // top-k of the (biased) logits, softmax over the k; both FCs biased; the clamped SwiGLU
+    // (up + 1) * g * sigmoid(1.702 g), g = min(gate, limit), up clamped to [-limit, limit].
+    s.routing.method = RoutingMethod::kTopKSoftmax;
+    s.routing.normalize = false;
+    s.activation.alpha = 1.702f;
+    s.activation.beta = 1.0f;
+    s.activation.limit = c.swiglu_limit;
+    s.has_fc1_bias = s.has_fc2_bias = true;
   } else if (c.arch == MoeArch::kDeepseekV3) {
     // sigmoid scores + e_score_correction_bias, best topk_group of n_group groups, top-k, weights
     // renormalized (norm_topk_prob) and scaled. The shared experts are not part of the layer:
@@ -411,9 +432,9 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
 }
 
 bool parse_source_format(const std::string& name, SourceFormat* out) {
-  for (SourceFormat f :
-       {SourceFormat::kBf16, SourceFormat::kFp16, SourceFormat::kFp32, SourceFormat::kGptq,
-        SourceFormat::kAwq, SourceFormat::kCompressedTensors, SourceFormat::kFp8}) {
+  for (SourceFormat f : {SourceFormat::kBf16, SourceFormat::kFp16, SourceFormat::kFp32,
+                         SourceFormat::kGptq, SourceFormat::kAwq, SourceFormat::kCompressedTensors,
+                         SourceFormat::kFp8, SourceFormat::kMxfp4}) {
     if (name == source_format_name(f)) {
       *out = f;
       return true;
@@ -438,6 +459,8 @@ const char* source_format_name(SourceFormat f) {
       return "compressed-tensors";
     case SourceFormat::kFp8:
       return "fp8";
+    case SourceFormat::kMxfp4:
+      return "mxfp4";
   }
   return "?";
 }

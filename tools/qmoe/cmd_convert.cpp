@@ -17,7 +17,7 @@ namespace qmoe::cli {
 
 namespace {
 
-constexpr const char* kSources = "bf16, fp16, fp32, gptq, awq, compressed-tensors or fp8";
+constexpr const char* kSources = "bf16, fp16, fp32, gptq, awq, compressed-tensors, fp8 or mxfp4";
 
 struct ConvertArgs {
   std::string from, src, out;
@@ -105,8 +105,9 @@ void add_convert_command(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert",
-      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, DeepSeek-V3; bf16/fp16/fp32, "
-      "GPTQ, AWQ, compressed-tensors or block-scaled FP8) into a model pack (docs/model-pack.md)");
+      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss; "
+      "bf16/fp16/fp32, GPTQ, AWQ, compressed-tensors, block-scaled FP8 or gpt-oss MXFP4) into a "
+      "model pack (docs/model-pack.md)");
   cmd->add_option("--from", a->from, std::string("what the checkpoint holds: ") + kSources)
       ->required();
   cmd->add_option("SRC", a->src, "checkpoint directory (config.json, *.safetensors)")->required();
@@ -124,6 +125,7 @@ void add_convert_command(CLI::App& app, int* exit_code) {
                           "  qmoe convert --from gptq Qwen3-30B-A3B-GPTQ-Int4 -o q.safetensors\n"
                           "  qmoe convert --from awq Mixtral-8x7B-AWQ -o m.safetensors\n"
                           "  qmoe convert --from fp8 DeepSeek-V3 -o ds.safetensors\n"
+                          "  qmoe convert --from mxfp4 gpt-oss-20b -o oss.safetensors\n"
                           "  qmoe info q.safetensors\n"
                           "  qmoe run --model q.safetensors --layer 0 --tokens 4\n") +
               kExitCodesHelp);
