@@ -111,6 +111,25 @@ TEST(ConvertConfig, GptOssMxfp4) {
   EXPECT_TRUE(check_spec(s).is_ok());
 }
 
+TEST(ConvertConfig, ModelOptNvfp4) {
+  MoeModelConfig c;
+  std::string q = kQwen;
+  q.pop_back();
+  ASSERT_TRUE(parse_model_config(q + R"(, "quantization_config": {"quant_method": "modelopt",
+    "quant_algo": "NVFP4", "group_size": 16}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_TRUE(c.nvfp4);
+  EXPECT_EQ(c.quant_method, "modelopt");
+  expect_error(parse_model_config(q + R"(, "quantization_config": {"quant_method": "modelopt",
+    "quant_algo": "NVFP4", "group_size": 32}})",
+                                  "c", &c),
+               StatusCode::kUnsupported, {"group_size: 32"});
+  SourceFormat f;
+  ASSERT_TRUE(parse_source_format("nvfp4", &f));
+  EXPECT_EQ(f, SourceFormat::kNvfp4);
+}
+
 TEST(ConvertConfig, Gptq) {
   MoeModelConfig c;
   std::string q = kQwen;

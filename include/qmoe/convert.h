@@ -27,6 +27,7 @@ enum class SourceFormat : uint8_t {
   kCompressedTensors,
   kFp8,    // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3 FP8): fp8_block
   kMxfp4,  // quant_method "mxfp4" (gpt-oss): *_blocks and *_scales, mxfp4
+  kNvfp4,  // quant_method "modelopt", quant_algo NVFP4: weight, weight_scale(_2), nvfp4
 };
 bool parse_source_format(const std::string& name, SourceFormat* out);
 const char* source_format_name(SourceFormat f);
@@ -93,6 +94,7 @@ struct MoeModelConfig {
   CompressedTensorsConfig ct;
   Fp8Config fp8;
   bool mxfp4 = false;  // quant_method "mxfp4" (no parameters)
+  bool nvfp4 = false;  // quant_method "modelopt" with quant_algo "NVFP4", group_size 16
   // The quant_method of quantization_config ("" when absent): which --from it needs.
   std::string quant_method;
 };

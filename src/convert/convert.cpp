@@ -147,24 +147,28 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
 }
 
 // Float sources have no quantization_config; a quantized source's --from name is its
-// quant_method.
+// quant_method, except ModelOpt's ("modelopt", read as --from nvfp4).
 bool is_quantized(SourceFormat f) {
   return f != SourceFormat::kBf16 && f != SourceFormat::kFp16 && f != SourceFormat::kFp32;
 }
 
+std::string quant_method_of(SourceFormat f) {
+  if (!is_quantized(f)) return "";
+  return f == SourceFormat::kNvfp4 ? "modelopt" : source_format_name(f);
+}
+
 // --from must name what config.json's quantization_config says the checkpoint holds.
 Status check_source(const MoeModelConfig& cfg, SourceFormat from, const std::string& config) {
-  const std::string given = source_format_name(from);
-  const std::string want = is_quantized(from) ? given : "";
+  const std::string given = source_format_name(from), want = quant_method_of(from);
   if (want == cfg.quant_method) return Status::ok();
   if (cfg.quant_method.empty()) {
     return Status::invalid(config + ": --from " + given +
                            ", but there is no quantization_config with quant_method " + want);
   }
   // parse_model_config accepts only the quant_methods that name a --from.
+  const std::string right = cfg.quant_method == "modelopt" ? "nvfp4" : cfg.quant_method;
   return Status::invalid(config + ": the checkpoint is " + cfg.quant_method +
-                         "-quantized; convert it with --from " + cfg.quant_method +
-                         ", not --from " + given);
+                         "-quantized; convert it with --from " + right + ", not --from " + given);
 }
 
 }  // namespace
@@ -263,9 +267,13 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
         "not converted (qmoe weights a shared expert by sigmoid(logit))");
   }
   if (r.experts_requantized > 0) {
-    r.notes.push_back(std::to_string(r.experts_requantized) +
-                      " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
-                      "stored as 15, meaning 16) and were requantized from GPTQ's dequantization");
+    const std::string why =
+        o.from == SourceFormat::kNvfp4
+            ? " expert(s) had gate and up projections with different weight_scale_2; FC1 holds "
+              "one global scale, so it was requantized from the NVFP4 dequantization"
+            : " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
+              "stored as 15, meaning 16) and were requantized from GPTQ's dequantization";
+    r.notes.push_back(std::to_string(r.experts_requantized) + why);
   }
   *report = std::move(r);
   return Status::ok();

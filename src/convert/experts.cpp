@@ -173,24 +173,6 @@ void dequantize_gptq(const ProjTensors& p, const GptqConfig& g, int64_t row0, in
   }
 }
 
-// Requantizes expert 0 of fc from w [n, k]; returns the relative-norm error.
-Status requantize(const std::vector<float>& w, int64_t n, int64_t k, QuantizedFc* fc, double* err) {
-  QMOE_RETURN_IF_ERROR(quantize_expert(w.data(), 0, fc));
-  std::vector<float> row(static_cast<size_t>(k));
-  const FcWeights view = fc->view();
-  double num = 0, den = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    dequantize_row<float>(fc->format, view, n, k, 0, r, row.data());
-    for (int64_t i = 0; i < k; ++i) {
-      const double ref = w[static_cast<size_t>(r * k + i)];
-      num += (row[i] - ref) * (row[i] - ref);
-      den += ref * ref;
-    }
-  }
-  *err = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
-  return Status::ok();
-}
-
 // Widens rows of v [n, k] into rows row0, row0 + stride, ... of w; one loop per dtype so that each
 // vectorizes (bf16 is a shift).
 void load_rows(const TensorView& v, int64_t n, int64_t k, int64_t row0, int64_t stride, float* w) {
@@ -222,6 +204,23 @@ Status expect_float(const Checkpoint& c, const std::string& name,
                            safetensors_dtype_name(out->dtype));
   }
   return c.expect(name, out->dtype, shape, out);
+}
+
+Status requantize(const std::vector<float>& w, int64_t n, int64_t k, QuantizedFc* fc, double* err) {
+  QMOE_RETURN_IF_ERROR(quantize_expert(w.data(), 0, fc));
+  std::vector<float> row(static_cast<size_t>(k));
+  const FcWeights view = fc->view();
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    dequantize_row<float>(fc->format, view, n, k, 0, r, row.data());
+    for (int64_t i = 0; i < k; ++i) {
+      const double ref = w[static_cast<size_t>(r * k + i)];
+      num += (row[i] - ref) * (row[i] - ref);
+      den += ref * ref;
+    }
+  }
+  *err = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+  return Status::ok();
 }
 
 void widen(const TensorView& v, float* out) {
@@ -267,6 +266,8 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
     f.zero_points = !c.ct.sym;
   } else if (from == SourceFormat::kMxfp4) {
     return default_fc_format(WeightFormat::kMxFp4);  // block 32, e8m0 scales, K-packed
+  } else if (from == SourceFormat::kNvfp4) {
+    return default_fc_format(WeightFormat::kNvFp4);  // block 16, e4m3 scales, K-packed
   } else {
     f.format = WeightFormat::kFp8Block;
     f.block_size = c.fp8.block;
@@ -303,9 +304,9 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
   for (int64_t e = 0; e < cfg.num_experts; ++e) {
     const std::string ep = prefix + "experts." + std::to_string(e) + ".";
     ExpertTensors t;
-    t.gate = {ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}};
-    t.up = {ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}};
-    t.down = {ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter, {}, {}, {}, {}, {}};
+    t.gate = {ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}, {}};
+    t.up = {ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}, {}};
+    t.down = {ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter, {}, {}, {}, {}, {}, {}};
     for (ProjTensors* p : {&t.gate, &t.up, &t.down}) {
       if (from == SourceFormat::kGptq) {
         QMOE_RETURN_IF_ERROR(resolve_gptq(c, cfg.gptq, &scale_dtype, p, &l.source_bytes));
@@ -315,6 +316,8 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
         QMOE_RETURN_IF_ERROR(resolve_compressed(c, cfg.ct, &scale_dtype, p, &l.source_bytes));
       } else if (from == SourceFormat::kFp8) {
         QMOE_RETURN_IF_ERROR(resolve_fp8(c, cfg.fp8, &scale_dtype, p, &l.source_bytes));
+      } else if (from == SourceFormat::kNvfp4) {
+        QMOE_RETURN_IF_ERROR(resolve_nvfp4(c, p, &l.source_bytes));
       } else {
         QMOE_RETURN_IF_ERROR(
             c.expect(p->name + ".weight", source_dtype(from), {p->n, p->k}, &p->weight));
@@ -329,7 +332,8 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
 
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
   for (const ProjTensors* p : {&t.gate, &t.up, &t.down}) {
-    for (const TensorView* v : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->bias}) {
+    for (const TensorView* v :
+         {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->bias, &p->global}) {
       if (v->present()) ckpt.release(*v);
     }
   }
@@ -337,6 +341,7 @@ void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
 
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
                       ExpertScratch* s, ExpertStats* stats) {
+  if (from == SourceFormat::kNvfp4) return convert_nvfp4(t, s, stats);
   if (from == SourceFormat::kMxfp4) {  // FC1 and FC2 whole, in `gate` and `down`
     transcode_gpt_oss(t, s);
     return Status::ok();

@@ -36,7 +36,9 @@ struct ProjTensors {
   TensorView weight;                   // float sources: [N, K]
   TensorView bias;                     // gpt-oss: [N]
   TensorView qweight, qzeros, scales;  // GPTQ, AWQ; compressed-tensors: weight_packed,
-                                       // weight_zero_point (absent when symmetric), weight_scale
+                                       // weight_zero_point (absent when symmetric), weight_scale;
+                                       // NVFP4: weight, -, weight_scale
+  TensorView global;                   // NVFP4: weight_scale_2, one f32
 };
 
 struct ExpertTensors {
@@ -109,6 +111,15 @@ struct ExpertScratch {
   std::vector<float> w1, w2;
   std::vector<float> b1, b2;  // FC biases (gpt-oss); empty for unbiased layers
 };
+
+// Requantizes expert 0 of fc from w [n, k] with qmoe's quantizer; *err receives the relative-norm
+// error of the result against w.
+Status requantize(const std::vector<float>& w, int64_t n, int64_t k, QuantizedFc* fc, double* err);
+
+// ModelOpt NVFP4 (nvfp4.cpp): resolve checks one projection; convert copies one expert into
+// scratch's nvfp4 FCs, requantizing FC1 when gate and up have different global scales.
+Status resolve_nvfp4(const Checkpoint& c, ProjTensors* p, int64_t* bytes);
+Status convert_nvfp4(const ExpertTensors& t, ExpertScratch* s, ExpertStats* stats);
 
 // Copies one gpt-oss expert (resolve_gpt_oss_layer) into scratch's mxfp4 FCs and biases.
 void transcode_gpt_oss(const ExpertTensors& t, ExpertScratch* s);

@@ -243,6 +243,24 @@ Status parse_fp8(const Json& q, const std::string& where, Fp8Config* f) {
   return Status::ok();
 }
 
+// ModelOpt's export: {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}.
+Status parse_modelopt(const Json& q, const std::string& where) {
+  const std::string qc = where + ": quantization_config";
+  const Reader r(q, qc);
+  std::string algo;
+  int64_t group = 16;
+  QMOE_RETURN_IF_ERROR(r.string("quant_algo", &algo));
+  if (algo != "NVFP4") {
+    return Status::unsupported(qc + ".quant_algo: '" + algo + "' is not supported (NVFP4)");
+  }
+  QMOE_RETURN_IF_ERROR(r.integer("group_size", &group, false));
+  if (group != 16) {
+    return Status::unsupported(qc + ".group_size: " + std::to_string(group) +
+                               " is not supported (NVFP4 blocks are 16)");
+  }
+  return Status::ok();
+}
+
 // DeepSeek-V3 (modeling_deepseek_v3.py): layer i has an MoE block when i >= first_k_dense_replace
 // and i % moe_layer_freq == 0; routing is noaux_tc grouped top-k over sigmoid scores.
 Status deepseek_fields(const Reader& r, const std::string& where, MoeModelConfig* c) {
@@ -382,9 +400,13 @@ Status parse_model_config(const std::string& json_text, const std::string& where
       QMOE_RETURN_IF_ERROR(parse_fp8(*q, where, &c.fp8));
     } else if (method == "mxfp4") {
       c.mxfp4 = true;
+    } else if (method == "modelopt") {
+      QMOE_RETURN_IF_ERROR(parse_modelopt(*q, where));
+      c.nvfp4 = true;
     } else {
       return Status::unsupported(where + ": quantization_config.quant_method '" + method +
-                                 "' is not supported (gptq, awq, compressed-tensors, fp8, mxfp4)");
+                                 "' is not supported (gptq, awq, compressed-tensors, fp8, mxfp4, "
+                                 "modelopt)");
     }
   }
   *out = std::move(c);
@@ -434,7 +456,7 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
 bool parse_source_format(const std::string& name, SourceFormat* out) {
   for (SourceFormat f : {SourceFormat::kBf16, SourceFormat::kFp16, SourceFormat::kFp32,
                          SourceFormat::kGptq, SourceFormat::kAwq, SourceFormat::kCompressedTensors,
-                         SourceFormat::kFp8, SourceFormat::kMxfp4}) {
+                         SourceFormat::kFp8, SourceFormat::kMxfp4, SourceFormat::kNvfp4}) {
     if (name == source_format_name(f)) {
       *out = f;
       return true;
@@ -461,6 +483,8 @@ const char* source_format_name(SourceFormat f) {
       return "fp8";
     case SourceFormat::kMxfp4:
       return "mxfp4";
+    case SourceFormat::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }

@@ -246,26 +246,28 @@ def stored_dtypes(path):
     return {k: v["dtype"] for k, v in json.loads(blob[8:8 + n]).items() if k != "__metadata__"}
 
 
-def check_exact(cli, tmp_path, rng, cfg, tensors, ref, frm, zero_points, scale_dtype):
-    """Converts an integer checkpoint (with dense tensors added) and checks that every expert
-    dequantizes exactly to `ref` and that the pack runs as the Hugging Face block does."""
+def check_exact(cli, tmp_path, rng, cfg, tensors, ref, frm, zero_points, scale_dtype, fc=None):
+    """Converts a quantized checkpoint (with dense tensors added) and checks that every expert
+    dequantizes exactly to `ref` and that the pack runs as the Hugging Face block does.
+    fc(tensors, layer, fc, n, k) dequantizes an FC of the pack (default: integer formats)."""
     tensors.update(dense_tensors(cfg, rng))
     write_checkpoint(tmp_path / "ckpt", cfg, tensors)
     out = tmp_path / "pack.safetensors"
     r = convert_ok(cli, tmp_path / "ckpt", out, frm)
     assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
     t, meta = read_safetensors(out)
+    fc = fc or (lambda t, layer, i, n, k: pack_fc(t, meta, layer, i, n, k))
     assert meta["qmoe.converted_from"] == frm
     assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
     for layer, (router, gate, up, down) in ref.items():
         p = f"layers.{layer}."
         assert (p + "fc1_zero_points" in t) == zero_points
         assert stored_dtypes(out)[p + "fc1_scales"] == scale_dtype
-        fc1 = pack_fc(t, meta, layer, 1, 2 * I, H)
+        fc1 = fc(t, layer, 1, 2 * I, H)
         # FC1 rows interleave gate and up: [g0, u0, g1, u1, ...].
         assert np.array_equal(fc1[:, 0::2], gate), "gate rows differ from the source's dequant"
         assert np.array_equal(fc1[:, 1::2], up), "up rows differ from the source's dequant"
-        assert np.array_equal(pack_fc(t, meta, layer, 2, H, I), down), "down rows differ"
+        assert np.array_equal(fc(t, layer, 2, H, I), down), "down rows differ"
         assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
     # The pack runs: qmoe's output equals the Hugging Face block on the source's weights.
     layer = moe_layers(cfg)[-1]

@@ -17,7 +17,8 @@ namespace qmoe::cli {
 
 namespace {
 
-constexpr const char* kSources = "bf16, fp16, fp32, gptq, awq, compressed-tensors, fp8 or mxfp4";
+constexpr const char* kSources =
+    "bf16, fp16, fp32, gptq, awq, compressed-tensors, fp8, mxfp4 or nvfp4";
 
 struct ConvertArgs {
   std::string from, src, out;
@@ -90,8 +91,8 @@ int convert(const ConvertArgs& a) {
                   source_format_name(from));
     } else {
       std::printf(
-          "requantized %lld expert(s) (zero points outside the format): worst "
-          "relative-norm error %.3e; the rest is exact\n",
+          "requantized %lld expert(s) (see the notes): worst relative-norm error %.3e; the rest "
+          "is exact\n",
           static_cast<long long>(r.experts_requantized), r.max_requant_error);
     }
   }
@@ -106,7 +107,8 @@ void add_convert_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "convert",
       "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss; "
-      "bf16/fp16/fp32, GPTQ, AWQ, compressed-tensors, block-scaled FP8 or gpt-oss MXFP4) into a "
+      "bf16/fp16/fp32, GPTQ, AWQ, compressed-tensors, block-scaled FP8, gpt-oss MXFP4 or ModelOpt "
+      "NVFP4) into a "
       "model pack (docs/model-pack.md)");
   cmd->add_option("--from", a->from, std::string("what the checkpoint holds: ") + kSources)
       ->required();
