@@ -179,9 +179,17 @@ TEST(ConvertConfig, CompressedTensorsPackQuantized) {
   expect_error(parse_model_config(q + bad, "cfg.json", &c), StatusCode::kUnsupported,
                {"cfg.json", "group_size: 96"});
   bad = ct;
-  bad.replace(bad.find("pack-quantized"), 14, "float-quantized");
+  bad.replace(bad.find("pack-quantized"), 14, "nvfp4-pack-quantized");
   expect_error(parse_model_config(q + bad, "c", &c), StatusCode::kUnsupported,
-               {"format 'float-quantized'"});
+               {"format 'nvfp4-pack-quantized'"});
+  // float-quantized FP8: "block" keeps its square blocks, "tensor" one scale per projection.
+  bad = ct;
+  bad.replace(bad.find("pack-quantized"), 14, "float-quantized");
+  bad.replace(bad.find("\"int\""), 5, "\"float\"");
+  bad.replace(bad.find("\"group\""), 7, "\"tensor\"");
+  bad.replace(bad.find("false"), 5, "true");
+  ASSERT_TRUE(parse_model_config(q + bad, "c", &c).is_ok());
+  EXPECT_TRUE(c.ct.fp8 && c.ct.fp8_tensor);
   expect_error(parse_model_config(q + R"(, "quantization_config": {"quant_method":
     "compressed-tensors", "format": "pack-quantized"}})",
                                   "c", &c),

@@ -57,13 +57,17 @@ struct AwqConfig {
   int group_size = 0;  // 0: one group per output channel (AWQ's -1)
 };
 
-// config.json's quantization_config for quant_method "compressed-tensors", format
-// "pack-quantized": integer weights, one scheme for every quantized Linear.
+// config.json's quantization_config for quant_method "compressed-tensors": format
+// "pack-quantized" (integer weights) or "float-quantized" (FP8 e4m3 weights), one scheme for every
+// quantized Linear.
 struct CompressedTensorsConfig {
   bool present = false;
-  int bits = 4;        // 4 or 8
-  int group_size = 0;  // 0: strategy "channel"
+  int bits = 4;        // 4 or 8 (FP8: 8)
+  int group_size = 0;  // integers: the group, 0 for strategy "channel"; FP8: the square block of
+                       // strategy "block", 0 for "channel" and "tensor"
   bool sym = true;     // false: weight_zero_point present
+  bool fp8 = false;    // float-quantized
+  bool fp8_tensor = false;  // FP8 strategy "tensor" (one scale per projection)
 };
 
 // config.json's quantization_config for quant_method "fp8": e4m3 weights with one fp32 scale per

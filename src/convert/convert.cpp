@@ -181,6 +181,18 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   const std::string config_path = o.src + "/config.json";
   if (cfg.moe_layers.empty()) return Status::invalid(config_path + ": no layer has an MoE block");
   QMOE_RETURN_IF_ERROR(check_source(cfg, o.from, config_path));
+  // Square FP8 blocks span rows: FC1 stacks [gate; up] so that every block of FC1 is a block of
+  // one projection.
+  const int64_t block = o.from == SourceFormat::kFp8 ? cfg.fp8.block
+                        : (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8)
+                            ? cfg.ct.group_size
+                            : 0;
+  if (block > 0 && cfg.inter % block != 0) {
+    return Status::unsupported(config_path + ": the expert intermediate size " +
+                               std::to_string(cfg.inter) + " is not a multiple of the FP8 block " +
+                               std::to_string(block) +
+                               ": gate and up blocks would share scales in FC1");
+  }
   // Everything is resolved and checked before the first byte is written.
   std::vector<LayerSource> layers(cfg.moe_layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -194,16 +206,7 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
         convert::quantized_fc_format(cfg, o.from, layers[0].experts[0].gate.scales.dtype);
   }
   LayerSpec spec = moe_layer_spec(cfg, r.fc1, r.fc2);
-  if (o.from == SourceFormat::kFp8) {
-    // FC1 stacks [gate; up] so that every block of FC1 is a block of one projection.
-    if (cfg.inter % cfg.fp8.block != 0) {
-      return Status::unsupported(
-          config_path + ": the expert intermediate size " + std::to_string(cfg.inter) +
-          " is not a multiple of the FP8 block " + std::to_string(cfg.fp8.block) +
-          ": gate and up blocks would share scales in FC1");
-    }
-    spec.activation.glu = GluLayout::kConcatenated;
-  }
+  if (block > 0) spec.activation.glu = GluLayout::kConcatenated;
   Status s = check_spec(spec);
   if (!s.is_ok()) return Status(s.code(), o.src + ": " + s.message());
 
@@ -267,12 +270,22 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
         "not converted (qmoe weights a shared expert by sigmoid(logit))");
   }
   if (r.experts_requantized > 0) {
-    const std::string why =
-        o.from == SourceFormat::kNvfp4
-            ? " expert(s) had gate and up projections with different weight_scale_2; FC1 holds "
-              "one global scale, so it was requantized from the NVFP4 dequantization"
-            : " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
-              "stored as 15, meaning 16) and were requantized from GPTQ's dequantization";
+    std::string why =
+        " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero stored as 15, "
+        "meaning 16) and were requantized from GPTQ's dequantization";
+    if (o.from == SourceFormat::kNvfp4) {
+      why =
+          " expert(s) had gate and up projections with different weight_scale_2; FC1 holds "
+          "one global scale, so it was requantized from the NVFP4 dequantization";
+    } else if (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8_tensor) {
+      why =
+          " expert(s) had gate and up projections with different FP8 tensor scales; FC1 holds "
+          "one global scale, so it was requantized from the FP8 dequantization";
+    } else if (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8) {
+      why =
+          " expert(s) had per-channel FP8 scales, which no qmoe format holds; they were "
+          "requantized into fp8_block from the FP8 dequantization";
+    }
     r.notes.push_back(std::to_string(r.experts_requantized) + why);
   }
   *report = std::move(r);

@@ -260,6 +260,12 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
   } else if (from == SourceFormat::kAwq) {
     f.block_size = c.awq.group_size;
     f.zero_points = true;
+  } else if (from == SourceFormat::kCompressedTensors && c.ct.fp8) {
+    // block: the checkpoint's blocks; tensor: fp8 (f32 global); channel: requantized, b128.
+    f.format = c.ct.fp8_tensor ? WeightFormat::kFp8 : WeightFormat::kFp8Block;
+    f.block_size = c.ct.fp8_tensor ? 0 : (c.ct.group_size > 0 ? c.ct.group_size : 128);
+    f.scale_dtype = c.ct.group_size > 0 ? scale_dtype : DType::kF32;
+    return f;
   } else if (from == SourceFormat::kCompressedTensors) {
     bits = c.ct.bits;
     f.block_size = c.ct.group_size;
@@ -312,6 +318,8 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
         QMOE_RETURN_IF_ERROR(resolve_gptq(c, cfg.gptq, &scale_dtype, p, &l.source_bytes));
       } else if (from == SourceFormat::kAwq) {
         QMOE_RETURN_IF_ERROR(resolve_awq(c, cfg.awq, &scale_dtype, p, &l.source_bytes));
+      } else if (from == SourceFormat::kCompressedTensors && cfg.ct.fp8) {
+        QMOE_RETURN_IF_ERROR(resolve_compressed_fp8(c, cfg.ct, &scale_dtype, p, &l.source_bytes));
       } else if (from == SourceFormat::kCompressedTensors) {
         QMOE_RETURN_IF_ERROR(resolve_compressed(c, cfg.ct, &scale_dtype, p, &l.source_bytes));
       } else if (from == SourceFormat::kFp8) {
@@ -342,6 +350,9 @@ void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
                       ExpertScratch* s, ExpertStats* stats) {
   if (from == SourceFormat::kNvfp4) return convert_nvfp4(t, s, stats);
+  if (from == SourceFormat::kCompressedTensors && cfg.ct.fp8) {
+    return convert_compressed_fp8(t, cfg.ct, s, stats);
+  }
   if (from == SourceFormat::kMxfp4) {  // FC1 and FC2 whole, in `gate` and `down`
     transcode_gpt_oss(t, s);
     return Status::ok();

@@ -121,6 +121,14 @@ Status requantize(const std::vector<float>& w, int64_t n, int64_t k, QuantizedFc
 Status resolve_nvfp4(const Checkpoint& c, ProjTensors* p, int64_t* bytes);
 Status convert_nvfp4(const ExpertTensors& t, ExpertScratch* s, ExpertStats* stats);
 
+// compressed-tensors float-quantized FP8 (fp8_block.cpp): block scales map exactly onto
+// fp8_block, a tensor scale onto fp8 (FC1 requantized when gate and up scales differ), channel
+// scales are requantized into fp8_block.
+Status resolve_compressed_fp8(const Checkpoint& c, const CompressedTensorsConfig& q,
+                              DType* scale_dtype, ProjTensors* p, int64_t* bytes);
+Status convert_compressed_fp8(const ExpertTensors& t, const CompressedTensorsConfig& q,
+                              ExpertScratch* s, ExpertStats* stats);
+
 // Copies one gpt-oss expert (resolve_gpt_oss_layer) into scratch's mxfp4 FCs and biases.
 void transcode_gpt_oss(const ExpertTensors& t, ExpertScratch* s);
 

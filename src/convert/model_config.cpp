@@ -137,10 +137,10 @@ Status parse_awq(const Json& q, const std::string& where, AwqConfig* a) {
   return Status::ok();
 }
 
-// compressed-tensors' quantization_config: "format": "pack-quantized" and config_groups, each
-// {"targets": [...], "weights": {"num_bits", "type": "int", "symmetric", "strategy",
-// "group_size", "actorder"}, "input_activations": null}. Every group must carry the same weight
-// scheme (the experts' projections are plain Linears).
+// compressed-tensors' quantization_config: "format" ("pack-quantized" or "float-quantized") and
+// config_groups, each {"targets": [...], "weights": {"num_bits", "type", "symmetric",
+// "strategy", "group_size", "block_structure", "actorder"}, "input_activations"}. Every group must
+// carry the same weight scheme (the experts' projections are plain Linears).
 Status parse_compressed_tensors(const Json& q, const std::string& where,
                                 CompressedTensorsConfig* c) {
   const std::string qc = where + ": quantization_config";
@@ -151,55 +151,75 @@ Status parse_compressed_tensors(const Json& q, const std::string& where,
     return Status::invalid(qc + ": missing 'config_groups' (an object of quantization schemes)");
   }
   const Json* weights = nullptr;
+  std::string first_format;
   for (auto it = groups->begin(); it != groups->end(); ++it) {
     const std::string g = qc + ".config_groups." + it.key();
     if (!it->is_object()) return Status::invalid(g + ": expected an object");
     std::string gformat = format;
     QMOE_RETURN_IF_ERROR(Reader(*it, g).string("format", &gformat));
-    if (gformat != "pack-quantized") {
+    if (gformat != "pack-quantized" && gformat != "float-quantized") {
       return Status::unsupported(g + ": format '" + gformat +
-                                 "' is not supported (pack-quantized integer weights)");
+                                 "' is not supported (pack-quantized, float-quantized)");
     }
+    // Activations quantized per token at run time leave the weights as they are; static
+    // activation scales would be lost.
     auto in = it->find("input_activations");
     if (in != it->end() && !in->is_null()) {
-      return Status::unsupported(g +
-                                 ".input_activations: quantized activations are not supported "
-                                 "(qmoe runs weight-only quantized layers)");
+      bool dynamic = false;
+      if (in->is_object()) {
+        QMOE_RETURN_IF_ERROR(Reader(*in, g + ".input_activations").boolean("dynamic", &dynamic));
+      }
+      if (!dynamic) {
+        return Status::unsupported(g +
+                                   ".input_activations: static activation quantization is not "
+                                   "supported (qmoe carries no activation scales)");
+      }
     }
     auto w = it->find("weights");
     if (w == it->end() || !w->is_object()) {
       return Status::invalid(g + ": missing 'weights' (the weight quantization scheme)");
     }
-    if (weights && *weights != *w) {
+    if (weights && (*weights != *w || gformat != first_format)) {
       return Status::unsupported(g +
                                  ".weights: differs from another group's scheme; one scheme "
                                  "for every layer is supported");
     }
     weights = &*w;
+    first_format = gformat;
   }
   const std::string wq = qc + ".config_groups.*.weights";
   const Reader r(*weights, wq);
-  std::string type = "int", strategy, actorder;
+  const bool fp = first_format == "float-quantized";
+  std::string type = fp ? "float" : "int", strategy, actorder;
   int64_t bits = 0, group = 0;
   QMOE_RETURN_IF_ERROR(r.string("type", &type));
-  if (type != "int") {
-    return Status::unsupported(wq + ".type: '" + type + "' is not supported (int)");
+  if (type != (fp ? "float" : "int")) {
+    return Status::unsupported(wq + ".type: '" + type + "' is not supported with " + first_format +
+                               " (" + (fp ? "float" : "int") + ")");
   }
   QMOE_RETURN_IF_ERROR(r.integer("num_bits", &bits));
-  if (bits != 4 && bits != 8) {
-    return Status::unsupported(wq + ".num_bits: " + std::to_string(bits) +
-                               " is not supported (4 or 8)");
+  if (fp ? bits != 8 : (bits != 4 && bits != 8)) {
+    return Status::unsupported(wq + ".num_bits: " + std::to_string(bits) + " is not supported (" +
+                               (fp ? "8: FP8 e4m3" : "4 or 8") + ")");
   }
   QMOE_RETURN_IF_ERROR(r.string("strategy", &strategy));
-  if (strategy == "group") {
+  if (fp && strategy == "block") {
+    auto b = weights->find("block_structure");
+    if (b == weights->end() || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
+        (*b)[0] != (*b)[1] || (*b)[0].get<int64_t>() < 1 || (*b)[0].get<int64_t>() > 4096) {
+      return Status::unsupported(wq + ".block_structure: expected square blocks [b, b], got " +
+                                 (b == weights->end() ? std::string("nothing") : b->dump()));
+    }
+    group = (*b)[0].get<int64_t>();
+  } else if (!fp && strategy == "group") {
     QMOE_RETURN_IF_ERROR(r.integer("group_size", &group));
     if (!block_group(group)) {
       return Status::unsupported(wq + ".group_size: " + std::to_string(group) +
                                  " is not supported (a power of two in 16..256)");
     }
-  } else if (strategy != "channel") {
-    return Status::unsupported(wq + ".strategy: '" + strategy +
-                               "' is not supported (group or channel)");
+  } else if (strategy != "channel" && !(fp && strategy == "tensor")) {
+    return Status::unsupported(wq + ".strategy: '" + strategy + "' is not supported (" +
+                               (fp ? "tensor, channel or block" : "group or channel") + ")");
   }
   QMOE_RETURN_IF_ERROR(r.string("actorder", &actorder));
   if (actorder == "group") {
@@ -208,9 +228,14 @@ Status parse_compressed_tensors(const Json& q, const std::string& where,
                                "not supported");
   }
   QMOE_RETURN_IF_ERROR(r.boolean("symmetric", &c->sym));
+  if (fp && !c->sym) {
+    return Status::unsupported(wq + ".symmetric: false is not supported for FP8 weights");
+  }
   c->present = true;
   c->bits = static_cast<int>(bits);
   c->group_size = static_cast<int>(group);
+  c->fp8 = fp;
+  c->fp8_tensor = fp && strategy == "tensor";
   return Status::ok();
 }
 

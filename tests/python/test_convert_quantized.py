@@ -20,9 +20,11 @@ import json
 import numpy as np
 import pytest
 
-from ortqmoe import BF16, bf16, bf16_to_f32, run_cli
-from test_convert import (H, I, _expect_failure, check_exact, mixtral_config, moe_layers, names,
-                          quantized_model, qwen_config, write_checkpoint)
+from ortqmoe import BF16, Tagged, bf16, bf16_to_f32, read_safetensors, rel_norm, run_cli
+from test_convert import (E, H, I, _expect_failure, check_exact, convert_ok, hf_block,
+                          mixtral_config, moe_layers, names, quantized_model, qwen_config,
+                          run_model, write_checkpoint)
+from test_convert_fp8 import e4m3_decode, fp8_fc
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -218,7 +220,7 @@ def test_compressed_tensors_hostile(cli, tmp_path, rng):
                     [down + ".weight_zero_point", "zero point 9"], frm="compressed-tensors")
     q = ct_config(4, 32, False)
     w = q["config_groups"]["group_0"]
-    for change, needle in ((dict(format="float-quantized"), "float-quantized"),
+    for change, needle in ((dict(format="nvfp4-pack-quantized"), "nvfp4-pack-quantized"),
                            (dict(input_activations={"num_bits": 8}), "input_activations"),
                            (dict(weights=dict(w["weights"], strategy="tensor")), "strategy"),
                            (dict(weights=dict(w["weights"], actorder="group")), "actorder")):
@@ -243,3 +245,117 @@ def test_quantized_sources_refuse_format_options(cli, tmp_path, rng):
                       tmp_path / "p.safetensors", "--format", "int8"])
     assert r.returncode == 2 and "awq checkpoint keeps its own format" in r.stderr, r.stderr
     assert not (tmp_path / "p.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# compressed-tensors float-quantized (FP8): weight float8_e4m3fn [N, K], weight_scale by strategy
+# (compressed_tensors/compressors/float_quantized: "block" [ceil(N/b), ceil(K/b)] with
+# block_structure [b, b], "channel" [N, 1], "tensor" [1]); W = weight * weight_scale.
+# ---------------------------------------------------------------------------------------------
+
+FP8_BUDGET = 0.035  # docs/formats.md
+
+
+def ct_fp8_config(strategy, block=None):
+    w = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+         "strategy": strategy, "block_structure": [block, block] if block else None}
+    a = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": w,
+                                          "input_activations": a}}}
+
+
+def ct_fp8_model(cfg, rng, strategy, block=None, differ=None):
+    """Gate and up of an expert share a tensor scale unless (layer, expert) == differ."""
+    shared = {}
+
+    def proj(r, n, k, at):
+        codes = r.integers(0, 256, size=(n, k), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x3C
+        if strategy == "block":
+            s = (r.uniform(0.5, 2.0, ((n + block - 1) // block, (k + block - 1) // block))
+                 * 2.0 ** -8).astype(np.float32)
+            full = np.repeat(np.repeat(s.astype(np.float64), block, 0), block, 1)[:n, :k]
+            stored = s
+        elif strategy == "channel":
+            stored = bf16(r.uniform(0.5, 2.0, (n, 1)) * 2.0 ** -8)
+            full = np.broadcast_to(bf16_to_f32(stored.bits).astype(np.float64), (n, k))
+        else:
+            key = at[:2] if at[2] < 2 and at[:2] != differ else at
+            v = shared.setdefault(key, r.uniform(0.5, 2.0) * 2.0 ** -8)
+            stored = np.array([v], np.float32)
+            full = np.float64(stored[0])
+        deq = e4m3_decode(codes) * full
+        return {".weight": Tagged("F8_E4M3", codes), ".weight_scale": stored}, deq
+
+    return quantized_model(cfg, rng, proj, ct_fp8_config(strategy, block))
+
+
+def fp8_tensor_fc(t, layer, fc, n, k):
+    p = f"layers.{layer}."
+    codes = t[p + f"fc{fc}_experts_weights"].reshape(E, n, k)
+    return e4m3_decode(codes) * t[p + f"fc{fc}_global_scale"].astype(np.float64).reshape(E, 1, 1)
+
+
+def test_compressed_tensors_fp8_block_converts_bit_exact(cli, tmp_path, rng):
+    cfg, tensors, ref = ct_fp8_model(mixtral_config(), rng, "block", 32)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "compressed-tensors")
+    assert "exact" in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    for layer, (_, gate, up, down) in ref.items():
+        assert meta[f"layers.{layer}.swiglu_fusion"] == "2"
+        fc1 = fp8_fc(t, layer, 1, 2 * I, H, 32)
+        assert np.array_equal(fc1[:, :I], gate) and np.array_equal(fc1[:, I:], up)
+        assert np.array_equal(fp8_fc(t, layer, 2, H, I, 32), down)
+
+
+def test_compressed_tensors_fp8_tensor_converts_bit_exact(cli, tmp_path, rng):
+    cfg, tensors, ref = ct_fp8_model(qwen_config(), rng, "tensor")
+    check_exact(cli, tmp_path, rng, cfg, tensors, ref, "compressed-tensors", False, None,
+                fc=fp8_tensor_fc)
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_compressed_tensors_fp8_requantized_and_reported(cli, tmp_path, rng, strategy):
+    cfg, tensors, ref = ct_fp8_model(qwen_config(layers=1), rng, strategy, differ=(0, 2))
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "compressed-tensors")
+    want = "requantized 1 expert" if strategy == "tensor" else f"requantized {E} expert"
+    assert want in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    _, gate, up, down = ref[0]
+    if strategy == "tensor":
+        fc1 = fp8_tensor_fc(t, 0, 1, 2 * I, H)
+        others = [e for e in range(E) if e != 2]
+        assert np.array_equal(fc1[others][:, 0::2], gate[others])
+        assert np.array_equal(fp8_tensor_fc(t, 0, 2, H, I), down)
+        # One of the two may come back exact (its amax sets the new global scale); not both.
+        err = max(rel_norm(fc1[2][0::2], gate[2]), rel_norm(fc1[2][1::2], up[2]))
+    else:
+        assert meta["layers.0.quant_type"] == "fp8" and meta["layers.0.block_size"] == "128"
+        fc1 = fp8_fc(t, 0, 1, 2 * I, H, 128)
+        err = max(rel_norm(fc1[:, 0::2], gate), rel_norm(fp8_fc(t, 0, 2, H, I, 128), down))
+    assert 0 < err <= FP8_BUDGET, err
+    x = rng.standard_normal((4, H)).astype(np.float32).astype(np.float64)
+    assert rel_norm(run_model(cli, tmp_path, out, 0, x), hf_block(cfg, x, *ref[0])) <= 0.07
+
+
+def test_compressed_tensors_fp8_hostile(cli, tmp_path, rng):
+    cfg, tensors, _ = ct_fp8_model(qwen_config(layers=1), rng, "tensor")
+    _, g, _, _ = names(cfg, 0, 6)
+    tensors[g + ".weight_scale"] = np.array([0.5, 0.25], np.float32)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2,
+                    ["model.safetensors", g + ".weight_scale", "one F32"], frm="compressed-tensors")
+    q = ct_fp8_config("channel")
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+    first = names(cfg, 0, 0)[1] + ".weight_scale"  # the first projection read
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, [first, "expected F32 [64, 1]"],
+                    frm="compressed-tensors")
+    q = ct_fp8_config("block", 48)  # 48 does not divide the expert width 64
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["multiple of the FP8 block 48"],
+                    frm="compressed-tensors")
