@@ -163,7 +163,8 @@ Status check_source(const MoeModelConfig& cfg, SourceFormat from, const std::str
   if (want == cfg.quant_method) return Status::ok();
   if (cfg.quant_method.empty()) {
     return Status::invalid(config + ": --from " + given +
-                           ", but there is no quantization_config with quant_method " + want);
+                           ", but there is no quantization_config with quant_method " + want +
+                           (from == SourceFormat::kNvfp4 ? " (nor an hf_quant_config.json)" : ""));
   }
   // parse_model_config accepts only the quant_methods that name a --from.
   const std::string right = cfg.quant_method == "modelopt" ? "nvfp4" : cfg.quant_method;

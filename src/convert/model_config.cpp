@@ -270,7 +270,9 @@ Status parse_fp8(const Json& q, const std::string& where, Fp8Config* f) {
 
 // ModelOpt's export: {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}.
 Status parse_modelopt(const Json& q, const std::string& where) {
-  const std::string qc = where + ": quantization_config";
+  const std::string qc =
+      where + (where.find("hf_quant_config") == std::string::npos ? ": quantization_config"
+                                                                  : ": quantization");
   const Reader r(q, qc);
   std::string algo;
   int64_t group = 16;
@@ -437,6 +439,24 @@ Status parse_model_config(const std::string& json_text, const std::string& where
   *out = std::move(c);
   return Status::ok();
 }
+
+namespace convert {
+
+Status parse_hf_quant_config(const std::string& json_text, const std::string& where,
+                             MoeModelConfig* c) {
+  Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::invalid(where + ": not valid JSON");
+  auto q = j.is_object() ? j.find("quantization") : j.end();
+  if (q == j.end() || !q->is_object()) {
+    return Status::invalid(where + ": missing 'quantization' (an object with quant_algo)");
+  }
+  QMOE_RETURN_IF_ERROR(parse_modelopt(*q, where));
+  c->quant_method = "modelopt";
+  c->nvfp4 = true;
+  return Status::ok();
+}
+
+}  // namespace convert
 
 LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcFormat& fc2) {
   LayerSpec s;

@@ -52,7 +52,7 @@ def mixtral_config(layers=2, **extra):
 
 def names(cfg, layer, e):
     """Checkpoint prefixes of (router, gate, up, down)."""
-    if cfg["model_type"] == "qwen3_moe":
+    if cfg["model_type"] in ("qwen3_moe", "deepseek_v3"):
         p = f"model.layers.{layer}.mlp."
         ep = f"{p}experts.{e}."
         return p + "gate.weight", ep + "gate_proj", ep + "up_proj", ep + "down_proj"
@@ -64,6 +64,9 @@ def names(cfg, layer, e):
 def moe_layers(cfg):
     if cfg["model_type"] == "mixtral":
         return list(range(cfg["num_hidden_layers"]))
+    if cfg["model_type"] == "deepseek_v3":
+        return [i for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
+                if i % cfg["moe_layer_freq"] == 0]
     step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers", []))
     return [i for i in range(cfg["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0]
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from ortqmoe import E4M3_VALUES, Tagged, bf16, bf16_to_f32, read_safetensors, rel_norm, run_cli
-from test_convert import (E, H, I, K_TOP, _expect_failure, convert_ok, hf_block, qwen_config,
-                          run_model, write_checkpoint)
+from test_convert import (E, H, I, K_TOP, _expect_failure, convert_ok, hf_block, moe_layers,
+                          qwen_config, run_model, write_checkpoint)
 
 
 def deepseek_config(layers=3, **extra):
@@ -33,13 +33,6 @@ def deepseek_config(layers=3, **extra):
          "hidden_act": "silu"}
     c.update(extra)
     return c
-
-
-def moe_layers(cfg):
-    if cfg["model_type"] == "deepseek_v3":
-        return [i for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
-                if i % cfg["moe_layer_freq"] == 0]
-    return list(range(cfg["num_hidden_layers"]))  # qwen3 with decoder_sparse_step 1
 
 
 def e4m3_decode(codes):

@@ -9,13 +9,15 @@ P.weight_scale float8_e4m3fn [N, K/16], P.weight_scale_2 float32 scalar, P.input
 scalar; W = e2m1(code) * weight_scale * weight_scale_2.
 """
 
+import json
+
 import numpy as np
 
 from ortqmoe import Tagged, read_safetensors, rel_norm
 from test_convert import (E, H, I, _expect_failure, check_exact, convert_ok, hf_block,
                           mixtral_config, moe_layers, names, quantized_model, qwen_config,
                           run_model, write_checkpoint)
-from test_convert_fp8 import e4m3_decode
+from test_convert_fp8 import deepseek_block, deepseek_config, e4m3_decode
 from test_convert_mxfp4 import FP4
 
 NVFP4_BUDGET = 0.13  # docs/formats.md
@@ -72,6 +74,39 @@ def test_nvfp4_converts_bit_exact(cli, tmp_path, rng):
         d = tmp_path / arch
         d.mkdir()
         check_exact(cli, d, rng, cfg, tensors, ref, "nvfp4", False, "F8_E4M3", fc=pack_nvfp4)
+
+
+def test_nvfp4_deepseek_with_hf_quant_config(cli, tmp_path, rng):
+    """An older export (DeepSeek-R1-FP4's layout): no quantization_config in config.json, the
+    scheme in hf_quant_config.json."""
+    cfg, tensors, ref = nvfp4_model(deepseek_config(), rng)
+    del cfg["quantization_config"]
+    biases = {}
+    for layer in moe_layers(cfg):
+        biases[layer] = (rng.standard_normal(E) * 0.1).astype(np.float32)
+        tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = biases[layer]
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    (tmp_path / "ckpt" / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt", "version": "0.23.0"},
+         "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                          "exclude_modules": ["lm_head"]}}))
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "nvfp4")
+    assert "exact" in r.stdout and "shared expert" in r.stdout, r.stdout
+    t, _ = read_safetensors(out)
+    for layer, (router, gate, up, down) in ref.items():
+        fc1 = pack_nvfp4(t, layer, 1, 2 * I, H)
+        assert np.array_equal(fc1[:, 0::2], gate) and np.array_equal(fc1[:, 1::2], up)
+        assert np.array_equal(pack_nvfp4(t, layer, 2, H, I), down)
+    layer = moe_layers(cfg)[-1]
+    router, gate, up, down = ref[layer]
+    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
+    want = deepseek_block(cfg, x, router, biases[layer].astype(np.float64), gate, up, down)
+    assert rel_norm(run_model(cli, tmp_path, out, layer, x), want) <= 1e-5
+    (tmp_path / "ckpt" / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "W4A8_AWQ"}}))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["hf_quant_config.json", "W4A8_AWQ"],
+                    frm="nvfp4")
 
 
 def test_nvfp4_gate_up_global_mismatch_is_requantized(cli, tmp_path, rng):
