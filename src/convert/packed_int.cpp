@@ -68,10 +68,10 @@ void put_zero(QuantizedFc* fc, int64_t row, int64_t G, int64_t groups, int bits,
 Status resolve_awq(const Checkpoint& c, const AwqConfig& a, DType* scale_dtype, ProjTensors* p,
                    int64_t* bytes) {
   const int64_t group = a.group_size > 0 ? a.group_size : p->k;
-  if (p->n % 8 != 0 || p->k % group != 0) {
+  if (p->n % 8 != 0 || p->k % 8 != 0 || p->k % group != 0) {
     return shape_error(c, p->name + ".qweight",
                        dims(p->n, p->k) + " does not fit AWQ's packing with group_size " +
-                           std::to_string(group) + " (N a multiple of 8, K of the group)");
+                           std::to_string(group) + " (N and K multiples of 8, K of the group)");
   }
   const int64_t groups = p->k / group;
   QMOE_RETURN_IF_ERROR(c.expect(p->name + ".qweight", DType::kI32, {p->k, p->n / 8}, &p->qweight));
@@ -89,12 +89,18 @@ void transcode_awq(const ProjTensors& p, const AwqConfig& a, int64_t row0, int64
   const int64_t row_bytes = p.k / 2;
   const size_t ssize = dtype_size(p.scales.dtype);
   const auto* scales = static_cast<const uint8_t*>(p.scales.data);
-  for (int64_t k = 0; k < p.k; ++k) {
+  // An 8 x 8 nibble transpose per tile: eight words of consecutive k (each holding 8 n) become,
+  // for each of those n, one little-endian word of 8 consecutive k, i.e. 4 bytes of its row.
+  const auto* q = static_cast<const uint32_t*>(p.qweight.data);
+  for (int64_t k0 = 0; k0 < p.k; k0 += 8) {
     for (int64_t w = 0; w < words; ++w) {
+      uint32_t in[8];
+      for (int j = 0; j < 8; ++j) in[j] = q[(k0 + j) * words + w];
       for (int i = 0; i < 8; ++i) {
+        uint32_t out = 0;
+        for (int j = 0; j < 8; ++j) out |= ((in[j] >> (4 * i)) & 15u) << (4 * j);
         const int64_t row = row0 + (8 * w + kAwqOrder[i]) * stride;
-        put_code(fc->weight.data() + row * row_bytes, k, 4,
-                 nibble_of(p.qweight, k * words + w, i, 4));
+        std::memcpy(fc->weight.data() + row * row_bytes + k0 / 2, &out, 4);
       }
     }
   }
