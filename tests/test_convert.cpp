@@ -130,6 +130,22 @@ TEST(ConvertConfig, ModelOptNvfp4) {
   EXPECT_EQ(f, SourceFormat::kNvfp4);
 }
 
+TEST(ConvertConfig, PhiMoeSparseMixer) {
+  MoeModelConfig c;
+  const std::string phi = R"({"model_type": "phimoe", "hidden_size": 4096,
+    "intermediate_size": 6400, "num_local_experts": 16, "num_hidden_layers": 2,
+    "router_jitter_noise": 0.01, "num_experts_per_tok": )";
+  ASSERT_TRUE(parse_model_config(phi + "2}", "c", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kPhiMoe);
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kInt4),
+                                     default_fc_format(WeightFormat::kInt4));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kSparseMixer);
+  EXPECT_FLOAT_EQ(s.routing.sparse_mixer_eps, 0.01f);
+  EXPECT_TRUE(check_spec(s).is_ok());
+  expect_error(parse_model_config(phi + "4}", "c", &c), StatusCode::kUnsupported,
+               {"sparse mixer routes exactly 2"});
+}
+
 TEST(ConvertConfig, Gptq) {
   MoeModelConfig c;
   std::string q = kQwen;

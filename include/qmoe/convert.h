@@ -38,6 +38,7 @@ enum class MoeArch : uint8_t {
   kDeepseekV3,  // model_type deepseek_v3: mlp.gate (+ e_score_correction_bias), mlp.experts.N,
                 // mlp.shared_experts
   kGptOss,      // model_type gpt_oss: mlp.router (+ bias), mlp.experts.{gate_up,down}_proj_*
+  kPhiMoe,      // model_type phimoe (Phi-3.5-MoE): Mixtral's names, the sparse mixer
 };
 
 // config.json's quantization_config for quant_method "gptq".
@@ -91,8 +92,9 @@ struct MoeModelConfig {
   // DeepSeek-V3: grouped top-k over sigmoid scores with e_score_correction_bias.
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f;
-  int64_t n_shared = 0;       // n_shared_experts: always-on experts of inter * n_shared rows
-  float swiglu_limit = 7.0f;  // gpt-oss: the clamp of its SwiGLU
+  int64_t n_shared = 0;         // n_shared_experts: always-on experts of inter * n_shared rows
+  float swiglu_limit = 7.0f;    // gpt-oss: the clamp of its SwiGLU
+  float router_jitter = 0.01f;  // Phi-3.5-MoE: router_jitter_noise, the sparse mixer's eps
   GptqConfig gptq;
   AwqConfig awq;
   CompressedTensorsConfig ct;

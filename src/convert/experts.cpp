@@ -10,9 +10,12 @@ namespace qmoe::convert {
 
 namespace {
 
+// Mixtral and Phi-3.5-MoE: block_sparse_moe.experts.N.{w1,w3,w2}; the others mlp.experts.N.*_proj.
+bool mixtral_names(MoeArch arch) { return arch == MoeArch::kMixtral || arch == MoeArch::kPhiMoe; }
+
 std::string block_prefix(MoeArch arch, int layer) {
   return "model.layers." + std::to_string(layer) +
-         (arch == MoeArch::kMixtral ? ".block_sparse_moe." : ".mlp.");
+         (mixtral_names(arch) ? ".block_sparse_moe." : ".mlp.");
 }
 
 DType source_dtype(SourceFormat f) {
@@ -295,7 +298,7 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
   }
   if (from == SourceFormat::kMxfp4) return resolve_gpt_oss_layer(c, index, out);
   const std::string prefix = block_prefix(cfg.arch, index);
-  const bool qwen = cfg.arch != MoeArch::kMixtral;  // Qwen3 and DeepSeek name them alike
+  const bool qwen = !mixtral_names(cfg.arch);  // Qwen3 and DeepSeek name them alike
   LayerSource l;
   l.index = index;
   l.router_name = prefix + "gate.weight";

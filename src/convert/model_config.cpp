@@ -369,9 +369,12 @@ Status parse_model_config(const std::string& json_text, const std::string& where
     c.arch = MoeArch::kDeepseekV3;
   } else if (c.model_type == "gpt_oss") {
     c.arch = MoeArch::kGptOss;
+  } else if (c.model_type == "phimoe") {
+    c.arch = MoeArch::kPhiMoe;
   } else {
     return Status::unsupported(where + ": model_type '" + c.model_type +
-                               "' is not supported (qwen3_moe, mixtral, deepseek_v3, gpt_oss)");
+                               "' is not supported (qwen3_moe, mixtral, deepseek_v3, gpt_oss, "
+                               "phimoe)");
   }
   const bool qwen = c.arch == MoeArch::kQwen3Moe;
   const bool deepseek = c.arch == MoeArch::kDeepseekV3;
@@ -408,6 +411,18 @@ Status parse_model_config(const std::string& json_text, const std::string& where
         return Status::invalid(where + ": 'swiglu_limit': expected a positive number");
       }
       c.swiglu_limit = static_cast<float>(limit);
+    }
+    if (c.arch == MoeArch::kPhiMoe) {
+      double jitter = c.router_jitter;
+      QMOE_RETURN_IF_ERROR(r.number("router_jitter_noise", &jitter));
+      if (!(jitter >= 0) || jitter > 1e30) {
+        return Status::invalid(where + ": 'router_jitter_noise': expected a number >= 0");
+      }
+      if (c.top_k != 2) {
+        return Status::unsupported(where + ": num_experts_per_tok " + std::to_string(c.top_k) +
+                                   " with phimoe: the sparse mixer routes exactly 2 experts");
+      }
+      c.router_jitter = static_cast<float>(jitter);
     }
     for (int64_t i = 0; i < c.num_layers; ++i) c.moe_layers.push_back(static_cast<int>(i));
   }
@@ -470,6 +485,11 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
     // softmax over all experts in fp32, top-k, renormalized when norm_topk_prob.
     s.routing.method = RoutingMethod::kSoftmaxTopK;
     s.routing.normalize = c.normalize;
+  } else if (c.arch == MoeArch::kPhiMoe) {
+    // PhiMoE's sparsemixer at inference: two experts, each weighted by a softmax over the logits
+    // within 2 eps (relative) of its maximum.
+    s.routing.method = RoutingMethod::kSparseMixer;
+    s.routing.sparse_mixer_eps = c.router_jitter;
   } else if (c.arch == MoeArch::kGptOss) {
     // top-k of the (biased) logits, softmax over the k; both FCs biased; the clamped SwiGLU
     // (up + 1) * g * sigmoid(1.702 g), g = min(gate, limit), up clamped to [-limit, limit].

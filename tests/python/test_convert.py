@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ortqmoe import _sparse_mixer as sparse_mixer
 from ortqmoe import (BF16, bf16, bf16_to_f32, dequantize_int, read_safetensors, rel_norm,
                      run_cli, write_safetensors)
 
@@ -50,6 +51,16 @@ def mixtral_config(layers=2, **extra):
     return c
 
 
+def phimoe_config(layers=2, **extra):
+    """Phi-3.5-MoE (modeling_phimoe.py): Mixtral's names and sizes, the sparse mixer."""
+    return mixtral_config(layers, model_type="phimoe", router_jitter_noise=0.01, **extra)
+
+
+def base_config(arch, **kw):
+    return {"qwen3_moe": qwen_config, "mixtral": mixtral_config, "phimoe": phimoe_config}[arch](
+        **kw)
+
+
 def names(cfg, layer, e):
     """Checkpoint prefixes of (router, gate, up, down)."""
     if cfg["model_type"] in ("qwen3_moe", "deepseek_v3"):
@@ -62,7 +73,7 @@ def names(cfg, layer, e):
 
 
 def moe_layers(cfg):
-    if cfg["model_type"] == "mixtral":
+    if cfg["model_type"] in ("mixtral", "phimoe"):
         return list(range(cfg["num_hidden_layers"]))
     if cfg["model_type"] == "deepseek_v3":
         return [i for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
@@ -223,6 +234,9 @@ def hf_block(cfg, x, router, gate, up, down):
             w = p[sel]
             if cfg["norm_topk_prob"]:
                 w = w / w.sum()
+        elif cfg["model_type"] == "phimoe":  # the sparse mixer at inference
+            ids, ws = sparse_mixer(logits[t:t + 1], cfg["router_jitter_noise"])
+            sel, w = ids[0], ws[0]
         else:  # Mixtral: softmax, top-k, renormalize
             sel = np.argsort(-logits[t], kind="stable")[:K_TOP]
             w = np.exp(logits[t][sel] - logits[t][sel].max())
@@ -294,9 +308,10 @@ def check_exact(cli, tmp_path, rng, cfg, tensors, ref, frm, zero_points, scale_d
     ("mixtral", 4, 64, True, True),
     ("qwen3_moe", 8, 32, False, False),
     ("mixtral", 8, -1, True, False),
+    ("phimoe", 4, 32, False, True),
 ])
 def test_gptq_converts_bit_exact(cli, tmp_path, rng, arch, bits, group, sym, v2):
-    base = qwen_config() if arch == "qwen3_moe" else mixtral_config()
+    base = base_config(arch)
     cfg, tensors, ref = gptq_model(base, rng, bits, group, sym, v2)
     check_exact(cli, tmp_path, rng, cfg, tensors, ref, "gptq", not sym, "F16")
 
@@ -341,10 +356,11 @@ def test_gptq_act_order_is_refused(cli, tmp_path, rng):
                             "--fc2-block", "64"],
      INT4_BUDGET),
     ("qwen3_moe", "fp32", "int8", ["--block", "16", "--scale-dtype", "f16"], INT8_BUDGET),
+    ("phimoe", "bf16", "int8", ["--block", "32"], INT8_BUDGET),
 ])
 def test_float_quantizes_within_budget(cli, tmp_path, rng, arch, src, fmt, flags, budget):
     base = (qwen_config(layers=3, norm=False, decoder_sparse_step=1, mlp_only_layers=[1])
-            if arch == "qwen3_moe" else mixtral_config())
+            if arch == "qwen3_moe" else base_config(arch))
     dtype = {"bf16": BF16, "fp16": np.float16, "fp32": np.float32}[src]
     tensors, ref = float_model(base, rng, dtype)
     tensors.update(dense_tensors(base, rng))

@@ -106,7 +106,8 @@ void add_convert_command(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert",
-      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss; "
+      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, Phi-3.5-MoE, DeepSeek-V3, "
+      "gpt-oss; "
       "bf16/fp16/fp32, GPTQ, AWQ, compressed-tensors, block-scaled FP8, gpt-oss MXFP4 or ModelOpt "
       "NVFP4) into a "
       "model pack (docs/model-pack.md)");
