@@ -63,6 +63,89 @@ TEST(ConvertConfig, MixtralEveryLayerTopKSoftmax) {
   EXPECT_EQ(s.inter, 14336);
 }
 
+TEST(ConvertConfig, DeepseekV3GroupedTopKAndFp8) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(R"({"model_type": "deepseek_v3", "hidden_size": 7168,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
+    "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_shared_experts": 1,
+    "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_hidden_layers": 6, "hidden_act": "silu",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128]}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kDeepseekV3);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(c.n_shared, 1);
+  EXPECT_TRUE(c.fp8.present);
+  EXPECT_EQ(c.fp8.block, 128);
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kFp8Block),
+                                     default_fc_format(WeightFormat::kFp8Block));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kGroupedTopK);
+  EXPECT_EQ(s.routing.n_group, 8);
+  EXPECT_EQ(s.routing.topk_group, 4);
+  EXPECT_FLOAT_EQ(s.routing.routed_scaling_factor, 2.5f);
+  EXPECT_TRUE(s.routing.normalize);
+  EXPECT_EQ(s.routing.num_shared, 0);  // DeepSeek's weight-1 shared experts are not in the layer
+  EXPECT_TRUE(check_spec(s).is_ok());
+}
+
+TEST(ConvertConfig, GptOssMxfp4) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(R"({"model_type": "gpt_oss", "hidden_size": 2880,
+    "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4,
+    "num_hidden_layers": 2, "swiglu_limit": 7.0, "quantization_config": {"quant_method": "mxfp4"}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kGptOss);
+  EXPECT_TRUE(c.mxfp4);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{0, 1}));
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kMxFp4),
+                                     default_fc_format(WeightFormat::kMxFp4));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kTopKSoftmax);
+  EXPECT_FLOAT_EQ(s.activation.alpha, 1.702f);
+  EXPECT_FLOAT_EQ(s.activation.beta, 1.0f);
+  EXPECT_FLOAT_EQ(s.activation.limit, 7.0f);
+  EXPECT_EQ(s.activation.glu, GluLayout::kInterleaved);
+  EXPECT_TRUE(s.has_fc1_bias && s.has_fc2_bias);
+  EXPECT_TRUE(check_spec(s).is_ok());
+}
+
+TEST(ConvertConfig, ModelOptNvfp4) {
+  MoeModelConfig c;
+  std::string q = kQwen;
+  q.pop_back();
+  ASSERT_TRUE(parse_model_config(q + R"(, "quantization_config": {"quant_method": "modelopt",
+    "quant_algo": "NVFP4", "group_size": 16}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_TRUE(c.nvfp4);
+  EXPECT_EQ(c.quant_method, "modelopt");
+  expect_error(parse_model_config(q + R"(, "quantization_config": {"quant_method": "modelopt",
+    "quant_algo": "NVFP4", "group_size": 32}})",
+                                  "c", &c),
+               StatusCode::kUnsupported, {"group_size: 32"});
+  SourceFormat f;
+  ASSERT_TRUE(parse_source_format("nvfp4", &f));
+  EXPECT_EQ(f, SourceFormat::kNvfp4);
+}
+
+TEST(ConvertConfig, PhiMoeSparseMixer) {
+  MoeModelConfig c;
+  const std::string phi = R"({"model_type": "phimoe", "hidden_size": 4096,
+    "intermediate_size": 6400, "num_local_experts": 16, "num_hidden_layers": 2,
+    "router_jitter_noise": 0.01, "num_experts_per_tok": )";
+  ASSERT_TRUE(parse_model_config(phi + "2}", "c", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kPhiMoe);
+  const LayerSpec s = moe_layer_spec(c, default_fc_format(WeightFormat::kInt4),
+                                     default_fc_format(WeightFormat::kInt4));
+  EXPECT_EQ(s.routing.method, RoutingMethod::kSparseMixer);
+  EXPECT_FLOAT_EQ(s.routing.sparse_mixer_eps, 0.01f);
+  EXPECT_TRUE(check_spec(s).is_ok());
+  expect_error(parse_model_config(phi + "4}", "c", &c), StatusCode::kUnsupported,
+               {"sparse mixer routes exactly 2"});
+}
+
 TEST(ConvertConfig, Gptq) {
   MoeModelConfig c;
   std::string q = kQwen;
@@ -74,6 +157,59 @@ TEST(ConvertConfig, Gptq) {
   EXPECT_EQ(c.gptq.group_size, 0);
   EXPECT_FALSE(c.gptq.sym);
   EXPECT_TRUE(c.gptq.v2);
+}
+
+TEST(ConvertConfig, Awq) {
+  MoeModelConfig c;
+  std::string q = kQwen;
+  q.pop_back();
+  ASSERT_TRUE(parse_model_config(q + R"(, "quantization_config": {"quant_method": "awq",
+    "bits": 4, "group_size": -1, "zero_point": true, "version": "GEMM"}})",
+                                 "c", &c)
+                  .is_ok());
+  EXPECT_TRUE(c.awq.present);
+  EXPECT_EQ(c.awq.group_size, 0);
+  EXPECT_EQ(c.quant_method, "awq");
+  expect_error(parse_model_config(q + R"(, "quantization_config": {"quant_method": "awq",
+    "bits": 4, "group_size": 128, "version": "gemv"}})",
+                                  "c", &c),
+               StatusCode::kUnsupported, {"quantization_config.version", "gemv"});
+}
+
+TEST(ConvertConfig, CompressedTensorsPackQuantized) {
+  MoeModelConfig c;
+  std::string q = kQwen;
+  q.pop_back();
+  const std::string ct = R"(, "quantization_config": {"quant_method": "compressed-tensors",
+    "format": "pack-quantized", "config_groups": {"group_0": {"targets": ["Linear"],
+    "input_activations": null, "weights": {"num_bits": 8, "type": "int", "symmetric": false,
+    "strategy": "group", "group_size": 64, "actorder": null}}}}})";
+  ASSERT_TRUE(parse_model_config(q + ct, "c", &c).is_ok());
+  EXPECT_TRUE(c.ct.present);
+  EXPECT_EQ(c.ct.bits, 8);
+  EXPECT_EQ(c.ct.group_size, 64);
+  EXPECT_FALSE(c.ct.sym);
+  std::string bad = ct;
+  const std::string g64 = "\"group_size\": 64";
+  bad.replace(bad.find(g64), g64.size(), "\"group_size\": 96");
+  expect_error(parse_model_config(q + bad, "cfg.json", &c), StatusCode::kUnsupported,
+               {"cfg.json", "group_size: 96"});
+  bad = ct;
+  bad.replace(bad.find("pack-quantized"), 14, "nvfp4-pack-quantized");
+  expect_error(parse_model_config(q + bad, "c", &c), StatusCode::kUnsupported,
+               {"format 'nvfp4-pack-quantized'"});
+  // float-quantized FP8: "block" keeps its square blocks, "tensor" one scale per projection.
+  bad = ct;
+  bad.replace(bad.find("pack-quantized"), 14, "float-quantized");
+  bad.replace(bad.find("\"int\""), 5, "\"float\"");
+  bad.replace(bad.find("\"group\""), 7, "\"tensor\"");
+  bad.replace(bad.find("false"), 5, "true");
+  ASSERT_TRUE(parse_model_config(q + bad, "c", &c).is_ok());
+  EXPECT_TRUE(c.ct.fp8 && c.ct.fp8_tensor);
+  expect_error(parse_model_config(q + R"(, "quantization_config": {"quant_method":
+    "compressed-tensors", "format": "pack-quantized"}})",
+                                  "c", &c),
+               StatusCode::kInvalidArgument, {"config_groups"});
 }
 
 TEST(ConvertConfig, ErrorsNameTheField) {
@@ -101,8 +237,8 @@ TEST(ConvertConfig, ErrorsNameTheField) {
                          "c", &c),
       StatusCode::kUnsupported, {"group_size", "48"});
   expect_error(
-      parse_model_config(q + R"(, "quantization_config": {"quant_method": "awq"}})", "c", &c),
-      StatusCode::kUnsupported, {"quant_method 'awq'"});
+      parse_model_config(q + R"(, "quantization_config": {"quant_method": "hqq"}})", "c", &c),
+      StatusCode::kUnsupported, {"quant_method 'hqq'"});
 }
 
 TEST(ConvertIndex, ParsesAndRejectsPathsOutsideTheDirectory) {
@@ -135,7 +271,11 @@ TEST(ConvertSource, Names) {
   SourceFormat f;
   ASSERT_TRUE(parse_source_format("gptq", &f));
   EXPECT_EQ(f, SourceFormat::kGptq);
-  EXPECT_FALSE(parse_source_format("awq", &f));
+  ASSERT_TRUE(parse_source_format("awq", &f));
+  EXPECT_EQ(f, SourceFormat::kAwq);
+  ASSERT_TRUE(parse_source_format("compressed-tensors", &f));
+  EXPECT_STREQ(source_format_name(f), "compressed-tensors");
+  EXPECT_FALSE(parse_source_format("hqq", &f));
 }
 
 class ConvertFiles : public test::TempDirTest {};

@@ -16,15 +16,29 @@
 
 namespace qmoe {
 
-// What the checkpoint's expert weights hold: plain floats (quantized here) or GPTQ codes
-// (transcoded exactly where qmoe's integer formats can express them).
-enum class SourceFormat : uint8_t { kBf16, kFp16, kFp32, kGptq };
+// What the checkpoint's expert weights hold: plain floats (quantized here) or integer codes of a
+// quantizer (transcoded exactly where qmoe's integer formats can express them).
+enum class SourceFormat : uint8_t {
+  kBf16,
+  kFp16,
+  kFp32,
+  kGptq,
+  kAwq,
+  kCompressedTensors,
+  kFp8,    // quant_method "fp8" with weight_block_size (DeepSeek-V3, Qwen3 FP8): fp8_block
+  kMxfp4,  // quant_method "mxfp4" (gpt-oss): *_blocks and *_scales, mxfp4
+  kNvfp4,  // quant_method "modelopt", quant_algo NVFP4: weight, weight_scale(_2), nvfp4
+};
 bool parse_source_format(const std::string& name, SourceFormat* out);
 const char* source_format_name(SourceFormat f);
 
 enum class MoeArch : uint8_t {
-  kQwen3Moe,  // model_type qwen3_moe: mlp.gate, mlp.experts.N.{gate,up,down}_proj
-  kMixtral,   // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
+  kQwen3Moe,    // model_type qwen3_moe: mlp.gate, mlp.experts.N.{gate,up,down}_proj
+  kMixtral,     // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
+  kDeepseekV3,  // model_type deepseek_v3: mlp.gate (+ e_score_correction_bias), mlp.experts.N,
+                // mlp.shared_experts
+  kGptOss,      // model_type gpt_oss: mlp.router (+ bias), mlp.experts.{gate_up,down}_proj_*
+  kPhiMoe,      // model_type phimoe (Phi-3.5-MoE): Mixtral's names, the sparse mixer
 };
 
 // config.json's quantization_config for quant_method "gptq".
@@ -35,6 +49,33 @@ struct GptqConfig {
   bool sym = true;     // zero point 2^(bits-1) everywhere
   bool desc_act = false;
   bool v2 = false;  // checkpoint_format gptq_v2: zeros stored as is; v1 stores zero - 1
+};
+
+// config.json's quantization_config for quant_method "awq" (AutoAWQ, version "gemm").
+struct AwqConfig {
+  bool present = false;
+  int bits = 4;        // 4 only
+  int group_size = 0;  // 0: one group per output channel (AWQ's -1)
+};
+
+// config.json's quantization_config for quant_method "compressed-tensors": format
+// "pack-quantized" (integer weights) or "float-quantized" (FP8 e4m3 weights), one scheme for every
+// quantized Linear.
+struct CompressedTensorsConfig {
+  bool present = false;
+  int bits = 4;        // 4 or 8 (FP8: 8)
+  int group_size = 0;  // integers: the group, 0 for strategy "channel"; FP8: the square block of
+                       // strategy "block", 0 for "channel" and "tensor"
+  bool sym = true;     // false: weight_zero_point present
+  bool fp8 = false;    // float-quantized
+  bool fp8_tensor = false;  // FP8 strategy "tensor" (one scale per projection)
+};
+
+// config.json's quantization_config for quant_method "fp8": e4m3 weights with one fp32 scale per
+// weight_block_size block ("weight_scale_inv", multiplied in), activations quantized dynamically.
+struct Fp8Config {
+  bool present = false;
+  int block = 128;  // weight_block_size [block, block]
 };
 
 // The MoE part of config.json.
@@ -48,7 +89,20 @@ struct MoeModelConfig {
   bool normalize = false;   // Qwen3: norm_topk_prob
   int64_t num_layers = 0;   // num_hidden_layers
   std::vector<int> moe_layers;  // indices of the decoder layers with a sparse MoE block
+  // DeepSeek-V3: grouped top-k over sigmoid scores with e_score_correction_bias.
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  int64_t n_shared = 0;         // n_shared_experts: always-on experts of inter * n_shared rows
+  float swiglu_limit = 7.0f;    // gpt-oss: the clamp of its SwiGLU
+  float router_jitter = 0.01f;  // Phi-3.5-MoE: router_jitter_noise, the sparse mixer's eps
   GptqConfig gptq;
+  AwqConfig awq;
+  CompressedTensorsConfig ct;
+  Fp8Config fp8;
+  bool mxfp4 = false;  // quant_method "mxfp4" (no parameters)
+  bool nvfp4 = false;  // quant_method "modelopt" with quant_algo "NVFP4", group_size 16
+  // The quant_method of quantization_config ("" when absent): which --from it needs.
+  std::string quant_method;
 };
 
 // Parses config.json's text; `where` names the file in messages.
@@ -63,7 +117,7 @@ struct ConvertOptions {
   std::string src;  // checkpoint directory
   std::string out;  // pack path
   SourceFormat from = SourceFormat::kBf16;
-  FcFormat fc1, fc2;      // target formats for float sources (GPTQ sources decide their own)
+  FcFormat fc1, fc2;      // target formats for float sources (quantized sources decide their own)
   int threads = 0;        // 0: hardware concurrency
   bool progress = false;  // print progress lines to stderr
 };
@@ -96,6 +150,7 @@ struct PackLayer {
   LayerSpec spec;
   LayerWeights weights;
   TensorView router_weight;  // f32 [E, H]
+  TensorView router_bias;    // f32 [E], added to the logits (gpt-oss); absent elsewhere
 };
 
 class ModelPack {
@@ -115,9 +170,10 @@ class ModelPack {
   std::map<std::string, std::string> info_;
 };
 
-// Router logits [T, E] = x [T, H] * router_weight^T, accumulated in fp64, rounded to f32 and then
-// to `out_dtype` (f32, f16 or bf16). x may be f32, f16 or bf16.
-Status router_logits(const TensorView& x, const TensorView& router_weight, DType out_dtype,
-                     std::vector<uint8_t>* out, TensorView* view);
+// Router logits [T, E] = x [T, H] * router_weight^T (+ router_bias [E] when present), accumulated
+// in fp64, rounded to f32 and then to `out_dtype` (f32, f16 or bf16). x may be f32, f16 or bf16.
+Status router_logits(const TensorView& x, const TensorView& router_weight,
+                     const TensorView& router_bias, DType out_dtype, std::vector<uint8_t>* out,
+                     TensorView* view);
 
 }  // namespace qmoe

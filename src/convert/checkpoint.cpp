@@ -68,6 +68,11 @@ Status Checkpoint::open(const std::string& dir, std::unique_ptr<Checkpoint>* out
   std::string text;
   QMOE_RETURN_IF_ERROR(read_text(config_path, &text));
   QMOE_RETURN_IF_ERROR(parse_model_config(text, config_path, &c->config_));
+  const std::string hf_quant = dir + "/hf_quant_config.json";
+  if (c->config_.quant_method.empty() && is_file(hf_quant)) {
+    QMOE_RETURN_IF_ERROR(read_text(hf_quant, &text));
+    QMOE_RETURN_IF_ERROR(parse_hf_quant_config(text, hf_quant, &c->config_));
+  }
 
   const std::string index_path = dir + "/model.safetensors.index.json";
   const std::string single = "model.safetensors";

@@ -40,6 +40,11 @@ class Checkpoint {
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
 };
 
+// Parses an older ModelOpt export's hf_quant_config.json ({"quantization": {"quant_algo":
+// "NVFP4", "group_size": 16}}), read when config.json has no quantization_config.
+Status parse_hf_quant_config(const std::string& json_text, const std::string& where,
+                             MoeModelConfig* c);
+
 // Parses model.safetensors.index.json's text into tensor name -> shard file name. Shard names must
 // be plain file names (no directories), so a checkpoint never reads outside its directory.
 Status parse_index(const std::string& json_text, const std::string& where,

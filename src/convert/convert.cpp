@@ -66,21 +66,32 @@ Status write_fc(PackWriter* w, int layer, const FcNames& names, const QuantizedF
   return put(names.global_scale, q.global_scale.data(), q.global_scale.size() * sizeof(float));
 }
 
+std::vector<float> to_f32(const TensorView& v) {
+  std::vector<float> r(static_cast<size_t>(v.numel()));
+  convert::widen(v, r.data());
+  return r;
+}
+
 Status write_router(PackWriter* w, const LayerSource& l) {
-  std::vector<float> r(static_cast<size_t>(l.router.numel()));
-  for (size_t i = 0; i < r.size(); ++i) {
-    switch (l.router.dtype) {
-      case DType::kF32:
-        r[i] = static_cast<const float*>(l.router.data)[i];
-        break;
-      case DType::kF16:
-        r[i] = num::f16_to_f32(static_cast<const uint16_t*>(l.router.data)[i]);
-        break;
-      default:
-        r[i] = num::bf16_to_f32(static_cast<const uint16_t*>(l.router.data)[i]);
-    }
+  const std::vector<float> r = to_f32(l.router);
+  QMOE_RETURN_IF_ERROR(
+      w->write(layer_key(l.index, "router_weight"), r.data(), r.size() * sizeof(float)));
+  const std::pair<const TensorView*, const char*> biases[2] = {
+      {&l.router_bias, kRouterCorrectionBiasName}, {&l.router_logit_bias, "router_bias"}};
+  for (const auto& [view, name] : biases) {
+    if (!view->present()) continue;
+    const std::vector<float> b = to_f32(*view);
+    QMOE_RETURN_IF_ERROR(w->write(layer_key(l.index, name), b.data(), b.size() * sizeof(float)));
   }
-  return w->write(layer_key(l.index, "router_weight"), r.data(), r.size() * sizeof(float));
+  return Status::ok();
+}
+
+// Writes expert e's slice of an FC bias ([E, N] f32) when the layer has one.
+Status write_bias(PackWriter* w, int layer, int ort, const std::vector<float>& b, int64_t e) {
+  if (b.empty()) return Status::ok();
+  const size_t bytes = b.size() * sizeof(float);
+  return w->write(layer_key(layer, ort_input_name(ort)), b.data(), bytes,
+                  static_cast<uint64_t>(e) * bytes);
 }
 
 std::string join(const std::vector<int>& v) {
@@ -113,10 +124,11 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
   pool->parallel_for(cfg.num_experts, [&](int64_t e, int worker) {
     ExpertStats stats;
     ExpertScratch& s = (*scratch)[static_cast<size_t>(worker)];
-    Status st =
-        convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg.gptq, &s, &stats);
+    Status st = convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg, &s, &stats);
     if (st.is_ok()) st = write_fc(w, l.index, kFc1Names, s.fc1, e);
     if (st.is_ok()) st = write_fc(w, l.index, kFc2Names, s.fc2, e);
+    if (st.is_ok()) st = write_bias(w, l.index, kOrtFc1Bias, s.b1, e);
+    if (st.is_ok()) st = write_bias(w, l.index, kOrtFc2Bias, s.b2, e);
     convert::release_expert(ckpt, l.experts[static_cast<size_t>(e)]);
     std::lock_guard<std::mutex> lock(mu);
     if (!st.is_ok() && first.is_ok()) first = st;
@@ -134,6 +146,32 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
   return first;
 }
 
+// Float sources have no quantization_config; a quantized source's --from name is its
+// quant_method, except ModelOpt's ("modelopt", read as --from nvfp4).
+bool is_quantized(SourceFormat f) {
+  return f != SourceFormat::kBf16 && f != SourceFormat::kFp16 && f != SourceFormat::kFp32;
+}
+
+std::string quant_method_of(SourceFormat f) {
+  if (!is_quantized(f)) return "";
+  return f == SourceFormat::kNvfp4 ? "modelopt" : source_format_name(f);
+}
+
+// --from must name what config.json's quantization_config says the checkpoint holds.
+Status check_source(const MoeModelConfig& cfg, SourceFormat from, const std::string& config) {
+  const std::string given = source_format_name(from), want = quant_method_of(from);
+  if (want == cfg.quant_method) return Status::ok();
+  if (cfg.quant_method.empty()) {
+    return Status::invalid(config + ": --from " + given +
+                           ", but there is no quantization_config with quant_method " + want +
+                           (from == SourceFormat::kNvfp4 ? " (nor an hf_quant_config.json)" : ""));
+  }
+  // parse_model_config accepts only the quant_methods that name a --from.
+  const std::string right = cfg.quant_method == "modelopt" ? "nvfp4" : cfg.quant_method;
+  return Status::invalid(config + ": the checkpoint is " + cfg.quant_method +
+                         "-quantized; convert it with --from " + right + ", not --from " + given);
+}
+
 }  // namespace
 
 Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
@@ -143,16 +181,18 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   const MoeModelConfig& cfg = ckpt->config();
   const std::string config_path = o.src + "/config.json";
   if (cfg.moe_layers.empty()) return Status::invalid(config_path + ": no layer has an MoE block");
-  if (o.from == SourceFormat::kGptq && !cfg.gptq.present) {
-    return Status::invalid(config_path +
-                           ": --from gptq, but there is no quantization_config with quant_method "
-                           "gptq");
-  }
-  if (o.from != SourceFormat::kGptq && cfg.gptq.present) {
-    return Status::invalid(config_path +
-                           ": the checkpoint is GPTQ-quantized; convert it with "
-                           "--from gptq, not --from " +
-                           source_format_name(o.from));
+  QMOE_RETURN_IF_ERROR(check_source(cfg, o.from, config_path));
+  // Square FP8 blocks span rows: FC1 stacks [gate; up] so that every block of FC1 is a block of
+  // one projection.
+  const int64_t block = o.from == SourceFormat::kFp8 ? cfg.fp8.block
+                        : (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8)
+                            ? cfg.ct.group_size
+                            : 0;
+  if (block > 0 && cfg.inter % block != 0) {
+    return Status::unsupported(config_path + ": the expert intermediate size " +
+                               std::to_string(cfg.inter) + " is not a multiple of the FP8 block " +
+                               std::to_string(block) +
+                               ": gate and up blocks would share scales in FC1");
   }
   // Everything is resolved and checked before the first byte is written.
   std::vector<LayerSource> layers(cfg.moe_layers.size());
@@ -162,10 +202,12 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   ConvertReport r;
   r.fc1 = o.fc1;
   r.fc2 = o.fc2;
-  if (o.from == SourceFormat::kGptq) {
-    r.fc1 = r.fc2 = convert::gptq_fc_format(cfg.gptq, layers[0].experts[0].gate.scales.dtype);
+  if (is_quantized(o.from)) {
+    r.fc1 = r.fc2 =
+        convert::quantized_fc_format(cfg, o.from, layers[0].experts[0].gate.scales.dtype);
   }
-  const LayerSpec spec = moe_layer_spec(cfg, r.fc1, r.fc2);
+  LayerSpec spec = moe_layer_spec(cfg, r.fc1, r.fc2);
+  if (block > 0) spec.activation.glu = GluLayout::kConcatenated;
   Status s = check_spec(spec);
   if (!s.is_ok()) return Status(s.code(), o.src + ": " + s.message());
 
@@ -176,6 +218,20 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
     declare_fc(&w, l, kFc1Names, spec.fc1, spec.num_experts, spec.fc1_rows(), spec.hidden);
     declare_fc(&w, l, kFc2Names, spec.fc2, spec.num_experts, spec.hidden, spec.inter);
     w.declare(layer_key(l, "router_weight"), DType::kF32, {spec.num_experts, spec.hidden});
+    if (layers[0].router_bias.present()) {
+      w.declare(layer_key(l, kRouterCorrectionBiasName), DType::kF32, {spec.num_experts});
+    }
+    if (layers[0].router_logit_bias.present()) {
+      w.declare(layer_key(l, "router_bias"), DType::kF32, {spec.num_experts});
+    }
+    if (spec.has_fc1_bias) {
+      w.declare(layer_key(l, ort_input_name(kOrtFc1Bias)), DType::kF32,
+                {spec.num_experts, spec.fc1_rows()});
+    }
+    if (spec.has_fc2_bias) {
+      w.declare(layer_key(l, ort_input_name(kOrtFc2Bias)), DType::kF32,
+                {spec.num_experts, spec.hidden});
+    }
   }
   QMOE_RETURN_IF_ERROR(w.begin(metadata));
 
@@ -208,10 +264,30 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   r.layers = static_cast<int>(layers.size());
   r.pack_bytes = static_cast<int64_t>(w.file_bytes());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cfg.n_shared > 0) {
+    r.notes.push_back(
+        "the pack holds the routed experts only: " + std::to_string(cfg.n_shared) +
+        " shared expert(s) a layer (mlp.shared_experts), which the model adds with weight 1, are "
+        "not converted (qmoe weights a shared expert by sigmoid(logit))");
+  }
   if (r.experts_requantized > 0) {
-    r.notes.push_back(std::to_string(r.experts_requantized) +
-                      " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero "
-                      "stored as 15, meaning 16) and were requantized from GPTQ's dequantization");
+    std::string why =
+        " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero stored as 15, "
+        "meaning 16) and were requantized from GPTQ's dequantization";
+    if (o.from == SourceFormat::kNvfp4) {
+      why =
+          " expert(s) had gate and up projections with different weight_scale_2; FC1 holds "
+          "one global scale, so it was requantized from the NVFP4 dequantization";
+    } else if (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8_tensor) {
+      why =
+          " expert(s) had gate and up projections with different FP8 tensor scales; FC1 holds "
+          "one global scale, so it was requantized from the FP8 dequantization";
+    } else if (o.from == SourceFormat::kCompressedTensors && cfg.ct.fp8) {
+      why =
+          " expert(s) had per-channel FP8 scales, which no qmoe format holds; they were "
+          "requantized into fp8_block from the FP8 dequantization";
+    }
+    r.notes.push_back(std::to_string(r.experts_requantized) + why);
   }
   *report = std::move(r);
   return Status::ok();

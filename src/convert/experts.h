@@ -16,6 +16,8 @@
 //
 //   W[n, k] = scales[G, n] * (code - zero),  G = k / g,
 //   zero = stored + 1 (checkpoint_format gptq, "v1") or stored (gptq_v2)
+//
+// AWQ and compressed-tensors are read in packed_int.cpp (their layouts are drawn there).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,11 @@ struct ProjTensors {
   std::string name;  // checkpoint prefix, e.g. model.layers.3.mlp.experts.5.up_proj
   int64_t n = 0, k = 0;
   TensorView weight;                   // float sources: [N, K]
-  TensorView qweight, qzeros, scales;  // GPTQ
+  TensorView bias;                     // gpt-oss: [N]
+  TensorView qweight, qzeros, scales;  // GPTQ, AWQ; compressed-tensors: weight_packed,
+                                       // weight_zero_point (absent when symmetric), weight_scale;
+                                       // NVFP4: weight, -, weight_scale
+  TensorView global;                   // NVFP4: weight_scale_2, one f32
 };
 
 struct ExpertTensors {
@@ -42,7 +48,9 @@ struct ExpertTensors {
 struct LayerSource {
   int index = 0;
   std::string router_name;
-  TensorView router;  // [E, H], f32/f16/bf16
+  TensorView router;             // [E, H], f32/f16/bf16
+  TensorView router_bias;        // DeepSeek-V3: e_score_correction_bias [E], f32/f16/bf16
+  TensorView router_logit_bias;  // gpt-oss: router.bias [E], added to the logits
   std::vector<ExpertTensors> experts;
   int64_t source_bytes = 0;
 };
@@ -51,9 +59,46 @@ struct LayerSource {
 // and g_idx); errors name the shard file and the tensor.
 Status resolve_layer(const Checkpoint& ckpt, SourceFormat from, int index, LayerSource* out);
 
-// The qmoe formats a GPTQ checkpoint maps onto: int4/int8, block = group size (0 per channel),
+// The qmoe format a quantized checkpoint maps onto: int4/int8, block = group size (0 per channel),
 // zero points unless symmetric, scales in the checkpoint's scale dtype.
-FcFormat gptq_fc_format(const GptqConfig& g, DType scale_dtype);
+FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType scale_dtype);
+
+// Checks a scale tensor: [rows, cols] of a float dtype; the first one read decides the dtype
+// (*scale_dtype == kU8 until then) and every other must agree.
+Status expect_scales(const Checkpoint& c, const std::string& name, DType* scale_dtype, int64_t rows,
+                     int64_t cols, TensorView* out);
+
+// A float tensor (f32, f16 or bf16) of the given shape; the message names file and tensor.
+Status expect_float(const Checkpoint& c, const std::string& name,
+                    std::initializer_list<int64_t> shape, TensorView* out);
+
+// Widens every element of a float tensor (f32, f16 or bf16) to fp32 (exact).
+void widen(const TensorView& v, float* out);
+
+// gpt-oss (gpt_oss.cpp): resolves a whole MoE layer of MXFP4 experts, each expert's FC1 in
+// `gate` and FC2 in `down` (slices of the fused tensors); transcode copies them into mxfp4.
+Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out);
+
+// Sets code `i` of an LSB-first bitstream of `bits`-bit codes (4 or 8).
+void put_code(uint8_t* stream, int64_t i, int bits, uint32_t code);
+
+// AWQ and compressed-tensors (packed_int.cpp): resolve checks one projection's tensors;
+// transcode writes its codes, scales and zero points into rows row0, row0 + stride, ... of
+// expert 0 of fc. Both map exactly onto qmoe's int4/int8.
+Status resolve_awq(const Checkpoint& c, const AwqConfig& a, DType* scale_dtype, ProjTensors* p,
+                   int64_t* bytes);
+void transcode_awq(const ProjTensors& p, const AwqConfig& a, int64_t row0, int64_t stride,
+                   QuantizedFc* fc);
+Status resolve_compressed(const Checkpoint& c, const CompressedTensorsConfig& q, DType* scale_dtype,
+                          ProjTensors* p, int64_t* bytes);
+void transcode_compressed(const ProjTensors& p, const CompressedTensorsConfig& q, int64_t row0,
+                          int64_t stride, QuantizedFc* fc);
+
+// Block-scaled FP8 (fp8_block.cpp): copies codes and scales into rows [row0, row0 + N) of expert
+// 0 of fc (row0 a multiple of the block).
+Status resolve_fp8(const Checkpoint& c, const Fp8Config& f, DType* scale_dtype, ProjTensors* p,
+                   int64_t* bytes);
+void transcode_fp8(const ProjTensors& p, const Fp8Config& f, int64_t row0, QuantizedFc* fc);
 
 struct ExpertStats {
   bool requantized = false;
@@ -64,14 +109,35 @@ struct ExpertStats {
 struct ExpertScratch {
   QuantizedFc fc1, fc2;
   std::vector<float> w1, w2;
+  std::vector<float> b1, b2;  // FC biases (gpt-oss); empty for unbiased layers
 };
+
+// Requantizes expert 0 of fc from w [n, k] with qmoe's quantizer; *err receives the relative-norm
+// error of the result against w.
+Status requantize(const std::vector<float>& w, int64_t n, int64_t k, QuantizedFc* fc, double* err);
+
+// ModelOpt NVFP4 (nvfp4.cpp): resolve checks one projection; convert copies one expert into
+// scratch's nvfp4 FCs, requantizing FC1 when gate and up have different global scales.
+Status resolve_nvfp4(const Checkpoint& c, ProjTensors* p, int64_t* bytes);
+Status convert_nvfp4(const ExpertTensors& t, ExpertScratch* s, ExpertStats* stats);
+
+// compressed-tensors float-quantized FP8 (fp8_block.cpp): block scales map exactly onto
+// fp8_block, a tensor scale onto fp8 (FC1 requantized when gate and up scales differ), channel
+// scales are requantized into fp8_block.
+Status resolve_compressed_fp8(const Checkpoint& c, const CompressedTensorsConfig& q,
+                              DType* scale_dtype, ProjTensors* p, int64_t* bytes);
+Status convert_compressed_fp8(const ExpertTensors& t, const CompressedTensorsConfig& q,
+                              ExpertScratch* s, ExpertStats* stats);
+
+// Copies one gpt-oss expert (resolve_gpt_oss_layer) into scratch's mxfp4 FCs and biases.
+void transcode_gpt_oss(const ExpertTensors& t, ExpertScratch* s);
 
 // Drops the mapped pages of every tensor of one expert (it has been converted).
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);
 
 // Converts one expert into scratch->fc1 / fc2 (allocated by the caller for one expert in the
 // target formats).
-Status convert_expert(const ExpertTensors& t, SourceFormat from, const GptqConfig& gptq,
+Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
                       ExpertScratch* scratch, ExpertStats* stats);
 
 }  // namespace qmoe::convert

@@ -1,5 +1,5 @@
 // Reading model packs (docs/model-pack.md): layer N is the layer file whose tensors and metadata
-// keys carry the prefix `layers.N.`, plus its router weight.
+// keys carry the prefix `layers.N.`, plus its router weight (and bias, where the model has one).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -74,12 +74,14 @@ Status ModelPack::layer(int index, PackLayer* out) const {
     if (kv.first.rfind(prefix, 0) == 0) meta[kv.first.substr(prefix.size())] = kv.second;
   }
   std::vector<std::pair<std::string, TensorView>> tensors;
-  TensorView router;
+  TensorView router, bias;
   for (const std::string& name : file_->names()) {
     if (name.rfind(prefix, 0) != 0) continue;
     const std::string local = name.substr(prefix.size());
     if (local == "router_weight") {
       router = *file_->find(name);
+    } else if (local == "router_bias") {
+      bias = *file_->find(name);
     } else {
       tensors.emplace_back(local, *file_->find(name));
     }
@@ -90,16 +92,22 @@ Status ModelPack::layer(int index, PackLayer* out) const {
   const int64_t dims[2] = {l.spec.num_experts, l.spec.hidden};
   s = expect_tensor(router, prefix + "router_weight", DType::kF32, dims, 2);
   if (s.is_ok()) s = expect_finite(router, prefix + "router_weight");
+  if (s.is_ok() && bias.present()) {
+    s = expect_tensor(bias, prefix + "router_bias", DType::kF32, dims, 1);
+    if (s.is_ok()) s = expect_finite(bias, prefix + "router_bias");
+  }
   if (!s.is_ok()) return Status(s.code(), path + ": " + s.message());
   out->index = index;
   out->spec = l.spec;
   out->weights = l.weights;
   out->router_weight = router;
+  out->router_bias = bias;
   return Status::ok();
 }
 
-Status router_logits(const TensorView& x, const TensorView& router_weight, DType out_dtype,
-                     std::vector<uint8_t>* out, TensorView* view) {
+Status router_logits(const TensorView& x, const TensorView& router_weight,
+                     const TensorView& router_bias, DType out_dtype, std::vector<uint8_t>* out,
+                     TensorView* view) {
   if (x.rank != 2 || router_weight.rank != 2 || x.dims[1] != router_weight.dims[1] ||
       router_weight.dtype != DType::kF32) {
     return Status::invalid("router logits: input " + x.shape_string() +
@@ -111,13 +119,19 @@ Status router_logits(const TensorView& x, const TensorView& router_weight, DType
                            ", expected f32, f16 or bf16");
   }
   const int64_t t = x.dims[0], h = x.dims[1], e = router_weight.dims[0];
+  if (router_bias.present() &&
+      (router_bias.dtype != DType::kF32 || router_bias.rank != 1 || router_bias.dims[0] != e)) {
+    return Status::invalid("router logits: router_bias " + router_bias.shape_string() +
+                           ", expected f32 [" + std::to_string(e) + "]");
+  }
   const auto* w = static_cast<const float*>(router_weight.data);
+  const auto* bias = static_cast<const float*>(router_bias.data);
   out->assign(static_cast<size_t>(t * e) * dtype_size(out_dtype), 0);
   std::vector<double> xr(static_cast<size_t>(h));
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = 0; j < h; ++j) xr[j] = load_float(x.data, x.dtype, i * h + j);
     for (int64_t c = 0; c < e; ++c) {
-      double acc = 0;
+      double acc = bias ? bias[c] : 0.0;
       for (int64_t j = 0; j < h; ++j) acc += xr[j] * w[c * h + j];
       const float f = static_cast<float>(acc);
       uint8_t* dst = out->data() + static_cast<size_t>(i * e + c) * dtype_size(out_dtype);

@@ -16,11 +16,13 @@ Checkpoint layouts followed (public):
 
 import json
 import math
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ortqmoe import _sparse_mixer as sparse_mixer
 from ortqmoe import (BF16, bf16, bf16_to_f32, dequantize_int, read_safetensors, rel_norm,
                      run_cli, write_safetensors)
 
@@ -49,9 +51,19 @@ def mixtral_config(layers=2, **extra):
     return c
 
 
+def phimoe_config(layers=2, **extra):
+    """Phi-3.5-MoE (modeling_phimoe.py): Mixtral's names and sizes, the sparse mixer."""
+    return mixtral_config(layers, model_type="phimoe", router_jitter_noise=0.01, **extra)
+
+
+def base_config(arch, **kw):
+    return {"qwen3_moe": qwen_config, "mixtral": mixtral_config, "phimoe": phimoe_config}[arch](
+        **kw)
+
+
 def names(cfg, layer, e):
     """Checkpoint prefixes of (router, gate, up, down)."""
-    if cfg["model_type"] == "qwen3_moe":
+    if cfg["model_type"] in ("qwen3_moe", "deepseek_v3"):
         p = f"model.layers.{layer}.mlp."
         ep = f"{p}experts.{e}."
         return p + "gate.weight", ep + "gate_proj", ep + "up_proj", ep + "down_proj"
@@ -61,8 +73,11 @@ def names(cfg, layer, e):
 
 
 def moe_layers(cfg):
-    if cfg["model_type"] == "mixtral":
+    if cfg["model_type"] in ("mixtral", "phimoe"):
         return list(range(cfg["num_hidden_layers"]))
+    if cfg["model_type"] == "deepseek_v3":
+        return [i for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
+                if i % cfg["moe_layer_freq"] == 0]
     step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers", []))
     return [i for i in range(cfg["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0]
 
@@ -138,7 +153,10 @@ def gptq_proj(rng, n, k, bits, group, sym, v2, zero_overflow=False):
     return t, deq.T
 
 
-def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
+def quantized_model(cfg, rng, proj, quant_config):
+    """A bf16 router and every expert projection from `proj(rng, n, k, (layer, expert, i))`
+    (i: 0 gate, 1 up, 2 down), which returns (tensors by suffix, exact dequantization [n, k]).
+    Returns (cfg with quant_config, tensors, {layer: (router, gate, up, down) as f64})."""
     tensors, ref = {}, {}
     for layer in moe_layers(cfg):
         r = bf16(rng.standard_normal((E, H)))
@@ -147,15 +165,19 @@ def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
         for e in range(E):
             _, g, u, d = names(cfg, layer, e)
             for i, (name, n, k) in enumerate(((g, I, H), (u, I, H), (d, H, I))):
-                over = overflow_expert == (layer, e) and i == 0
-                t, deq = gptq_proj(rng, n, k, bits, group, sym, v2, over)
+                t, deq = proj(rng, n, k, (layer, e, i))
                 tensors.update({name + s: v for s, v in t.items()})
                 mats[i].append(deq)
         ref[layer] = (bf16_to_f32(r.bits).astype(np.float64),) + tuple(np.stack(m) for m in mats)
-    cfg = dict(cfg, quantization_config={
-        "quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": False,
-        "checkpoint_format": "gptq_v2" if v2 else "gptq"})
-    return cfg, tensors, ref
+    return dict(cfg, quantization_config=quant_config), tensors, ref
+
+
+def gptq_model(cfg, rng, bits, group, sym, v2, overflow_expert=None):
+    over = overflow_expert + (0,) if overflow_expert else None  # that expert's gate_proj
+    return quantized_model(
+        cfg, rng, lambda r, n, k, at: gptq_proj(r, n, k, bits, group, sym, v2, at == over),
+        {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": False,
+         "checkpoint_format": "gptq_v2" if v2 else "gptq"})
 
 
 def write_checkpoint(path: Path, cfg, tensors, shards=2):
@@ -212,6 +234,9 @@ def hf_block(cfg, x, router, gate, up, down):
             w = p[sel]
             if cfg["norm_topk_prob"]:
                 w = w / w.sum()
+        elif cfg["model_type"] == "phimoe":  # the sparse mixer at inference
+            ids, ws = sparse_mixer(logits[t:t + 1], cfg["router_jitter_noise"])
+            sel, w = ids[0], ws[0]
         else:  # Mixtral: softmax, top-k, renormalize
             sel = np.argsort(-logits[t], kind="stable")[:K_TOP]
             w = np.exp(logits[t][sel] - logits[t][sel].max())
@@ -231,6 +256,46 @@ def run_model(cli, tmp, pack, layer, x):
     return read_safetensors(yout)[0]["output"].astype(np.float64)
 
 
+def stored_dtypes(path):
+    """{tensor: safetensors dtype name} from a file's header."""
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    return {k: v["dtype"] for k, v in json.loads(blob[8:8 + n]).items() if k != "__metadata__"}
+
+
+def check_exact(cli, tmp_path, rng, cfg, tensors, ref, frm, zero_points, scale_dtype, fc=None):
+    """Converts a quantized checkpoint (with dense tensors added) and checks that every expert
+    dequantizes exactly to `ref` and that the pack runs as the Hugging Face block does.
+    fc(tensors, layer, fc, n, k) dequantizes an FC of the pack (default: integer formats)."""
+    tensors.update(dense_tensors(cfg, rng))
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, frm)
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    fc = fc or (lambda t, layer, i, n, k: pack_fc(t, meta, layer, i, n, k))
+    assert meta["qmoe.converted_from"] == frm
+    assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
+    for layer, (router, gate, up, down) in ref.items():
+        p = f"layers.{layer}."
+        assert (p + "fc1_zero_points" in t) == zero_points
+        if scale_dtype:  # None: a format without block scales (fp8)
+            assert stored_dtypes(out)[p + "fc1_scales"] == scale_dtype
+        fc1 = fc(t, layer, 1, 2 * I, H)
+        # FC1 rows interleave gate and up: [g0, u0, g1, u1, ...].
+        assert np.array_equal(fc1[:, 0::2], gate), "gate rows differ from the source's dequant"
+        assert np.array_equal(fc1[:, 1::2], up), "up rows differ from the source's dequant"
+        assert np.array_equal(fc(t, layer, 2, H, I), down), "down rows differ"
+        assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
+    # The pack runs: qmoe's output equals the Hugging Face block on the source's weights.
+    layer = moe_layers(cfg)[-1]
+    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
+    y = run_model(cli, tmp_path, out, layer, x)
+    want = hf_block(cfg, x, *ref[layer])
+    assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
+    return t, meta
+
+
 # ---------------------------------------------------------------------------------------------
 # GPTQ: exact transcoding
 # ---------------------------------------------------------------------------------------------
@@ -243,33 +308,12 @@ def run_model(cli, tmp, pack, layer, x):
     ("mixtral", 4, 64, True, True),
     ("qwen3_moe", 8, 32, False, False),
     ("mixtral", 8, -1, True, False),
+    ("phimoe", 4, 32, False, True),
 ])
 def test_gptq_converts_bit_exact(cli, tmp_path, rng, arch, bits, group, sym, v2):
-    base = qwen_config() if arch == "qwen3_moe" else mixtral_config()
+    base = base_config(arch)
     cfg, tensors, ref = gptq_model(base, rng, bits, group, sym, v2)
-    tensors.update(dense_tensors(cfg, rng))
-    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
-    out = tmp_path / "pack.safetensors"
-    r = convert_ok(cli, tmp_path / "ckpt", out, "gptq")
-    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
-    t, meta = read_safetensors(out)
-    assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
-    for layer, (router, gate, up, down) in ref.items():
-        p = f"layers.{layer}."
-        assert (p + "fc1_zero_points" in t) == (not sym)
-        assert t[p + "fc1_scales"].dtype == np.float16
-        fc1 = pack_fc(t, meta, layer, 1, 2 * I, H)
-        # FC1 rows interleave gate and up: [g0, u0, g1, u1, ...].
-        assert np.array_equal(fc1[:, 0::2], gate), "gate rows differ from GPTQ's dequantization"
-        assert np.array_equal(fc1[:, 1::2], up), "up rows differ from GPTQ's dequantization"
-        assert np.array_equal(pack_fc(t, meta, layer, 2, H, I), down)
-        assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
-    # The pack runs: qmoe's output equals the HF block on the GPTQ weights.
-    layer = moe_layers(cfg)[-1]
-    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
-    y = run_model(cli, tmp_path, out, layer, x)
-    want = hf_block(cfg, x, *ref[layer])
-    assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
+    check_exact(cli, tmp_path, rng, cfg, tensors, ref, "gptq", not sym, "F16")
 
 
 def test_gptq_v1_zero_overflow_is_requantized_and_reported(cli, tmp_path, rng):
@@ -312,10 +356,11 @@ def test_gptq_act_order_is_refused(cli, tmp_path, rng):
                             "--fc2-block", "64"],
      INT4_BUDGET),
     ("qwen3_moe", "fp32", "int8", ["--block", "16", "--scale-dtype", "f16"], INT8_BUDGET),
+    ("phimoe", "bf16", "int8", ["--block", "32"], INT8_BUDGET),
 ])
 def test_float_quantizes_within_budget(cli, tmp_path, rng, arch, src, fmt, flags, budget):
     base = (qwen_config(layers=3, norm=False, decoder_sparse_step=1, mlp_only_layers=[1])
-            if arch == "qwen3_moe" else mixtral_config())
+            if arch == "qwen3_moe" else base_config(arch))
     dtype = {"bf16": BF16, "fp16": np.float16, "fp32": np.float32}[src]
     tensors, ref = float_model(base, rng, dtype)
     tensors.update(dense_tensors(base, rng))
@@ -382,7 +427,8 @@ def _small_float(tmp_path, rng, shards=2):
 def _expect_failure(cli, tmp_path, ckpt, code, needles, frm="bf16"):
     out = tmp_path / "out" / "pack.safetensors"
     out.parent.mkdir(exist_ok=True)
-    r = convert(cli, ckpt, out, frm, *([] if frm == "gptq" else ["--block", "32"]))
+    quantized = frm not in ("bf16", "fp16", "fp32")  # quantized sources keep their format
+    r = convert(cli, ckpt, out, frm, *([] if quantized else ["--block", "32"]))
     assert r.returncode == code, f"exit {r.returncode}, expected {code}:\n{r.stdout}\n{r.stderr}"
     for n in needles:
         assert n in r.stderr, f"'{n}' not in: {r.stderr}"

@@ -17,6 +17,9 @@ namespace qmoe::cli {
 
 namespace {
 
+constexpr const char* kSources =
+    "bf16, fp16, fp32, gptq, awq, compressed-tensors, fp8, mxfp4 or nvfp4";
+
 struct ConvertArgs {
   std::string from, src, out;
   FormatFlags formats;
@@ -50,7 +53,7 @@ Status float_formats(const ConvertArgs& a, LayerSpec* spec) {
 int convert(const ConvertArgs& a) {
   SourceFormat from;
   if (!parse_source_format(a.from, &from)) {
-    return usage_error("--from: expected bf16, fp16, fp32 or gptq, got '" + a.from + "'");
+    return usage_error("--from: expected " + std::string(kSources) + ", got '" + a.from + "'");
   }
   Status s = check_output_path("--output", a.out);
   if (!s.is_ok()) return status_error(s);
@@ -60,11 +63,12 @@ int convert(const ConvertArgs& a) {
   o.from = from;
   o.threads = a.threads;
   o.progress = ::isatty(2) != 0;
-  if (from == SourceFormat::kGptq) {
+  const bool quantized =
+      from != SourceFormat::kBf16 && from != SourceFormat::kFp16 && from != SourceFormat::kFp32;
+  if (quantized) {
     if (a.formats.any_given()) {
-      return usage_error(
-          "convert: format options apply to float checkpoints; a GPTQ "
-          "checkpoint keeps its own format (int4/int8, its group size)");
+      return usage_error(std::string("convert: format options apply to float checkpoints; a ") +
+                         source_format_name(from) + " checkpoint keeps its own format");
     }
   } else {
     LayerSpec spec;
@@ -81,13 +85,14 @@ int convert(const ConvertArgs& a) {
   std::printf("read %.3f GB of %s checkpoint in %.2f s: %.3f GB/s\n", r.source_bytes / 1e9,
               source_format_name(from), r.seconds,
               r.source_bytes / 1e9 / std::max(r.seconds, 1e-9));
-  if (from == SourceFormat::kGptq) {
+  if (quantized) {
     if (r.experts_requantized == 0) {
-      std::printf("exact: every layer dequantizes bit for bit to the GPTQ checkpoint\n");
+      std::printf("exact: every layer dequantizes bit for bit to the %s checkpoint\n",
+                  source_format_name(from));
     } else {
       std::printf(
-          "requantized %lld expert(s) (zero points outside the format): worst "
-          "relative-norm error %.3e; the rest is exact\n",
+          "requantized %lld expert(s) (see the notes): worst relative-norm error %.3e; the rest "
+          "is exact\n",
           static_cast<long long>(r.experts_requantized), r.max_requant_error);
     }
   }
@@ -101,9 +106,12 @@ void add_convert_command(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert",
-      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral; bf16/fp16/fp32 or GPTQ) into a "
+      "convert a Hugging Face MoE checkpoint (Qwen3-MoE, Mixtral, Phi-3.5-MoE, DeepSeek-V3, "
+      "gpt-oss; "
+      "bf16/fp16/fp32, GPTQ, AWQ, compressed-tensors, block-scaled FP8, gpt-oss MXFP4 or ModelOpt "
+      "NVFP4) into a "
       "model pack (docs/model-pack.md)");
-  cmd->add_option("--from", a->from, "what the checkpoint holds: bf16, fp16, fp32 or gptq")
+  cmd->add_option("--from", a->from, std::string("what the checkpoint holds: ") + kSources)
       ->required();
   cmd->add_option("SRC", a->src, "checkpoint directory (config.json, *.safetensors)")->required();
   cmd->add_option("-o,--output", a->out, "the pack to write (safetensors)")->required();
@@ -112,12 +120,15 @@ void add_convert_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   cmd->footer(std::string("Float checkpoints are quantized to int4 (block 128) unless the format "
-                          "options say otherwise; GPTQ keeps its own format.\n"
+                          "options say otherwise; quantized checkpoints keep their own.\n"
                           "Examples:\n"
                           "  qmoe convert --from bf16 Qwen3-30B-A3B -o qwen3.pack.safetensors\n"
                           "  qmoe convert --from bf16 --format int8 --block 64 Mixtral-8x7B -o "
                           "mixtral.safetensors\n"
                           "  qmoe convert --from gptq Qwen3-30B-A3B-GPTQ-Int4 -o q.safetensors\n"
+                          "  qmoe convert --from awq Mixtral-8x7B-AWQ -o m.safetensors\n"
+                          "  qmoe convert --from fp8 DeepSeek-V3 -o ds.safetensors\n"
+                          "  qmoe convert --from mxfp4 gpt-oss-20b -o oss.safetensors\n"
                           "  qmoe info q.safetensors\n"
                           "  qmoe run --model q.safetensors --layer 0 --tokens 4\n") +
               kExitCodesHelp);

@@ -116,8 +116,8 @@ Status model_inputs(const RunArgs& a, const PackLayer& layer, LayerSpec* spec,
       return Status::ok();
     }
   }
-  return router_logits(in->inputs.input, layer.router_weight, spec->act_dtype, &in->logits,
-                       &in->inputs.router_logits);
+  return router_logits(in->inputs.input, layer.router_weight, layer.router_bias, spec->act_dtype,
+                       &in->logits, &in->inputs.router_logits);
 }
 
 int run_model(const RunArgs& a) {

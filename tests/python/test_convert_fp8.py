@@ -1,0 +1,204 @@
+"""`qmoe convert --from fp8`: block-scaled FP8 checkpoints (DeepSeek-V3, Qwen3 FP8) built here with
+numpy, converted to fp8_block, and compared bit for bit with their dequantization.
+
+Layouts followed (public):
+- DeepSeek-V3 (transformers modeling_deepseek_v3.py, DeepSeek-V3's inference/kernel.py
+  weight_dequant): config model_type deepseek_v3 with n_routed_experts, num_experts_per_tok,
+  n_group, topk_group, routed_scaling_factor, norm_topk_prob, scoring_func "sigmoid", topk_method
+  "noaux_tc", n_shared_experts, first_k_dense_replace, moe_layer_freq; tensors
+  model.layers.L.mlp.gate.weight [E, H], mlp.gate.e_score_correction_bias [E],
+  mlp.experts.J.{gate,up,down}_proj.weight, mlp.shared_experts.{gate,up,down}_proj.weight.
+- FP8 weights, quantization_config {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+  "dynamic", "weight_block_size": [b, b]}: weight float8_e4m3fn [N, K], weight_scale_inv float32
+  [ceil(N/b), ceil(K/b)], W = weight * weight_scale_inv[n // b, k // b].
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ortqmoe import E4M3_VALUES, Tagged, bf16, bf16_to_f32, read_safetensors, rel_norm, run_cli
+from test_convert import (E, H, I, K_TOP, _expect_failure, convert_ok, hf_block, moe_layers,
+                          qwen_config, run_model, write_checkpoint)
+
+
+def deepseek_config(layers=3, **extra):
+    c = {"model_type": "deepseek_v3", "hidden_size": H, "moe_intermediate_size": I,
+         "intermediate_size": 4 * H, "n_routed_experts": E, "num_experts_per_tok": K_TOP,
+         "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+         "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_shared_experts": 1,
+         "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_hidden_layers": layers,
+         "hidden_act": "silu"}
+    c.update(extra)
+    return c
+
+
+def e4m3_decode(codes):
+    """float8_e4m3fn values of raw codes (the table is checked against torch's dtype below)."""
+    return E4M3_VALUES[codes]
+
+
+def test_e4m3_table_matches_torch():
+    torch = pytest.importorskip("torch")
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    theirs = torch.from_numpy(codes).view(torch.float8_e4m3fn).double().numpy()
+    assert np.array_equal(e4m3_decode(codes), theirs)
+
+
+def fp8_proj(rng, n, k, b):
+    """One FP8 projection: (tensors by suffix, exact dequantization f64 [n, k])."""
+    codes = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes (a quantizer never writes them)
+    s = (rng.uniform(0.5, 2.0, size=(math.ceil(n / b), math.ceil(k / b))) * 2.0 ** -8)
+    s = s.astype(np.float32)
+    deq = e4m3_decode(codes) * np.repeat(np.repeat(s.astype(np.float64), b, 0), b, 1)[:n, :k]
+    return {".weight": Tagged("F8_E4M3", codes), ".weight_scale_inv": s}, deq
+
+
+def fp8_model(cfg, rng, b):
+    tensors, ref = {}, {}
+    deepseek = cfg["model_type"] == "deepseek_v3"
+    for layer in moe_layers(cfg):
+        p = f"model.layers.{layer}.mlp."
+        r = bf16(rng.standard_normal((E, H)))
+        tensors[p + "gate.weight"] = r
+        bias = None
+        if deepseek:
+            bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
+            tensors[p + "gate.e_score_correction_bias"] = bias
+            for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                t, _ = fp8_proj(rng, *shape, b)  # the shared expert: not in the pack
+                tensors.update({f"{p}shared_experts.{name}{s}": v for s, v in t.items()})
+        mats = [[], [], []]
+        for e in range(E):
+            for i, (name, n, k) in enumerate((("gate_proj", I, H), ("up_proj", I, H),
+                                              ("down_proj", H, I))):
+                t, deq = fp8_proj(rng, n, k, b)
+                tensors.update({f"{p}experts.{e}.{name}{s}": v for s, v in t.items()})
+                mats[i].append(deq)
+        ref[layer] = (bf16_to_f32(r.bits).astype(np.float64), bias) + tuple(
+            np.stack(m) for m in mats)
+    for layer in range(cfg["num_hidden_layers"]):  # dense parts, in FP8 as well
+        t, _ = fp8_proj(rng, 4 * H, H, b)
+        tensors.update({f"model.layers.{layer}.self_attn.o_proj{s}": v for s, v in t.items()})
+    q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+         "weight_block_size": [b, b]}
+    return dict(cfg, quantization_config=q), tensors, ref
+
+
+def deepseek_block(cfg, x, router, bias, gate, up, down):
+    """modeling_deepseek_v3's MoE (routed experts only) in f64: noaux_tc grouped top-k."""
+    s = 1 / (1 + np.exp(-(x @ router.T)))
+    out = np.zeros_like(x)
+    groups = cfg["n_group"]
+    for t in range(x.shape[0]):
+        c = s[t] + bias
+        score = np.sort(c.reshape(groups, -1), axis=1)[:, -2:].sum(axis=1)
+        keep = np.argsort(-score, kind="stable")[:cfg["topk_group"]]
+        masked = np.full_like(c, -np.inf)
+        for g in keep:
+            span = slice(g * E // groups, (g + 1) * E // groups)
+            masked[span] = c[span]
+        sel = np.argsort(-masked, kind="stable")[:K_TOP]
+        w = s[t][sel]
+        if cfg["norm_topk_prob"]:
+            w = w / (w.sum() + 1e-20)
+        w = w * cfg["routed_scaling_factor"]
+        for j, e in zip(sel, w):
+            g, u = gate[j] @ x[t], up[j] @ x[t]
+            out[t] += e * (down[j] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def fp8_fc(t, layer, fc, n, k, b):
+    p = f"layers.{layer}."
+    codes = t[p + f"fc{fc}_experts_weights"].reshape(E, n, k)
+    s = t[p + f"fc{fc}_scales"].astype(np.float64)
+    assert s.shape == (E, math.ceil(n / b), math.ceil(k / b))
+    return E4M3_VALUES[codes] * np.repeat(np.repeat(s, b, 1), b, 2)[:, :n, :k]
+
+
+@pytest.mark.parametrize("arch,b", [("deepseek_v3", 32), ("deepseek_v3", 16), ("qwen3_moe", 32)])
+def test_fp8_converts_bit_exact(cli, tmp_path, rng, arch, b):
+    base = deepseek_config() if arch == "deepseek_v3" else qwen_config()
+    cfg, tensors, ref = fp8_model(base, rng, b)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "fp8")
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
+    if arch == "deepseek_v3":
+        assert "shared expert" in r.stdout, r.stdout  # said, not silently dropped
+    t, meta = read_safetensors(out)
+    assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
+    for layer, (router, bias, gate, up, down) in ref.items():
+        p = f"layers.{layer}."
+        assert meta[p + "swiglu_fusion"] == "2", "FC1 must stack [gate; up]"
+        assert int(meta[p + "block_size"]) == b
+        fc1 = fp8_fc(t, layer, 1, 2 * I, H, b)
+        assert np.array_equal(fc1[:, :I], gate), "gate rows differ from the FP8 dequantization"
+        assert np.array_equal(fc1[:, I:], up), "up rows differ from the FP8 dequantization"
+        assert np.array_equal(fp8_fc(t, layer, 2, H, I, b), down)
+        assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
+        if bias is not None:
+            assert np.array_equal(t[p + "router_correction_bias"], bias)
+            assert meta[p + "qmoe.routing_method"] == "grouped_topk"
+        assert not any(k.startswith(p) and "shared" in k for k in t)
+    layer = moe_layers(cfg)[-1]
+    x = rng.standard_normal((6, H)).astype(np.float32).astype(np.float64)
+    y = run_model(cli, tmp_path, out, layer, x)
+    if arch == "deepseek_v3":
+        want = deepseek_block(cfg, x, *ref[layer])
+    else:
+        want = hf_block(cfg, x, ref[layer][0], *ref[layer][2:])
+    assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
+    info = run_cli(cli, ["info", out])
+    assert info.returncode == 0 and "fp8_block" in info.stdout, info.stdout + info.stderr
+
+
+def test_deepseek_moe_layers_follow_first_k_dense_and_freq(cli, tmp_path, rng):
+    cfg, tensors, _ = fp8_model(deepseek_config(layers=5, first_k_dense_replace=1,
+                                                moe_layer_freq=2), rng, 32)
+    assert moe_layers(cfg) == [2, 4]
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    out = tmp_path / "pack.safetensors"
+    convert_ok(cli, tmp_path / "ckpt", out, "fp8")
+    _, meta = read_safetensors(out)
+    assert meta["qmoe.layers"] == "2,4"
+    assert meta["layers.2.qmoe.n_group"] == "4" and meta["layers.2.qmoe.topk_group"] == "2"
+
+
+def test_fp8_hostile(cli, tmp_path, rng):
+    cfg, tensors, _ = fp8_model(deepseek_config(layers=2), rng, 32)
+    name = "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"
+    good = tensors[name]
+    tensors[name] = good[:, :1]
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, ["model.safetensors", name, "[2, 2]",
+                                                         "[2, 1]"], frm="fp8")
+    tensors[name] = good
+    w = "model.layers.1.mlp.experts.5.up_proj.weight"
+    tensors[w] = bf16(rng.standard_normal((I, H)))
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, [w, "F8_E4M3"], frm="fp8")
+    tensors[w] = fp8_proj(rng, I, H, 32)[0][".weight"]
+    b = "model.layers.1.mlp.gate.e_score_correction_bias"
+    bias = tensors.pop(b)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, [b, "missing"], frm="fp8")
+    tensors[b] = bias
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    # Blocks that do not divide the expert width would mix gate and up in one FC1 block.
+    q = dict(cfg["quantization_config"], weight_block_size=[48, 48])
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["config.json", "multiple of the FP8"],
+                    frm="fp8")
+    for change, needle in ((dict(weight_block_size=None), "weight_block_size"),
+                           (dict(activation_scheme="static"), "activation_scheme")):
+        q = dict(cfg["quantization_config"], **change)
+        (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg,
+                                                                        quantization_config=q)))
+        _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["config.json", needle], frm="fp8")
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, scoring_func="softmax")))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["scoring_func 'softmax'"], frm="fp8")
