@@ -39,11 +39,11 @@ struct PrepareOptions {
 };
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
-// Where FC2 does the combine itself (the CUDA decode path's fused combine), fc2_us includes it
-// and combine_us is about 0.
+// Where one kernel runs the whole call (the CUDA backend's "fused" dispatch choice), the stages
+// come from its in-kernel stamps and combine_us is its grid barrier's wait and combine.
 struct RunProfile {
   double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
-  bool combine_fused = false;  // FC2 did the combine (no separate combine stage ran)
+  bool combine_fused = false;  // the fused kernel did the combine (no finalize kernel ran)
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
 };
 

@@ -360,65 +360,6 @@ TEST(GpuDecode, CudaCoreFormMatchesOracle) {
   }
 }
 
-// Whether a call of `tokens` on a prepared `tl` fused the combine into FC2 (from its profile).
-bool combine_was_fused(const TestLayer& tl, int64_t tokens) {
-  std::unique_ptr<PreparedLayer> layer;
-  EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
-  if (!layer) return false;
-  TestInputs ti;
-  make_inputs(tl.spec, tokens, fresh_seed(), false, &ti);
-  DeviceInputs d;
-  EXPECT_TRUE(stage_inputs(ti, &d));
-  GpuBuffer ws, out;
-  EXPECT_TRUE(ws.allocate(layer->workspace_size(tokens)));
-  EXPECT_TRUE(out.allocate(tokens * tl.spec.hidden * 2));
-  MutableTensorView ov(out.get(), tl.spec.act_dtype, {tokens, tl.spec.hidden});
-  RunProfile prof;
-  EXPECT_TRUE(layer->run(d.in, ov, ws.get(), ws.bytes(), nullptr, &prof).is_ok());
-  return prof.combine_fused;
-}
-
-// FC2 with the combine fused (the last block of each column of tiles sums the tokens' slots) gives
-// the finalize kernel's bits, with and without an FC2 bias, for both combine modes, one or several
-// tiles per block (65 tiles of FC2: a partial last column), and several passes. The workspace
-// comes poisoned, so the counters must be zeroed by the call itself; GpuContract's graph replay
-// test covers repeated calls on one workspace.
-TEST(GpuDecode, FusedCombineKeepsTheBits) {
-  QMOE_REQUIRE_GPU();
-  for (bool scale_input : {false, true}) {
-    LayerSpec s = small_spec(WeightFormat::kInt4, 1040, 512, 16, 4);
-    s.act_dtype = DType::kBF16;
-    s.fc1.block_size = s.fc2.block_size = 16;  // divides K = 1040
-    s.has_fc2_bias = !scale_input;
-    if (scale_input) s.routing.combine = CombineMode::kScaleInput;
-    const uint64_t seed = fresh_seed();
-    TestLayer tl;
-    make_layer(s, seed, &tl);
-    {
-      EnvOverride o("QMOE_FUSED_COMBINE", "1");
-      EXPECT_TRUE(combine_was_fused(tl, 3)) << "the knob did not reach the decode path";
-    }
-    {
-      EnvOverride o("QMOE_FUSED_COMBINE", "0");
-      EXPECT_FALSE(combine_was_fused(tl, 3));
-    }
-    for (int64_t tokens : {1, 3, 8, 24, 64}) {
-      TestInputs ti;
-      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-      for (const char* tpb : {"1", "4", "8"}) {
-        SCOPED_TRACE(std::string(scale_input ? "scale input" : "fc2 bias") + ", tokens " +
-                     std::to_string(tokens) + ", tiles per block " + tpb);
-        EnvOverride knob("QMOE_DECODE_TPB", tpb);
-        GpuRun fused, plain;
-        gpu_run_with("QMOE_FUSED_COMBINE", "1", tl, ti, &fused);
-        gpu_run_with("QMOE_FUSED_COMBINE", "0", tl, ti, &plain);
-        EXPECT_LE(fused.error, gpu_budget(s.act_dtype));
-        EXPECT_EQ(fused.out, plain.out);
-      }
-    }
-  }
-}
-
 // A non-finite activation on the decode path is reported with its token.
 TEST(GpuDecode, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();

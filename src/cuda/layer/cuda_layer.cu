@@ -90,14 +90,6 @@ int env_int(const char* name, int unset) {
 // QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
 bool use_pdl() { return env_int("QMOE_PDL", 1) != 0; }
 
-// Whether the decode path's FC2 sums the tokens' slots itself (DecodeFcArgs::fuse_combine)
-// instead of a finalize kernel: QMOE_FUSED_COMBINE=0|1 forces it (A/B runs). Off by default: on
-// the H200 the fused form lost at every token count it serves (qwen3-30b-a3b INT4, graph replays:
-// 31.7 vs 30.5 us at 1 token, 83.2 vs 76.7 us at 8; INT2 E512: 45.8 vs 43.0 us at 1 token). With
-// PDL the finalize launch overlaps FC2's tail, while the fused form serializes a fence, a counter
-// atomic and the column sums behind FC2's last block.
-bool fuse_combine() { return env_int("QMOE_FUSED_COMBINE", 0) != 0; }
-
 // QMOE_DECODE_ROWS=n sets the decode kernel's activation rows per pass (A/B runs; more than the
 // call's token count leaves that bound); unset: decode_rows_per_pass().
 int decode_rows(int64_t t, const LayerSpec& s) {
@@ -215,7 +207,6 @@ class CudaLayer final : public PreparedLayer {
   //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
   //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
   //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
-  //   done        A(4 ceil(H / 16))                     FC2 tile counters (decode layers only)
   //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
   //                                                     descriptors (layers on CUTLASS only)
   //   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
@@ -228,7 +219,7 @@ class CudaLayer final : public PreparedLayer {
   // on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
   struct Layout {
     size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        done, cutlass, mixed, fused, total;
+        cutlass, mixed, fused, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -261,7 +252,6 @@ class CudaLayer final : public PreparedLayer {
     l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
     const bool dequant = !all_mixed();
     l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 && dequant ? l->slots_in_scratch : 0));
-    l->done = take(decode_ready_ ? 4 * static_cast<size_t>(pack2_.tiles) : 0);
     l->cutlass = take(cutlass_ && dequant && t > 0
                           ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
                           : 0);
@@ -282,8 +272,7 @@ class CudaLayer final : public PreparedLayer {
   bool plan_decode();
   Status pack_for_decode(const LayerWeights& w);
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    const FinalizeArgs* combine, int route_groups, cudaStream_t stream,
-                    RunProfile* profile);
+                    int route_groups, cudaStream_t stream, RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   // The whole call in the fused kernel.
@@ -686,8 +675,8 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, const FinalizeArgs* combine,
-                             int route_groups, cudaStream_t stream, RunProfile* profile) {
+                             const RouteMapsView& maps, int route_groups, cudaStream_t stream,
+                             RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
   d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
@@ -723,14 +712,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  int32_t* done = reinterpret_cast<int32_t*>(ws + l.done);
-  if (combine != nullptr) {
-    d.zero = done;
-    d.n_zero = static_cast<int>(pack2_.tiles);
-  }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
-  d.zero = nullptr;
-  d.n_zero = 0;
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
@@ -748,11 +730,6 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
-  if (combine != nullptr) {
-    d.fuse_combine = true;
-    d.combine = *combine;
-    d.done = done;
-  }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
@@ -971,14 +948,12 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out = out.data;
   fa.out_dtype = out.dtype;
   fa.pdl = use_pdl();
-  const bool combined = decode && fuse_combine();
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, combined ? &fa : nullptr, choice.route_groups,
-                                    stream, profile));
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
   } else {
     QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
   }
-  if (!combined) QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
     QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
     QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
@@ -990,7 +965,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     profile->fc1_us = 1000.0 * ms[1];
     profile->fc2_us = 1000.0 * ms[2];
     profile->combine_us = 1000.0 * ms[3];
-    profile->combine_fused = combined;
+    profile->combine_fused = false;
   }
   return Status::ok();
 }
