@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -81,34 +80,13 @@ Status check_device_pointer(const void* p, const char* name, size_t align) {
   return Status::ok();
 }
 
-// An integer environment setting for A/B runs, or `unset` where it is absent.
-int env_int(const char* name, int unset) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? unset : std::atoi(v);
+// The decode kernel's activation rows per pass for a call of t tokens: DecodeOptions::rows, or
+// decode_rows_per_pass() where that is -1.
+int decode_rows(int64_t t, const LayerSpec& s, const DecodeOptions& o) {
+  return o.rows >= 0
+             ? o.rows
+             : decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
 }
-
-// QMOE_PDL=0 launches every kernel without programmatic dependent launch (A/B runs).
-bool use_pdl() { return env_int("QMOE_PDL", 1) != 0; }
-
-// QMOE_DECODE_ROWS=n sets the decode kernel's activation rows per pass (A/B runs; more than the
-// call's token count leaves that bound); unset: decode_rows_per_pass().
-int decode_rows(int64_t t, const LayerSpec& s) {
-  const int rows = env_int("QMOE_DECODE_ROWS", -1);
-  return rows >= 0 ? rows
-                   : decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
-}
-
-// QMOE_DECODE_TPB=1|4|8|16... forces the decode kernel's tiles per block (A/B runs); unset or 0:
-// the launcher chooses.
-int decode_tiles_per_block() { return env_int("QMOE_DECODE_TPB", 0); }
-
-// QMOE_DECODE_RING=1|2 puts the decode kernel's weight ring in registers or shared memory (A/B
-// runs); unset or 0: the launcher chooses.
-int decode_ring_kind() { return env_int("QMOE_DECODE_RING", 0); }
-
-// QMOE_DECODE_PREFETCH=n: rounds of the register ring the decode kernel prefetches into L2 ahead
-// of its loads (DecodeFcArgs::prefetch; A/B runs, 0 turns it off); unset: the launcher chooses.
-int decode_prefetch_rounds() { return env_int("QMOE_DECODE_PREFETCH", -1); }
 
 // Moves the layer's error record (error[0..1]: bits, first token) to error[2..3] and clears it,
 // each word by one atomic exchange, so that an error a kernel on another stream records meanwhile
@@ -118,10 +96,6 @@ __global__ void take_error_kernel(int32_t* error) {
   error[2] = atomicExch(&error[0], 0);
   error[3] = atomicExch(&error[1], INT32_MAX);
 }
-
-// QMOE_DECODE_MIN_BLOCKS: the blocks per multiprocessor the decode launcher keeps room for in
-// shared memory (DecodeFcArgs::min_blocks; 0: none).
-int decode_min_blocks_knob() { return env_int("QMOE_DECODE_MIN_BLOCKS", 4); }
 
 // The generic path's GEMM (PrepareOptions::gemm): CUTLASS's mixed-input kernel on the packed codes
 // where an FC allows it, else dequantize + CUTLASS; dequantize + CUTLASS always; or dequantize +
@@ -140,8 +114,14 @@ struct MixedFc {
 
 class CudaLayer final : public PreparedLayer {
  public:
-  CudaLayer(const LayerSpec& spec, int device, size_t dequant_cap)
-      : spec_(spec), device_(device), dequant_cap_(dequant_cap) {
+  // `options` resolved (resolve_prepare_options): the layer keeps what its run path needs.
+  CudaLayer(const LayerSpec& spec, const PrepareOptions& options, size_t dequant_cap)
+      : spec_(spec),
+        device_(options.device),
+        dequant_cap_(dequant_cap),
+        pdl_(options.pdl),
+        decode_options_(options.decode),
+        fused_grid_ctas_(options.fused_grid_ctas) {
     cdt_ = spec.act_dtype;
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
@@ -168,6 +148,7 @@ class CudaLayer final : public PreparedLayer {
     sm_count_ = sm_count;
   }
   // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
+  // A forced choice stays.
   Status load_dispatch(const std::string& tune_file);
 
   BackendKind backend() const override { return BackendKind::kCuda; }
@@ -185,17 +166,24 @@ class CudaLayer final : public PreparedLayer {
   Status take_deferred_error() override;
 
   std::string dispatch_choice(int64_t tokens) const override {
-    DispatchChoice c;
-    return dispatch_.choose(tokens, &c).is_ok() ? choice_name(c) : "";
+    return choice_name(dispatch_.choose(tokens));
   }
   Status apply_tune_file(const std::string& tune_file) override { return load_dispatch(tune_file); }
   std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
-    std::vector<std::string> names;
-    for (const DispatchChoice& c :
-         cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_)) {
-      names.push_back(choice_name(c));
-    }
-    return names;
+    return names_of(cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_));
+  }
+  Status force_dispatch(const std::string& choice) override {
+    QMOE_RETURN_IF_ERROR(
+        check_forced_choice(choice, names_of(layer_choices(decode_ready_, fused_max_tokens_))));
+    set_forced(choice);
+    return Status::ok();
+  }
+  // PrepareOptions::dispatch, its name checked by resolve_prepare_options: unlike
+  // force_dispatch(), a decode choice on a layer without the decode path is no error (its calls
+  // run the generic path), so one setting serves every layer of an A/B run.
+  void set_forced(const std::string& choice) {
+    DispatchChoice c;
+    dispatch_.force(parse_choice(choice, &c) ? &c : nullptr);
   }
 
  private:
@@ -293,9 +281,17 @@ class CudaLayer final : public PreparedLayer {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }
 
+  static std::vector<std::string> names_of(const std::vector<DispatchChoice>& choices) {
+    std::vector<std::string> names;
+    for (const DispatchChoice& c : choices) names.push_back(choice_name(c));
+    return names;
+  }
+
   LayerSpec spec_;
   int device_;
   size_t dequant_cap_;
+  bool pdl_;                      // PrepareOptions::pdl
+  DecodeOptions decode_options_;  // PrepareOptions::decode
   DType cdt_;
   size_t cs_;
   int64_t hp_, ip_, n1p_, slot_elems_;
@@ -305,7 +301,7 @@ class CudaLayer final : public PreparedLayer {
   bool decode_planned_ = false, decode_ready_ = false;
   FusedShape fused_shape_;
   int64_t fused_max_tokens_ = 0;  // 0: the fused kernel does not take this layer
-  int fused_grid_ctas_ = 0;       // 0: as many as the device holds (tests set fewer)
+  int fused_grid_ctas_ = 0;       // PrepareOptions::fused_grid_ctas (0: as many as fit)
   DeviceBuffer fused_stamps_;     // profiled calls only (they take turns: profile_mu_)
   std::vector<size_t> fused_ws_;  // [0, F]: the layout's fused entry by token count
   DispatchTable dispatch_;
@@ -600,8 +596,6 @@ Status CudaLayer::plan_fused() {
   for (int t = 1; t <= fused_max_tokens_; ++t) {
     fused_ws_[t] = std::max(fused_ws_[t - 1], fused_decode_workspace_bytes(f, t));
   }
-  // QMOE_FUSED_GRID=n runs the kernel on at most n CTAs (tests of grid independence), read once.
-  fused_grid_ctas_ = std::max(0, env_int("QMOE_FUSED_GRID", 0));
   return Status::ok();
 }
 
@@ -688,12 +682,12 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.weights = maps.weights;
   d.slots = spec_.slots();
   d.dtype = cdt_;
-  d.pdl = use_pdl();
-  const int tiles_per_block = decode_tiles_per_block();
-  d.max_rows = decode_rows(tokens, spec_);
-  d.ring = decode_ring_kind();
-  d.prefetch = decode_prefetch_rounds();
-  d.min_blocks = decode_min_blocks_knob();
+  d.pdl = pdl_;
+  const int tiles_per_block = decode_options_.tiles_per_block;
+  d.max_rows = decode_rows(tokens, spec_, decode_options_);
+  d.ring = decode_options_.ring;
+  d.prefetch = decode_options_.prefetch;
+  d.min_blocks = decode_options_.min_blocks;
 
   d.shape = pack1_;
   d.packed = packed1_;
@@ -738,6 +732,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
   DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed(),
                       fused_max_tokens_);
+  table.force(dispatch_.forced());
   if (!tune_file.empty()) {
     cudaDeviceProp prop;
     QMOE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
@@ -887,8 +882,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
           "while capturing a graph");
     }
   }
-  DispatchChoice choice;  // before any launch: a bad QMOE_DISPATCH value launches nothing
-  QMOE_RETURN_IF_ERROR(dispatch_.choose(tokens, &choice));
+  const DispatchChoice choice = dispatch_.choose(tokens);
 
   char* ws = static_cast<char*>(workspace);
   const int slots = spec_.slots();
@@ -911,7 +905,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
-  ra.pdl = use_pdl();
+  ra.pdl = pdl_;
   // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
   const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
@@ -947,7 +941,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.slots = slots;
   fa.out = out.data;
   fa.out_dtype = out.dtype;
-  fa.pdl = use_pdl();
+  fa.pdl = pdl_;
   if (decode) {
     QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
   } else {
@@ -1013,22 +1007,11 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   return Status::ok();
 }
 
-// PrepareOptions::gemm, else $QMOE_GEMM, else "cutlass".
-Status gemm_choice(const std::string& option, GemmChoice* choice) {
-  const char* env = std::getenv("QMOE_GEMM");
-  const std::string v = !option.empty() ? option : (env ? env : "cutlass");
-  const char* what = !option.empty() ? "gemm" : "QMOE_GEMM";
-  if (v == "cutlass") {
-    *choice = GemmChoice::kCutlass;
-  } else if (v == "cutlass-dequant") {
-    *choice = GemmChoice::kCutlassDequant;
-  } else if (v == "mma") {
-    *choice = GemmChoice::kMma;
-  } else {
-    return Status::invalid(std::string(what) + ": expected cutlass, cutlass-dequant or mma, got '" +
-                           v + "'");
-  }
-  return Status::ok();
+// PrepareOptions::gemm, resolved (checked by resolve_prepare_options): empty is "cutlass".
+GemmChoice gemm_choice(const std::string& gemm) {
+  if (gemm == "cutlass-dequant") return GemmChoice::kCutlassDequant;
+  if (gemm == "mma") return GemmChoice::kMma;
+  return GemmChoice::kCutlass;
 }
 
 // What the GPU path cannot run, checked before anything is uploaded.
@@ -1072,8 +1055,10 @@ bool cuda_backend_available(std::string* why_not) {
 }
 
 Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
-                          const PrepareOptions& options, std::unique_ptr<PreparedLayer>* out) {
+                          const PrepareOptions& given, std::unique_ptr<PreparedLayer>* out) {
   QMOE_RETURN_IF_ERROR(check_layer(spec, weights));
+  PrepareOptions options;  // the caller's, with the environment's overrides: read here only
+  QMOE_RETURN_IF_ERROR(resolve_prepare_options(given, &options));
   QMOE_RETURN_IF_ERROR(cuda::check_cuda_support(spec));
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
@@ -1096,16 +1081,14 @@ Status prepare_cuda_layer(const LayerSpec& spec, const LayerWeights& weights,
   if (!guard.ok()) return Status::internal("cudaSetDevice failed");
   const size_t cap =
       options.max_dequant_bytes ? options.max_dequant_bytes : cuda::kDefaultDequantBytes;
-  auto layer = std::make_unique<cuda::CudaLayer>(spec, options.device, cap);
-  cuda::GemmChoice gemm = cuda::GemmChoice::kCutlass;
-  QMOE_RETURN_IF_ERROR(cuda::gemm_choice(options.gemm, &gemm));
+  auto layer = std::make_unique<cuda::CudaLayer>(spec, options, cap);
+  const cuda::GemmChoice gemm = cuda::gemm_choice(options.gemm);
   int sm_count = 0;
   QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, options.device));
   layer->set_cutlass(gemm != cuda::GemmChoice::kMma, gemm == cuda::GemmChoice::kCutlass, sm_count);
   QMOE_RETURN_IF_ERROR(layer->init(weights));
-  const char* env_tune = std::getenv("QMOE_TUNE_FILE");
-  QMOE_RETURN_IF_ERROR(layer->load_dispatch(
-      !options.tune_file.empty() ? options.tune_file : (env_tune ? env_tune : "")));
+  layer->set_forced(options.dispatch);
+  QMOE_RETURN_IF_ERROR(layer->load_dispatch(options.tune_file));
   *out = std::move(layer);
   return Status::ok();
 }
