@@ -5,7 +5,7 @@
 # counts of QMOE_AB_TOKENS (default 1,8,16,64) on QMOE_AB_PRESET (default qwen3-30b-a3b). Prints a
 # line per setting and format as soon as it is measured (us per token count) and appends it to
 # $OUT/ab.txt when OUT is set. Needs a GPU build in build-gpu (scripts/gpu-check.sh makes one).
-#   scripts/gpu-ab.sh "" "QMOE_DECODE_TPB=4" "QMOE_FUSED_COMBINE=1 QMOE_DECODE_TPB=8"
+#   scripts/gpu-ab.sh "" "QMOE_DECODE_TPB=4" "QMOE_DECODE_RING=2 QMOE_DECODE_TPB=8"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 formats="${QMOE_AB_FORMATS:---format int4;--format int8;--format int2 --block 64}"

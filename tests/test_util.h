@@ -15,6 +15,36 @@
 
 namespace qmoe::test {
 
+// Sets (or, with nullptr, unsets) an environment variable for a scope, then restores it. Only
+// around prepare_layer(): the library reads the environment there and nowhere else.
+class EnvOverride {
+ public:
+  EnvOverride(const char* name, const char* v) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (v != nullptr) {
+      setenv(name, v, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~EnvOverride() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
 // A fresh seed per call unless QMOE_TEST_SEED is set; recorded in the test's output.
 inline uint64_t fresh_seed() {
   static uint64_t counter = 0;

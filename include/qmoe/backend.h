@@ -19,6 +19,28 @@ enum class BackendKind : uint8_t { kCpu, kCuda };
 const char* backend_name(BackendKind b);
 bool backend_available(BackendKind b);  // kCuda: built with CUDA and a device is present
 
+// CUDA: the decode kernel's settings, for A/B runs. Every value gives the same bits; the defaults
+// are the measured choices (docs/cuda-backend.md). Each field's environment variable, when set,
+// applies where the field holds its default (resolve_prepare_options).
+struct DecodeOptions {
+  // Activation rows one pass stages: -1 decode_rows_per_pass() (about four times the mean routes
+  // per expert, 2 to 16), 0 as many as the call's tokens and shared memory allow, n > 0 at most n.
+  // QMOE_DECODE_ROWS.
+  int rows = -1;
+  // 16-row tiles per block: 0 the launcher chooses, 1, or a multiple of 4 (a request the launcher
+  // cannot honour falls back to fewer). QMOE_DECODE_TPB.
+  int tiles_per_block = 0;
+  // Where the weight ring lives: 0 the launcher chooses, 1 registers, 2 shared memory.
+  // QMOE_DECODE_RING.
+  int ring = 0;
+  // Rounds of the register ring prefetched into L2 ahead of the loads: -1 the launcher chooses,
+  // 0 none, 1..16. QMOE_DECODE_PREFETCH.
+  int prefetch = -1;
+  // Blocks per multiprocessor the launcher keeps room for in shared memory (trading rows per pass
+  // and its own choice of tiles per block): 0 no such trade, 1..32. QMOE_DECODE_MIN_BLOCKS.
+  int min_blocks = 4;
+};
+
 struct PrepareOptions {
   int num_threads = 0;  // CPU: worker threads, 0 = hardware concurrency
   int device = 0;       // CUDA: device ordinal
@@ -36,14 +58,40 @@ struct PrepareOptions {
   // runs. Empty: $QMOE_GEMM when set, else "cutlass". Read at prepare; another value is an error
   // naming it.
   std::string gemm;
+  // CUDA: one path for every call instead of the dispatch table (A/B runs): "generic",
+  // "decode/1", "decode/2", "decode/cc" or "fused" (qmoe/tuning.h); a call that path cannot take
+  // (decode on a layer without it or past its largest call, fused past its window) runs the next
+  // path that can (fused -> decode/1 -> generic). Empty:
+  // $QMOE_DISPATCH when set (or the older QMOE_CUDA_PATH=generic), else the table.
+  // PreparedLayer::force_dispatch() changes it later.
+  std::string dispatch;
+  // CUDA: launch kernels with programmatic dependent launch (each one's prologue overlaps the
+  // previous one's tail). false is for A/B runs; QMOE_PDL=0 sets it where it is true.
+  bool pdl = true;
+  DecodeOptions decode;  // CUDA: the decode kernel's A/B settings
+  // CUDA: the fused kernel runs on at most this many CTAs (tests of its grid independence); 0 as
+  // many as the device holds. QMOE_FUSED_GRID.
+  int fused_grid_ctas = 0;
 };
 
+// The one place the environment enters the options: `options` with each QMOE_* variable that is
+// set (and not empty) applied where its field holds the default (a caller's choice wins), then
+// every field checked. An invalid value is an error naming the variable or field and what it
+// expects. The CUDA backend's prepare_layer() calls it once; no setting is read on the run path.
+//   QMOE_TUNE_FILE -> tune_file         QMOE_DECODE_ROWS       -> decode.rows
+//   QMOE_GEMM      -> gemm              QMOE_DECODE_TPB        -> decode.tiles_per_block
+//   QMOE_DISPATCH  -> dispatch          QMOE_DECODE_RING       -> decode.ring
+//   (QMOE_CUDA_PATH=generic, older)     QMOE_DECODE_PREFETCH   -> decode.prefetch
+//   QMOE_PDL       -> pdl (0 or 1)      QMOE_DECODE_MIN_BLOCKS -> decode.min_blocks
+//   QMOE_FUSED_GRID -> fused_grid_ctas
+Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* out);
+
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).
-// Where FC2 does the combine itself (the CUDA decode path's fused combine), fc2_us includes it
-// and combine_us is about 0.
+// Where one kernel runs the whole call (the CUDA backend's "fused" dispatch choice), the stages
+// come from its in-kernel stamps and combine_us is its grid barrier's wait and combine.
 struct RunProfile {
   double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
-  bool combine_fused = false;  // FC2 did the combine (no separate combine stage ran)
+  bool combine_fused = false;  // the fused kernel did the combine (no finalize kernel ran)
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
 };
 
@@ -60,12 +108,13 @@ struct RunProfile {
 //     reports what any call recorded since the previous take and cannot say which call it was.
 //     No error is lost or reported twice (errors recorded between two takes come as one report).
 //     See take_deferred_error() for what it waits on.
-//   - apply_tune_file() replaces the dispatch table: the caller must not run it concurrently with
-//     any other call on the same layer (serialize it, e.g. do it before sharing the layer).
+//   - apply_tune_file() and force_dispatch() change the dispatch: the caller must not run them
+//     concurrently with any other call on the same layer (serialize them, e.g. do them before
+//     sharing the layer).
 //   - destruction: after every call has returned and, on the GPU, its work has completed.
 // The CPU backend's worker pool serves one call at a time; a call that finds it busy runs on its
-// own thread alone (same bytes, less parallelism). The CUDA backend reads its QMOE_* A/B settings
-// (getenv) on the run path: changing the environment (setenv) while calls run is a data race.
+// own thread alone (same bytes, less parallelism). Settings are read once, at prepare
+// (resolve_prepare_options); the environment is not read on the run path.
 class PreparedLayer {
  public:
   virtual ~PreparedLayer() = default;
@@ -105,6 +154,12 @@ class PreparedLayer {
   // On error the table is unchanged. A no-op on backends with one path.
   virtual Status apply_tune_file(const std::string& tune_file) { return Status::ok(); }
   virtual std::vector<std::string> dispatch_candidates(int64_t tokens) const { return {}; }
+  // Forces every later call onto `choice`, one of the names dispatch_candidates() gives for some
+  // token count on this layer (what a tuner times), as PrepareOptions::dispatch does at prepare;
+  // "" returns to the dispatch table. A call the choice cannot take (decode past its largest
+  // call) runs the generic path. Another name is an error naming it and the layer's choices; the
+  // dispatch is then unchanged. Backends with one path accept "" only.
+  virtual Status force_dispatch(const std::string& choice);
 };
 
 // Validates (check_layer) and prepares. The weights' memory must outlive the layer.

@@ -32,6 +32,18 @@ std::string tune_key(const LayerSpec& spec, const std::string& device);
 Status load_tuned_rows(const std::string& path, const std::string& key, std::vector<TunedRow>* rows,
                        bool* found);
 
+// Every dispatch choice name there is ("generic", "decode/1", "decode/2", "decode/cc", "fused":
+// the CUDA backend's paths, src/cuda/layer/dispatch.h), and them as a message: "generic,
+// decode/1, ... or fused".
+const std::vector<std::string>& dispatch_choice_names();
+std::string dispatch_choice_list();
+
+// The check of PreparedLayer::force_dispatch(): ok for "" and for a name in `layer_choices` (the
+// layer's own, every token count's dispatch_candidates() together); otherwise an error naming
+// `choice` and what was expected.
+Status check_forced_choice(const std::string& choice,
+                           const std::vector<std::string>& layer_choices);
+
 // Stores `rows` under `key`, keeping the file's other keys.
 Status save_tuned_rows(const std::string& path, const std::string& key,
                        const std::vector<TunedRow>& rows);

@@ -143,6 +143,12 @@ class Layer:
                  workspace_bytes=self.workspace_size(tokens))
         return d
 
+    def force_dispatch(self, choice):
+        """Forces every later call onto one kernel path (a name info()'s dispatch can show, e.g.
+        "generic", "decode/1"), or "" for the dispatch table again; raises qmoe.Error naming a
+        choice that is not this layer's. Not while calls run on the layer."""
+        self._impl.force_dispatch(str(choice))
+
     def take_deferred_error(self):
         """Raises qmoe.Error for non-finite inputs a CUDA call saw after returning; synchronizes
         with the device. Not thread-safe: call it from one thread at a time."""

@@ -111,6 +111,7 @@ class Layer {
     return layer_->dispatch_candidates(tokens);
   }
   void apply_tune_file(const std::string& path) { throw_if_error(layer_->apply_tune_file(path)); }
+  void force_dispatch(const std::string& choice) { throw_if_error(layer_->force_dispatch(choice)); }
   void take_deferred_error() {
     qmoe::Status st;
     {
@@ -273,6 +274,7 @@ void bind_layer(nb::module_& m) {
       .def("dispatch_choice", &Layer::dispatch_choice, nb::arg("tokens"))
       .def("dispatch_candidates", &Layer::dispatch_candidates, nb::arg("tokens"))
       .def("apply_tune_file", &Layer::apply_tune_file, nb::arg("path"))
+      .def("force_dispatch", &Layer::force_dispatch, nb::arg("choice"))
       .def("take_deferred_error", &Layer::take_deferred_error)
       .def("run", &Layer::run, nb::arg("input"), nb::arg("router_logits"), nb::arg("out"),
            nb::arg("workspace"), nb::arg("router_weights") = nb::none(), nb::arg("stream") = 0)

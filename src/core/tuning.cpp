@@ -99,4 +99,39 @@ Status save_tuned_rows(const std::string& path, const std::string& key,
   return Status::ok();
 }
 
+const std::vector<std::string>& dispatch_choice_names() {
+  static const std::vector<std::string> names = {"generic", "decode/1", "decode/2", "decode/cc",
+                                                 "fused"};
+  return names;
+}
+
+// "a, b or c".
+static std::string join_or(const std::vector<std::string>& v) {
+  std::string list;
+  for (size_t i = 0; i < v.size(); ++i) {
+    list += (i == 0 ? "" : (i + 1 == v.size() ? " or " : ", ")) + v[i];
+  }
+  return list;
+}
+
+std::string dispatch_choice_list() { return join_or(dispatch_choice_names()); }
+
+Status check_forced_choice(const std::string& choice,
+                           const std::vector<std::string>& layer_choices) {
+  if (choice.empty()) return Status::ok();
+  for (const std::string& c : layer_choices) {
+    if (c == choice) return Status::ok();
+  }
+  const std::string theirs = layer_choices.empty()
+                                 ? "this backend has one path, so \"\" only"
+                                 : join_or(layer_choices) + ", or \"\" for the dispatch table";
+  for (const std::string& c : dispatch_choice_names()) {
+    if (c == choice) {
+      return Status::invalid("force_dispatch: '" + choice + "' is not a path of this layer (" +
+                             theirs + ")");
+    }
+  }
+  return Status::invalid("force_dispatch: expected " + theirs + ", got '" + choice + "'");
+}
+
 }  // namespace qmoe

@@ -52,10 +52,25 @@ inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInput
   return ::testing::AssertionSuccess();
 }
 
-// PrepareOptions choosing the generic path's GEMM ("cutlass", "cutlass-dequant", "mma").
-inline PrepareOptions with_gemm(const std::string& gemm) {
-  PrepareOptions o;
+// PrepareOptions (over `o`) choosing the generic path's GEMM ("cutlass", "cutlass-dequant",
+// "mma").
+inline PrepareOptions with_gemm(const std::string& gemm, PrepareOptions o = {}) {
   o.gemm = gemm;
+  return o;
+}
+
+// PrepareOptions (over `o`) forcing one dispatch choice ("generic", "decode/1", "decode/2",
+// "decode/cc"), or setting the decode kernel's tiles per block or weight ring (DecodeOptions).
+inline PrepareOptions with_dispatch(const std::string& choice, PrepareOptions o = {}) {
+  o.dispatch = choice;
+  return o;
+}
+inline PrepareOptions with_tiles(int tiles_per_block, PrepareOptions o = {}) {
+  o.decode.tiles_per_block = tiles_per_block;
+  return o;
+}
+inline PrepareOptions with_ring(int ring, PrepareOptions o = {}) {
+  o.decode.ring = ring;
   return o;
 }
 
@@ -110,14 +125,6 @@ inline void gpu_run(const TestLayer& tl, const TestInputs& ti, GpuRun* res,
   st = reference_forward(tl.spec, tl.weights, ti.in, &ref);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   res->error = relative_norm_error(res->out_f64.data(), ref.data(), ref.size());
-}
-
-// gpu_run with the environment variable `name` set to `value` for the call (the knobs the CUDA
-// backend reads per call: QMOE_DISPATCH, QMOE_PDL, QMOE_DECODE_TPB, ...).
-inline void gpu_run_with(const char* name, const std::string& value, const TestLayer& tl,
-                         const TestInputs& ti, GpuRun* res) {
-  EnvOverride o(name, value.c_str());
-  gpu_run(tl, ti, res);
 }
 
 // A fresh random layer and inputs, run on the GPU, within the dtype's budget.
@@ -240,15 +247,14 @@ inline void check_forms_tiles_and_rings(const TestLayer& tl, uint64_t seed) {
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     for (const char* form : {"decode/cc", "decode/1", "decode/2"}) {
       GpuRun r;
-      gpu_run_with("QMOE_DISPATCH", form, tl, ti, &r);
+      gpu_run(tl, ti, &r, with_dispatch(form));
       EXPECT_LE(r.error, gpu_budget(dt)) << form;
     }
     std::vector<uint8_t> first;
-    for (const char* tpb : {"4", "8"}) {
-      EnvOverride knob("QMOE_DECODE_TPB", tpb);
+    for (int tpb : {4, 8}) {
       GpuRun regs, smem;
-      gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
-      gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
+      gpu_run(tl, ti, &regs, with_ring(1, with_tiles(tpb)));
+      gpu_run(tl, ti, &smem, with_ring(2, with_tiles(tpb)));
       EXPECT_LE(regs.error, gpu_budget(dt)) << tpb << " tiles per block";
       EXPECT_EQ(smem.out, regs.out) << tpb << " tiles per block";
       if (first.empty()) first = regs.out;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qmoe/backend.h"
+#include "test_util.h"
 
 namespace qmoe::test {
 
@@ -95,18 +96,6 @@ class GpuBuffer {
  private:
   void* p_ = nullptr;
   size_t bytes_ = 0, canary_ = 0;
-};
-
-// Sets an environment variable for the scope of one run.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, const char* v) : name_(name) { setenv(name, v, 1); }
-  ~EnvOverride() { unsetenv(name_); }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
-
- private:
-  const char* name_;
 };
 
 }  // namespace qmoe::test

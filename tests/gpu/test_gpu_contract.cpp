@@ -236,11 +236,10 @@ TEST(GpuContract, NonFiniteInputsAreDeferredErrors) {
 TEST(GpuContract, WorkspaceSizeIsMonotoneAndSmallForDecode) {
   QMOE_REQUIRE_GPU();
   // The dequantize path's layout (the mixed-input GEMM needs no scratch at all).
-  EnvOverride gemm("QMOE_GEMM", "cutlass-dequant");
   Prepared p;
   LayerSpec s = small_spec(WeightFormat::kInt4, 512, 256, 64, 8);
   s.act_dtype = DType::kBF16;
-  prepare(s, fresh_seed(), &p);
+  prepare(s, fresh_seed(), &p, with_gemm("cutlass-dequant"));
   size_t prev = 0;
   for (int64_t t = 1; t <= 4200; t += (t < 80 ? 1 : 97)) {
     const size_t w = p.layer->workspace_size(t);

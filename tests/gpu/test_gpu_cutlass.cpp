@@ -25,11 +25,11 @@ struct LayerCase {
 };
 
 // Shapes the CUTLASS kernel takes (N a multiple of 4) and one it leaves to mma.sync (H = 250:
-// FC2's N), on the generic path (QMOE_DISPATCH=generic), at token counts with empty experts
+// FC2's N), on the generic path (dispatch "generic"), at token counts with empty experts
 // (5 tokens over 16 experts), ragged groups and several full N tiles.
 TEST(GpuCutlassLayer, BothGemmsMatchTheOracle) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
+  const PrepareOptions generic = with_dispatch("generic");
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int64_t hidden : {256, 250}) {
       LayerSpec s = small_spec(WeightFormat::kInt4, hidden, 128, 16, 4);
@@ -40,7 +40,7 @@ TEST(GpuCutlassLayer, BothGemmsMatchTheOracle) {
         for (int64_t tokens : {5, 300, 1100}) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(hidden) + " gemm " +
                        gemm + " tokens " + std::to_string(tokens));
-          check_gpu_case(s, tokens, false, with_gemm(gemm));
+          check_gpu_case(s, tokens, false, with_gemm(gemm, generic));
         }
       }
     }
@@ -51,11 +51,11 @@ TEST(GpuCutlassLayer, BothGemmsMatchTheOracle) {
 // own groups; the output equals the single-wave run bit for bit.
 TEST(GpuCutlassLayer, WavesMatchOneWaveBitwise) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
+  const PrepareOptions generic = with_dispatch("generic");
   LayerCase c(WeightFormat::kInt8, DType::kBF16, 400);
   GpuRun one, waves;
-  gpu_run(c.tl, c.ti, &one, with_gemm("cutlass"));
-  PrepareOptions capped = with_gemm("cutlass");
+  gpu_run(c.tl, c.ti, &one, with_gemm("cutlass", generic));
+  PrepareOptions capped = with_gemm("cutlass", generic);
   capped.max_dequant_bytes = 2 * 2 * 256 * 256;  // two experts' FC1 [2I, H] in bf16
   gpu_run(c.tl, c.ti, &waves, capped);
   EXPECT_LE(one.error, gpu_budget(DType::kBF16));
@@ -64,12 +64,12 @@ TEST(GpuCutlassLayer, WavesMatchOneWaveBitwise) {
 
 TEST(GpuCutlassLayer, GraphReplayEqualsEager) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
   const int64_t tokens = 333;
   LayerCase c(WeightFormat::kInt4, DType::kF16, tokens);
   const LayerSpec& s = c.tl.spec;
   std::unique_ptr<PreparedLayer> layer;
-  Status st = prepare_layer(BackendKind::kCuda, s, c.tl.weights, with_gemm("cutlass"), &layer);
+  Status st = prepare_layer(BackendKind::kCuda, s, c.tl.weights,
+                            with_gemm("cutlass", with_dispatch("generic")), &layer);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   GpuRun eager;
   gpu_run(c.tl, c.ti, &eager, {}, 0xFF, false, layer.get());
@@ -110,21 +110,22 @@ TEST(GpuCutlassLayer, ChoiceIsReadAtPrepareAndBadValuesAreNamed) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("gemm"), std::string::npos) << st.to_string();
   {
+    // QMOE_GEMM is read at prepare (resolve_prepare_options; test_prepare_options.cpp covers
+    // its parsing): a bad value fails prepare, naming it, and the option wins over it.
     EnvOverride bad("QMOE_GEMM", "fast");
     st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("QMOE_GEMM"), std::string::npos) << st.to_string();
-    // The option wins over the environment.
     st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_gemm("mma"), &layer);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
   }
   std::unique_ptr<PreparedLayer> mma, cutlass;
   ASSERT_TRUE(
       prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_gemm("mma"), &mma).is_ok());
-  {
-    EnvOverride env("QMOE_GEMM", "cutlass-dequant");  // the mixed-input GEMM has no scratch
-    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &cutlass).is_ok());
-  }
+  // cutlass-dequant: the mixed-input GEMM has no scratch.
+  ASSERT_TRUE(
+      prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_gemm("cutlass-dequant"), &cutlass)
+          .is_ok());
   // CUTLASS's arrays and descriptors are the only difference in the workspace; both monotone.
   size_t prev = 0;
   for (int64_t t = 1; t <= 3000; t += (t < 80 ? 1 : 131)) {

@@ -145,7 +145,7 @@ TEST(GpuDecode, AgreesWithGenericPath) {
       make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
       GpuRun fast, generic;
       gpu_run(tl, ti, &fast);
-      gpu_run_with("QMOE_CUDA_PATH", "generic", tl, ti, &generic);
+      gpu_run(tl, ti, &generic, with_dispatch("generic"));
       EXPECT_LE(fast.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
       EXPECT_LE(generic.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
       const double d =
@@ -170,7 +170,9 @@ TEST(GpuDecode, DependentLaunchKeepsTheBits) {
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun with, without;
     gpu_run(tl, ti, &with);
-    gpu_run_with("QMOE_PDL", "0", tl, ti, &without);
+    PrepareOptions no_pdl;
+    no_pdl.pdl = false;
+    gpu_run(tl, ti, &without, no_pdl);
     EXPECT_LE(with.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
     EXPECT_EQ(with.out, without.out) << tokens << " tokens";
   }
@@ -208,7 +210,7 @@ TEST(GpuDecode, TilesPerBlockChoices) {
       std::vector<uint8_t> first;
       for (int tpb : {1, 4, 8, 16}) {
         GpuRun r;
-        gpu_run_with("QMOE_DECODE_TPB", std::to_string(tpb), tl, ti, &r);
+        gpu_run(tl, ti, &r, with_tiles(tpb));
         EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << tpb << " tiles per block";
         if (tpb == 4) first = r.out;
         if (tpb > 4) EXPECT_EQ(r.out, first) << tpb << " tiles per block differs from 4";
@@ -217,7 +219,7 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
-// Rows per pass (QMOE_DECODE_ROWS): a cap spreads an expert's routes over more passes, but each
+// Rows per pass (DecodeOptions::rows): a cap spreads an expert's routes over more passes, but each
 // route's sums are its own mma column over the same K order, so every cap gives the uncapped
 // bits. At 64 tokens on E = 8, k = 4 an expert has about 32 routes: up to 32 passes.
 TEST(GpuDecode, RowsPerPassKeepTheBits) {
@@ -243,9 +245,11 @@ TEST(GpuDecode, RowsPerPassKeepTheBits) {
       GpuRun whole;
       gpu_run(tl, ti, &whole);
       EXPECT_LE(whole.error, gpu_budget(s.act_dtype));
-      for (const char* rows : {"1", "3"}) {
+      for (int rows : {1, 3}) {
         GpuRun r;
-        gpu_run_with("QMOE_DECODE_ROWS", rows, tl, ti, &r);
+        PrepareOptions o;
+        o.decode.rows = rows;
+        gpu_run(tl, ti, &r, o);
         EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << rows << " rows per pass";
         EXPECT_EQ(r.out, whole.out) << rows << " rows per pass";
       }
@@ -253,27 +257,28 @@ TEST(GpuDecode, RowsPerPassKeepTheBits) {
   }
 }
 
-// Runs f(tl, ti) on a fresh random layer of spec s for 1, 7 and 40 tokens under each
-// tiles-per-block setting (QMOE_DECODE_TPB), with a trace naming the case and its seed.
+// Runs f(tl, ti, options) on a fresh random layer of spec s for 1, 7 and 40 tokens under each
+// tiles-per-block setting (options.decode.tiles_per_block over `base`), with a trace naming the
+// case and its seed.
 template <typename F>
-void for_tokens_and_tiles(const LayerSpec& s, std::initializer_list<const char*> tiles, F&& f) {
+void for_tokens_and_tiles(const LayerSpec& s, std::initializer_list<int> tiles, F&& f,
+                          const PrepareOptions& base = {}) {
   const uint64_t seed = fresh_seed();
   TestLayer tl;
   make_layer(s, seed, &tl);
   for (int64_t tokens : {1, 7, 40}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    for (const char* tpb : tiles) {
+    for (int tpb : tiles) {
       SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(s.act_dtype) + " tokens " +
-                   std::to_string(tokens) + " tiles per block " + tpb + " seed " +
+                   std::to_string(tokens) + " tiles per block " + std::to_string(tpb) + " seed " +
                    std::to_string(seed));
-      EnvOverride knob("QMOE_DECODE_TPB", tpb);
-      f(tl, ti);
+      f(tl, ti, with_tiles(tpb, base));
     }
   }
 }
 
-// The weight ring in registers and in shared memory (QMOE_DECODE_RING=1|2): the same chunks
+// The weight ring in registers and in shared memory (DecodeOptions::ring 1|2): the same chunks
 // decoded in the same order, so the same bits, within the budget. Every width, zero points, scale
 // blocks inside a chunk and spanning chunks, both dtypes, one tile per block (the warps split K)
 // and several (a warp's stream crossing tile ends), one and two column groups, several passes.
@@ -293,50 +298,55 @@ TEST(GpuDecode, RingKindsKeepTheBits) {
     s.act_dtype = c.dt;
     s.fc1.block_size = s.fc2.block_size = c.block;
     s.fc1.zero_points = s.fc2.zero_points = c.zp;
-    for_tokens_and_tiles(s, {"1", "4", "8"}, [&](const TestLayer& tl, const TestInputs& ti) {
-      GpuRun regs, smem;
-      gpu_run_with("QMOE_DECODE_RING", "1", tl, ti, &regs);
-      gpu_run_with("QMOE_DECODE_RING", "2", tl, ti, &smem);
-      EXPECT_LE(regs.error, gpu_budget(s.act_dtype));
-      EXPECT_LE(smem.error, gpu_budget(s.act_dtype));
-      EXPECT_EQ(smem.out, regs.out);
-    });
+    for_tokens_and_tiles(s, {1, 4, 8},
+                         [&](const TestLayer& tl, const TestInputs& ti, const PrepareOptions& o) {
+                           GpuRun regs, smem;
+                           gpu_run(tl, ti, &regs, with_ring(1, o));
+                           gpu_run(tl, ti, &smem, with_ring(2, o));
+                           EXPECT_LE(regs.error, gpu_budget(s.act_dtype));
+                           EXPECT_LE(smem.error, gpu_budget(s.act_dtype));
+                           EXPECT_EQ(smem.out, regs.out);
+                         });
   }
 }
 
-// The L2 prefetch ahead of the register ring (QMOE_DECODE_PREFETCH) is a hint: off, a round and
+// The L2 prefetch ahead of the register ring (DecodeOptions::prefetch) is a hint: off, a round and
 // far ahead (past every stream's end, which it must clamp), the same bits, within the budget.
 TEST(GpuDecode, PrefetchKeepsTheBits) {
   QMOE_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt2}) {
     LayerSpec s = small_spec(f, 1024, 768, 8, 4);
     s.fc1.block_size = s.fc2.block_size = f == WeightFormat::kInt2 ? 64 : 128;
-    EnvOverride ring("QMOE_DECODE_RING", "1");
-    for_tokens_and_tiles(s, {"1", "4"}, [&](const TestLayer& tl, const TestInputs& ti) {
-      GpuRun off, one, far;
-      gpu_run_with("QMOE_DECODE_PREFETCH", "0", tl, ti, &off);
-      gpu_run_with("QMOE_DECODE_PREFETCH", "1", tl, ti, &one);
-      gpu_run_with("QMOE_DECODE_PREFETCH", "16", tl, ti, &far);
-      EXPECT_LE(off.error, gpu_budget(s.act_dtype));
-      EXPECT_EQ(one.out, off.out);
-      EXPECT_EQ(far.out, off.out);
-    });
+    for_tokens_and_tiles(
+        s, {1, 4},
+        [&](const TestLayer& tl, const TestInputs& ti, const PrepareOptions& o) {
+          GpuRun off, one, far;
+          PrepareOptions p = o;
+          for (auto [rounds, r] : {std::pair{0, &off}, std::pair{1, &one}, std::pair{16, &far}}) {
+            p.decode.prefetch = rounds;
+            gpu_run(tl, ti, r, p);
+          }
+          EXPECT_LE(off.error, gpu_budget(s.act_dtype));
+          EXPECT_EQ(one.out, off.out);
+          EXPECT_EQ(far.out, off.out);
+        },
+        with_ring(1));
   }
 }
 
-// The CUDA-core form (QMOE_DISPATCH=decode/cc: one route per pass, FMAs instead of mma) against
+// The CUDA-core form (dispatch decode/cc: one route per pass, FMAs instead of mma) against
 // the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
 // dtypes, one tile per block and several, and experts with several routes (several passes).
 TEST(GpuDecode, CudaCoreFormMatchesOracle) {
   QMOE_REQUIRE_GPU();
-  EnvOverride path("QMOE_DISPATCH", "decode/cc");
+  const PrepareOptions cc = with_dispatch("decode/cc");
   {
     LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 768, 16, 4);
     s.act_dtype = DType::kBF16;
     TestLayer tl;
     make_layer(s, fresh_seed(), &tl);
     std::unique_ptr<PreparedLayer> layer;
-    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, cc, &layer).is_ok());
     ASSERT_EQ(layer->dispatch_choice(7), "decode/cc");
   }
   // K of 1024 and 768: at least 6 chunks in both FCs for every width, so 4 tiles per block are
@@ -350,70 +360,10 @@ TEST(GpuDecode, CudaCoreFormMatchesOracle) {
         s.fc1.block_size = s.fc2.block_size = block;
         s.fc1.zero_points = s.fc2.zero_points = block == 16;
         SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
-        for (const char* tpb : {"1", "4"}) {
-          EnvOverride knob("QMOE_DECODE_TPB", tpb);
-          check_gpu_case(s, 1);
-          check_gpu_case(s, 7);
+        for (int tpb : {1, 4}) {
+          check_gpu_case(s, 1, false, with_tiles(tpb, cc));
+          check_gpu_case(s, 7, false, with_tiles(tpb, cc));
         }
-      }
-    }
-  }
-}
-
-// Whether a call of `tokens` on a prepared `tl` fused the combine into FC2 (from its profile).
-bool combine_was_fused(const TestLayer& tl, int64_t tokens) {
-  std::unique_ptr<PreparedLayer> layer;
-  EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
-  if (!layer) return false;
-  TestInputs ti;
-  make_inputs(tl.spec, tokens, fresh_seed(), false, &ti);
-  DeviceInputs d;
-  EXPECT_TRUE(stage_inputs(ti, &d));
-  GpuBuffer ws, out;
-  EXPECT_TRUE(ws.allocate(layer->workspace_size(tokens)));
-  EXPECT_TRUE(out.allocate(tokens * tl.spec.hidden * 2));
-  MutableTensorView ov(out.get(), tl.spec.act_dtype, {tokens, tl.spec.hidden});
-  RunProfile prof;
-  EXPECT_TRUE(layer->run(d.in, ov, ws.get(), ws.bytes(), nullptr, &prof).is_ok());
-  return prof.combine_fused;
-}
-
-// FC2 with the combine fused (the last block of each column of tiles sums the tokens' slots) gives
-// the finalize kernel's bits, with and without an FC2 bias, for both combine modes, one or several
-// tiles per block (65 tiles of FC2: a partial last column), and several passes. The workspace
-// comes poisoned, so the counters must be zeroed by the call itself; GpuContract's graph replay
-// test covers repeated calls on one workspace.
-TEST(GpuDecode, FusedCombineKeepsTheBits) {
-  QMOE_REQUIRE_GPU();
-  for (bool scale_input : {false, true}) {
-    LayerSpec s = small_spec(WeightFormat::kInt4, 1040, 512, 16, 4);
-    s.act_dtype = DType::kBF16;
-    s.fc1.block_size = s.fc2.block_size = 16;  // divides K = 1040
-    s.has_fc2_bias = !scale_input;
-    if (scale_input) s.routing.combine = CombineMode::kScaleInput;
-    const uint64_t seed = fresh_seed();
-    TestLayer tl;
-    make_layer(s, seed, &tl);
-    {
-      EnvOverride o("QMOE_FUSED_COMBINE", "1");
-      EXPECT_TRUE(combine_was_fused(tl, 3)) << "the knob did not reach the decode path";
-    }
-    {
-      EnvOverride o("QMOE_FUSED_COMBINE", "0");
-      EXPECT_FALSE(combine_was_fused(tl, 3));
-    }
-    for (int64_t tokens : {1, 3, 8, 24, 64}) {
-      TestInputs ti;
-      make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-      for (const char* tpb : {"1", "4", "8"}) {
-        SCOPED_TRACE(std::string(scale_input ? "scale input" : "fc2 bias") + ", tokens " +
-                     std::to_string(tokens) + ", tiles per block " + tpb);
-        EnvOverride knob("QMOE_DECODE_TPB", tpb);
-        GpuRun fused, plain;
-        gpu_run_with("QMOE_FUSED_COMBINE", "1", tl, ti, &fused);
-        gpu_run_with("QMOE_FUSED_COMBINE", "0", tl, ti, &plain);
-        EXPECT_LE(fused.error, gpu_budget(s.act_dtype));
-        EXPECT_EQ(fused.out, plain.out);
       }
     }
   }

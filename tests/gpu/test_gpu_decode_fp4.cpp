@@ -102,7 +102,7 @@ TEST(GpuDecodeFp4, FormsTilesAndRings) {
 
 // Where shared memory holds fewer blocks than the registers allow (K 2880: a 5.8 KB row per route
 // and as many bytes of MXFP4 scales per tile), the launcher trades rows per pass and tiles per
-// block for blocks (QMOE_DECODE_MIN_BLOCKS): more passes over the weights, the same bits.
+// block for blocks (DecodeOptions::min_blocks): more passes over the weights, the same bits.
 TEST(GpuDecodeFp4, SharedMemoryTradesKeepTheBits) {
   QMOE_REQUIRE_GPU();
   LayerSpec s = small_spec(WeightFormat::kMxFp4, 2880, 2880, 8, 4);
@@ -110,16 +110,18 @@ TEST(GpuDecodeFp4, SharedMemoryTradesKeepTheBits) {
   const uint64_t seed = fresh_seed();
   TestLayer tl;
   make_layer(s, seed, &tl);
-  EnvOverride rows("QMOE_DECODE_ROWS", "8");
   for (int64_t tokens : {6, 24}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    for (const char* tpb : {"0", "8"}) {
-      SCOPED_TRACE(std::string("tokens ") + std::to_string(tokens) + " tiles per block " + tpb);
-      EnvOverride knob("QMOE_DECODE_TPB", tpb);
+    for (int tpb : {0, 8}) {
+      SCOPED_TRACE("tokens " + std::to_string(tokens) + " tiles per block " + std::to_string(tpb));
+      PrepareOptions o = with_tiles(tpb);
+      o.decode.rows = 8;
       GpuRun traded, kept;
-      gpu_run_with("QMOE_DECODE_MIN_BLOCKS", "4", tl, ti, &traded);
-      gpu_run_with("QMOE_DECODE_MIN_BLOCKS", "0", tl, ti, &kept);
+      o.decode.min_blocks = 4;
+      gpu_run(tl, ti, &traded, o);
+      o.decode.min_blocks = 0;
+      gpu_run(tl, ti, &kept, o);
       EXPECT_LE(traded.error, gpu_budget(s.act_dtype));
       EXPECT_EQ(traded.out, kept.out);
     }

@@ -19,7 +19,7 @@ struct DeviceFcCopy {
   cuda::DeviceFc fc;
 };
 
-// FP4 and FP8 kept only in the decode layout, as the layer keeps it (cuda_layer.cu): packed codes
+// FP4 and FP8 kept only in the decode layout, as the layer keeps it (layer_prepare.cu): packed codes
 // and tile-ordered scales (FP4's 8-bit ones, fp8_block's per row, none for fp8); no codes or
 // scales in ORT's layout.
 void use_packed_copy(const QuantizedFc& q, const std::vector<uint8_t>& k_packed, MmaRowMap map,
@@ -274,7 +274,7 @@ void dequant_all(const cuda::DeviceFc& fc, int64_t experts, int64_t k, DType out
   ASSERT_TRUE(out.download(bytes));
 }
 
-// FP8 FC1 and a separate FC3 kept as one packed gated FC (cuda_layer.cu): each dequantized from
+// FP8 FC1 and a separate FC3 kept as one packed gated FC (layer_prepare.cu): each dequantized from
 // it, its own rows (packed_row0 0 and I), equals its dequantization from ORT's layout bit for bit.
 TEST(GpuDequant, Fp8GateAndLinearFromOnePackedCopy) {
   QMOE_REQUIRE_GPU();

@@ -1,7 +1,7 @@
 // The CUDA backend's dispatch table (src/cuda/layer/dispatch.h): the analytic default, tuned rows,
-// the QMOE_DISPATCH override and its errors; then, on a GPU, every choice against the oracle, the
-// decode kernel's column-group variants bit for bit against each other, and a tune file applied
-// through PrepareOptions.
+// a forced choice; then, on a GPU, every choice against the oracle, the decode kernel's
+// column-group variants bit for bit against each other, force_dispatch() and its errors, the
+// environment read once at prepare, and a tune file applied through PrepareOptions.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -20,11 +20,7 @@ using cuda::choice_name;
 using cuda::DispatchChoice;
 using cuda::DispatchTable;
 
-std::string chosen(const DispatchTable& t, int64_t tokens) {
-  DispatchChoice c;
-  const Status s = t.choose(tokens, &c);
-  return s.is_ok() ? choice_name(c) : "error: " + s.message();
-}
+std::string chosen(const DispatchTable& t, int64_t tokens) { return choice_name(t.choose(tokens)); }
 
 TEST(Dispatch, AnalyticDefault) {
   const DispatchTable t(true, 8, 128);  // 8 routes per token over 128 experts
@@ -69,24 +65,33 @@ TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
   EXPECT_FALSE(t.apply_tuned({{4, "generic"}, {4, "generic"}}).is_ok());
 }
 
-TEST(Dispatch, EnvironmentOverride) {
-  const DispatchTable t(true, 8, 128);
-  {
-    EnvOverride o("QMOE_DISPATCH", "decode/2");
-    EXPECT_EQ(chosen(t, 1), "decode/2");
-    EXPECT_EQ(chosen(t, 1000), "decode/2");
-    EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");
+TEST(Dispatch, ForcedChoice) {
+  DispatchTable t(true, 8, 128);
+  const DispatchChoice two{CallPath::kDecode, 2};
+  t.force(&two);
+  EXPECT_EQ(chosen(t, 1), "decode/2");
+  EXPECT_EQ(chosen(t, 1000), "decode/2");
+  EXPECT_EQ(chosen(t, cuda::kDecodeMaxRoutes + 1), "generic");  // past the decode kernel's bound
+  ASSERT_TRUE(t.apply_tuned({{4, "generic"}}).is_ok());
+  EXPECT_EQ(chosen(t, 1), "decode/2");  // the forced choice beats the tuned rows
+  t.force(nullptr);
+  EXPECT_EQ(chosen(t, 1), "generic");
+  EXPECT_EQ(chosen(t, 5), "decode/1");
+  DispatchTable none(false, 8, 128);
+  none.force(&two);
+  EXPECT_EQ(chosen(none, 1), "generic");  // no decode path: the generic one
+  // The names options are checked against (qmoe/tuning.h) are exactly the table's choices.
+  std::vector<std::string> names;
+  for (const DispatchChoice& c : cuda::layer_choices(true, 16)) {
+    names.push_back(choice_name(c));
+    DispatchChoice back;
+    ASSERT_TRUE(cuda::parse_choice(names.back(), &back));
+    EXPECT_EQ(back, c);
   }
-  {
-    EnvOverride o("QMOE_CUDA_PATH", "generic");
-    EXPECT_EQ(chosen(t, 1), "generic");
-  }
-  {
-    EnvOverride o("QMOE_DISPATCH", "fast");
-    const std::string r = chosen(t, 1);
-    EXPECT_NE(r.find("QMOE_DISPATCH"), std::string::npos) << r;
-    EXPECT_NE(r.find("fast"), std::string::npos) << r;
-  }
+  EXPECT_EQ(names, dispatch_choice_names());
+  EXPECT_EQ(cuda::layer_choices(false).size(), 1u);
+  EXPECT_EQ(cuda::layer_choices(true).size(), 4u);            // no fused kernel on the layer
+  EXPECT_EQ(cuda::layer_choices(false, 16).size(), 2u);       // generic and fused
   EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 3u);   // generic, decode/1, decode/cc
   EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // generic, decode/1, decode/2
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
@@ -111,12 +116,13 @@ TEST(Dispatch, FusedChoice) {
   ASSERT_TRUE(cuda::parse_choice("fused", &c));
   EXPECT_EQ(c.path, CallPath::kFused);
   {
-    EnvOverride o("QMOE_DISPATCH", "fused");
-    EXPECT_EQ(chosen(t, 1), "fused");
-    EXPECT_EQ(chosen(t, 16), "fused");
-    EXPECT_EQ(chosen(t, 17), "decode/1");
-    EXPECT_EQ(chosen(DispatchTable(true, 8, 128), 1), "decode/1");
-    EXPECT_EQ(chosen(DispatchTable(false, 8, 128), 1), "generic");
+    DispatchTable forced = t, no_fused(true, 8, 128), none(false, 8, 128);
+    for (DispatchTable* f : {&forced, &no_fused, &none}) f->force(&c);
+    EXPECT_EQ(chosen(forced, 1), "fused");
+    EXPECT_EQ(chosen(forced, 16), "fused");
+    EXPECT_EQ(chosen(forced, 17), "decode/1");
+    EXPECT_EQ(chosen(no_fused, 1), "decode/1");
+    EXPECT_EQ(chosen(none, 1), "generic");
   }
   DispatchTable tuned(true, 8, 128, false, 16);
   ASSERT_TRUE(tuned.apply_tuned({{8, "fused"}, {64, "fused"}}).is_ok());
@@ -155,7 +161,7 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
     GpuRun runs[4];
     const char* names[4] = {"generic", "decode/1", "decode/2", "decode/cc"};
     for (int i = 0; i < 4; ++i) {
-      gpu_run_with("QMOE_DISPATCH", names[i], tl, ti, &runs[i]);
+      gpu_run(tl, ti, &runs[i], with_dispatch(names[i]));
       if (::testing::Test::HasFatalFailure()) return;
       EXPECT_LE(runs[i].error, gpu_budget(s.act_dtype)) << names[i] << ", " << tokens << " tokens";
     }
@@ -163,9 +169,9 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
   }
 }
 
-// Past the analytic default's window the decode kernel still takes a call when a tune file or the
-// override asks for it: experts with many more routes than a pass holds (16) run several passes.
-// 8 experts of 8 routes per token: every expert takes every token.
+// Past the analytic default's window the decode kernel still takes a call when a tune file or a
+// forced choice asks for it: experts with many more routes than a pass holds (16) run several
+// passes. 8 experts of 8 routes per token: every expert takes every token.
 TEST(GpuDispatch, DecodePastTheDefaultWindow) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -176,16 +182,15 @@ TEST(GpuDispatch, DecodePastTheDefaultWindow) {
   std::unique_ptr<PreparedLayer> layer;
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
   for (int64_t tokens : {cuda::kDecodeWindowTokens + 1, int64_t{200}, int64_t{1000}}) {
-    {
-      EnvOverride o("QMOE_DISPATCH", "decode/1");
-      EXPECT_EQ(layer->dispatch_choice(tokens), "decode/1") << tokens << " tokens";
-    }
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun one, two;
-    gpu_run_with("QMOE_DISPATCH", "decode/1", tl, ti, &one);
+    ASSERT_TRUE(layer->force_dispatch("decode/1").is_ok());
+    EXPECT_EQ(layer->dispatch_choice(tokens), "decode/1") << tokens << " tokens";
+    gpu_run(tl, ti, &one, {}, 0xFF, true, layer.get());
     if (::testing::Test::HasFatalFailure()) return;
-    gpu_run_with("QMOE_DISPATCH", "decode/2", tl, ti, &two);
+    ASSERT_TRUE(layer->force_dispatch("decode/2").is_ok());
+    gpu_run(tl, ti, &two, {}, 0xFF, true, layer.get());
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_LE(one.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
     EXPECT_LE(two.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
@@ -193,31 +198,95 @@ TEST(GpuDispatch, DecodePastTheDefaultWindow) {
   }
 }
 
-TEST(GpuDispatch, BadOverrideLaunchesNothing) {
-  QMOE_REQUIRE_GPU();
+// A small int4 bf16 layer (the decode path takes it).
+void small_bf16_layer(TestLayer* tl) {
   LayerSpec s = small_spec(WeightFormat::kInt4);
   s.act_dtype = DType::kBF16;
+  make_layer(s, fresh_seed(), tl);
+}
+
+// A forced choice that is not this layer's is refused, naming it, and leaves the dispatch as it
+// was; "" returns to the table; a tune file applied later keeps the forced choice.
+TEST(GpuDispatch, ForceDispatchOnPreparedLayer) {
+  QMOE_REQUIRE_GPU();
   TestLayer tl;
-  make_layer(s, fresh_seed(), &tl);
+  small_bf16_layer(&tl);
   std::unique_ptr<PreparedLayer> layer;
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
-  TestInputs ti;
-  make_inputs(tl.spec, 2, fresh_seed(), false, &ti);
-  DeviceInputs d;
-  ASSERT_TRUE(stage_inputs(ti, &d));
-  GpuBuffer ws, out;
-  const size_t bytes = layer->workspace_size(2);
-  ASSERT_TRUE(ws.allocate(bytes, 0xFF, 1024));
-  ASSERT_TRUE(out.allocate(2 * tl.spec.hidden * 2, 0x7E, 256));
-  MutableTensorView ov(out.get(), tl.spec.act_dtype, {2, tl.spec.hidden});
-  EnvOverride o("QMOE_DISPATCH", "decode/9");
-  const Status st = layer->run(d.in, ov, ws.get(), bytes, nullptr);
+  ASSERT_EQ(layer->dispatch_choice(2), "decode/1");
+  ASSERT_TRUE(layer->force_dispatch("generic").is_ok());
+  EXPECT_EQ(layer->dispatch_choice(2), "generic");
+  Status st = layer->force_dispatch("decode/9");
   EXPECT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("QMOE_DISPATCH"), std::string::npos) << st.message();
-  CUDA_ASSERT(cudaDeviceSynchronize());
-  std::vector<uint8_t> host;
-  ASSERT_TRUE(out.download(&host));
-  for (uint8_t b : host) ASSERT_EQ(b, 0x7E) << "output written despite the error";
+  EXPECT_NE(st.message().find("force_dispatch"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("decode/9"), std::string::npos) << st.message();
+  EXPECT_EQ(layer->dispatch_choice(2), "generic") << "a refused choice changed the dispatch";
+  ASSERT_TRUE(layer->apply_tune_file("").is_ok());
+  EXPECT_EQ(layer->dispatch_choice(2), "generic") << "a tune file dropped the forced choice";
+  ASSERT_TRUE(layer->force_dispatch("").is_ok());
+  EXPECT_EQ(layer->dispatch_choice(2), "decode/1");
+
+  // f32 activations: no decode path, so a decode choice is not this layer's.
+  LayerSpec f32 = small_spec(WeightFormat::kInt4);
+  f32.act_dtype = DType::kF32;
+  TestLayer tf;
+  make_layer(f32, fresh_seed(), &tf);
+  std::unique_ptr<PreparedLayer> plain;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tf.spec, tf.weights, {}, &plain).is_ok());
+  ASSERT_EQ(plain->dispatch_candidates(4).size(), 1u);
+  st = plain->force_dispatch("decode/1");
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not a path of this layer"), std::string::npos) << st.message();
+  EXPECT_TRUE(plain->force_dispatch("generic").is_ok());
+  // At prepare, the same choice is no error: the layer's calls run the generic path.
+  ASSERT_TRUE(
+      prepare_layer(BackendKind::kCuda, tf.spec, tf.weights, with_dispatch("decode/1"), &plain)
+          .is_ok());
+  EXPECT_EQ(plain->dispatch_choice(4), "generic");
+}
+
+// The environment is read once, at prepare: QMOE_DISPATCH (and QMOE_CUDA_PATH=generic) set then
+// forces the choice, changing it afterwards changes nothing, a bad value fails prepare naming the
+// variable, and an explicit PrepareOptions::dispatch wins over it.
+TEST(GpuDispatch, EnvironmentReadOnceAtPrepare) {
+  QMOE_REQUIRE_GPU();
+  TestLayer tl;
+  small_bf16_layer(&tl);
+  std::unique_ptr<PreparedLayer> layer;
+  {
+    EnvOverride o("QMOE_DISPATCH", "generic");
+    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  }
+  EXPECT_EQ(layer->dispatch_choice(2), "generic");
+  {
+    EnvOverride o("QMOE_DISPATCH", "decode/2");
+    EXPECT_EQ(layer->dispatch_choice(2), "generic") << "the environment was read after prepare";
+    std::unique_ptr<PreparedLayer> other;
+    ASSERT_TRUE(
+        prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_dispatch("decode/1"), &other)
+            .is_ok());
+    EXPECT_EQ(other->dispatch_choice(2), "decode/1") << "the variable overrode an explicit choice";
+  }
+  {
+    EnvOverride o("QMOE_CUDA_PATH", "generic");
+    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+    EXPECT_EQ(layer->dispatch_choice(2), "generic");
+  }
+  {
+    EnvOverride o("QMOE_DISPATCH", "decode/9");
+    std::unique_ptr<PreparedLayer> bad;
+    const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &bad);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("QMOE_DISPATCH"), std::string::npos) << st.message();
+    EXPECT_FALSE(bad);
+  }
+  {
+    EnvOverride o("QMOE_DECODE_TPB", "3");
+    std::unique_ptr<PreparedLayer> bad;
+    const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &bad);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("QMOE_DECODE_TPB"), std::string::npos) << st.message();
+  }
 }
 
 // A small int4 bf16 layer, a fresh temporary tune-file path, and the tune key of the layer on
@@ -228,9 +297,7 @@ struct TuneFixture {
   std::string key;
 };
 void tune_fixture(TuneFixture* f) {
-  LayerSpec s = small_spec(WeightFormat::kInt4);
-  s.act_dtype = DType::kBF16;
-  make_layer(s, fresh_seed(), &f->tl);
+  small_bf16_layer(&f->tl);
   cudaDeviceProp prop;
   CUDA_ASSERT(cudaGetDeviceProperties(&prop, 0));
   f->path = ::testing::TempDir() + "qmoe_dispatch_" + std::to_string(fresh_seed()) + ".json";

@@ -14,12 +14,13 @@
 namespace qmoe::test {
 namespace {
 
-// Runs ti on tl through the fused kernel (checked to be the layer's choice for the call).
-void fused_run(const TestLayer& tl, const TestInputs& ti, GpuRun* r, const char* grid = "") {
-  EnvOverride path("QMOE_DISPATCH", "fused");
-  EnvOverride ctas("QMOE_FUSED_GRID", grid);
+// Runs ti on tl through the fused kernel (checked to be the layer's choice for the call), on at
+// most grid_ctas CTAs (0: as many as the device holds).
+void fused_run(const TestLayer& tl, const TestInputs& ti, GpuRun* r, int grid_ctas = 0) {
+  PrepareOptions o = with_dispatch("fused");
+  o.fused_grid_ctas = grid_ctas;
   std::unique_ptr<PreparedLayer> layer;
-  const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
+  const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, o, &layer);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   ASSERT_EQ(layer->dispatch_choice(tokens_of(ti.in)), "fused");
   gpu_run(tl, ti, r, {}, 0xFF, true, layer.get());
@@ -176,8 +177,8 @@ TEST(GpuFused, GridSizeKeepsTheBits) {
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
     GpuRun all, one, few;
     fused_run(tl, ti, &all);
-    fused_run(tl, ti, &one, "1");
-    fused_run(tl, ti, &few, "5");
+    fused_run(tl, ti, &one, 1);
+    fused_run(tl, ti, &few, 5);
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_LE(all.error, gpu_budget(s.act_dtype));
     EXPECT_EQ(one.out, all.out) << tokens << " tokens, seed " << seed;
@@ -187,14 +188,14 @@ TEST(GpuFused, GridSizeKeepsTheBits) {
 
 TEST(GpuFused, GraphReplayKeepsTheBits) {
   QMOE_REQUIRE_GPU();
-  EnvOverride path("QMOE_DISPATCH", "fused");
   const uint64_t seed = fresh_seed();
   LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
   s.act_dtype = DType::kBF16;
   TestLayer tl;
   make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_dispatch("fused"), &layer)
+                  .is_ok());
   for (int64_t tokens : {1, 11}) check_graph_replay(tl, layer.get(), tokens, seed, 3);
 }
 
@@ -217,10 +218,8 @@ TEST(GpuFused, DispatchOffersItWhereItRuns) {
   EXPECT_TRUE(offers(1));
   EXPECT_TRUE(offers(cuda::kFusedDecodeMaxTokens));
   EXPECT_FALSE(offers(cuda::kFusedDecodeMaxTokens + 1));
-  {
-    EnvOverride path("QMOE_DISPATCH", "fused");  // past the bound: the decode kernel
-    EXPECT_EQ(layer->dispatch_choice(cuda::kFusedDecodeMaxTokens + 1), "decode/1");
-  }
+  ASSERT_TRUE(layer->force_dispatch("fused").is_ok());  // past the bound: the decode kernel
+  EXPECT_EQ(layer->dispatch_choice(cuda::kFusedDecodeMaxTokens + 1), "decode/1");
   LayerSpec fp4 = small_spec(WeightFormat::kNvFp4, 256, 128, 16, 4);
   fp4.act_dtype = DType::kBF16;
   TestLayer tl4;
@@ -228,18 +227,19 @@ TEST(GpuFused, DispatchOffersItWhereItRuns) {
   std::unique_ptr<PreparedLayer> l4;
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl4.spec, tl4.weights, {}, &l4).is_ok());
   for (const std::string& c : l4->dispatch_candidates(4)) EXPECT_NE(c, "fused");
+  EXPECT_FALSE(l4->force_dispatch("fused").is_ok()) << "not a path of this layer";
 }
 
 TEST(GpuFused, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();
-  EnvOverride path("QMOE_DISPATCH", "fused");
   const uint64_t seed = fresh_seed();
   LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
   s.act_dtype = DType::kBF16;
   TestLayer tl;
   make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_dispatch("fused"), &layer)
+                  .is_ok());
   TestInputs ti;
   make_inputs(tl.spec, 6, seed, false, &ti);
   store_float(ti.x.data(), DType::kBF16, 4 * s.hidden + 9, std::numeric_limits<float>::infinity());

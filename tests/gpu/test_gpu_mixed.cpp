@@ -31,6 +31,7 @@ LayerSpec int4_spec(DType dt, int64_t h, int64_t i, int64_t e, int k, int block,
 
 // Runs one layer and inputs through both GEMM choices; both within the budget, the mixed-input
 // error at most twice the dequantize path's.
+// On the generic path (dispatch "generic"), where the GEMM choice matters.
 void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens) {
   SCOPED_TRACE(std::string(dtype_name(s.act_dtype)) + " " + s.fc1.to_string() + " / " +
                s.fc2.to_string() + ", H " + std::to_string(s.hidden) + ", I " +
@@ -42,9 +43,10 @@ void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens) {
   TestInputs ti;
   make_inputs(tl.spec, tokens, seed, false, &ti);
   GpuRun mixed, dequant;
-  gpu_run(tl, ti, &mixed, with_gemm("cutlass"));
+  const PrepareOptions generic = with_dispatch("generic");
+  gpu_run(tl, ti, &mixed, with_gemm("cutlass", generic));
   if (::testing::Test::HasFatalFailure()) return;
-  gpu_run(tl, ti, &dequant, with_gemm("cutlass-dequant"));
+  gpu_run(tl, ti, &dequant, with_gemm("cutlass-dequant", generic));
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_LE(mixed.error, gpu_budget(s.act_dtype));
   EXPECT_LE(dequant.error, gpu_budget(s.act_dtype));
@@ -56,7 +58,6 @@ void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens) {
 // several N tiles (1100 x 4 routes over 16 experts: about 275 rows each); 333 is odd.
 TEST(GpuMixedLayer, MatchesTheOracleAndTheDequantizePath) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int block : {128, 64}) {
       for (int64_t tokens : {5, 300, 333, 1100}) {
@@ -70,7 +71,6 @@ TEST(GpuMixedLayer, MatchesTheOracleAndTheDequantizePath) {
 // with few routes (64 experts, 7 tokens of top-2: at most 14 touched).
 TEST(GpuMixedLayer, OtherBlocksAndScaleDtypes) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
   for (DType dt : {DType::kBF16, DType::kF16}) {
     check_mixed_against_dequant(int4_spec(dt, 256, 128, 16, 4, 0, DType::kF32), 301);
     check_mixed_against_dequant(int4_spec(dt, 512, 256, 16, 4, 256, DType::kF32), 257);
@@ -83,7 +83,6 @@ TEST(GpuMixedLayer, OtherBlocksAndScaleDtypes) {
 // mixed-input in the same call; and a separate FC3, mixed-input like FC1.
 TEST(GpuMixedLayer, MixedBesideDequantizeAndSeparateFc3) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
   for (DType dt : {DType::kBF16, DType::kF16}) {
     LayerSpec s = int4_spec(dt, 256, 128, 16, 4, 128, DType::kF32);
     s.fc2.block_size = 32;
@@ -119,23 +118,22 @@ TEST(GpuMixedLayer, WorkspaceHasNoScratchAndIsMonotone) {
     prev = w;
   }
   EXPECT_EQ(mixed->workspace_size(0), 0u);
-  // The environment names the choice too; a bad value lists the three.
-  EnvOverride bad("QMOE_GEMM", "mixed");
+  // A bad choice lists the three.
   std::unique_ptr<PreparedLayer> layer;
-  const Status st = prepare_layer(BackendKind::kCuda, s, tl.weights, {}, &layer);
+  const Status st = prepare_layer(BackendKind::kCuda, s, tl.weights, with_gemm("mixed"), &layer);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("cutlass-dequant"), std::string::npos) << st.to_string();
 }
 
 TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
   QMOE_REQUIRE_GPU();
-  EnvOverride generic("QMOE_DISPATCH", "generic");
   for (DType dt : {DType::kBF16, DType::kF16}) {
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(int4_spec(dt, 256, 128, 16, 4, 64, DType::kF32), seed, &tl);
     std::unique_ptr<PreparedLayer> layer;
-    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_gemm("cutlass"), &layer)
+    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights,
+                              with_gemm("cutlass", with_dispatch("generic")), &layer)
                     .is_ok());
     check_graph_replay(tl, layer.get(), 333, seed, 2);
     TestInputs ti;

@@ -181,6 +181,10 @@ def test_errors_carry_the_status_text(rng):
         qmoe.Layer(spec, {"fc9_weights": np.zeros(4, np.uint8)})
     with pytest.raises(qmoe.Error, match="No such file|cannot open|layer"):
         qmoe.Layer.from_file("/nonexistent/layer.safetensors")
+    # The CPU backend has one path: "" is its only dispatch choice.
+    layer.force_dispatch("")
+    with pytest.raises(qmoe.Error, match="force_dispatch: 'generic' is not a path of this layer"):
+        layer.force_dispatch("generic")
 
 
 @pytest.mark.skipif(not qmoe.backend_available(qmoe.Backend.cuda),

@@ -335,13 +335,23 @@ std::string host_device(int threads) {
   return "host (" + std::to_string(n) + " thread" + (n == 1 ? "" : "s") + ")";
 }
 
-// Sets QMOE_DISPATCH for one scope (the backends read it on every call).
+// Forces one dispatch choice on every copy of the layer for one scope, then returns them to
+// their tables (PreparedLayer::force_dispatch; nothing else runs on the layers meanwhile).
 class ForcedChoice {
  public:
-  explicit ForcedChoice(const std::string& c) { setenv("QMOE_DISPATCH", c.c_str(), 1); }
-  ~ForcedChoice() { unsetenv("QMOE_DISPATCH"); }
+  explicit ForcedChoice(const Layers& layers) : layers_(layers) {}
+  ~ForcedChoice() {
+    for (PreparedLayer* l : layers_) l->force_dispatch("");
+  }
+  Status force(const std::string& choice) {
+    for (PreparedLayer* l : layers_) QMOE_RETURN_IF_ERROR(l->force_dispatch(choice));
+    return Status::ok();
+  }
   ForcedChoice(const ForcedChoice&) = delete;
   ForcedChoice& operator=(const ForcedChoice&) = delete;
+
+ private:
+  const Layers& layers_;
 };
 
 // --tune: per token count, every dispatch choice the layer offers, timed as the cases are; the
@@ -365,7 +375,8 @@ Status tune_preset(const BenchContext& ctx, const BenchArgs& a, const Layers& la
     for (const std::string& c : choices) {
       CaseResult r;
       {
-        ForcedChoice forced(c);
+        ForcedChoice forced(layers);
+        QMOE_RETURN_IF_ERROR(forced.force(c));
         QMOE_RETURN_IF_ERROR(run_case(quick, layers, synth, t, &r));
       }
       std::printf("  %s %.2f us", c.c_str(), r.us_median);

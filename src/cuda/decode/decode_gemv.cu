@@ -185,16 +185,6 @@ Status check_decode_args(const DecodeFcArgs& a) {
       a.shape.tiles > 0x7FFFFFFF || a.shape.k > (int64_t{1} << 24)) {
     return Status::invalid("decode: max_groups must be 1..65535, tiles positive, K <= 2^24");
   }
-  if (a.fuse_combine &&
-      (a.fc1 || a.done == nullptr || a.combine.y != a.out || a.combine.ldy != a.ldo ||
-       a.combine.hidden != a.shape.n || a.combine.out == nullptr || a.combine.tokens < 1)) {
-    return Status::invalid(
-        "decode: the fused combine needs FC2, its counters, combine.y == out, combine.ldy == ldo, "
-        "combine.hidden == N and an output");
-  }
-  if (a.zero != nullptr && (!a.fc1 || a.n_zero < 0)) {
-    return Status::invalid("decode: counters are zeroed by FC1");
-  }
   if (a.shape.codes == MmaCodes::kFp8) {
     const int bs = a.shape.block_size;
     if (a.shape.bits != 8 || a.shape.steps_per_chunk != 2 ||

@@ -78,16 +78,6 @@ struct DecodeFcArgs {
   // blocks of tile 0 check every activation of their routes.
   int32_t* error = nullptr;
 
-  // FC2, optional: the combine fused. Each block counts itself done on its column of tiles
-  // (done[blockIdx.x], after a fence); the last of the column's n_touched blocks sums every
-  // token's slots for those rows (combine.cuh, the finalize kernel's arithmetic, so the same bits)
-  // and the finalize kernel is not launched. combine.y must be this FC's out.
-  bool fuse_combine = false;
-  FinalizeArgs combine;
-  int32_t* done = nullptr;  // [FC2 tiles], zero when FC2 starts
-  // FC1: counters its block (0, 0) zeroes for FC2 (after the routing, before FC2 can use them).
-  int32_t* zero = nullptr;
-  int n_zero = 0;
   // The most activation rows one pass stages (0: as many as max_routes, the column groups and
   // shared memory allow). Fewer rows take less shared memory, so more blocks fit a
   // multiprocessor, and an expert with more routes takes several passes over its weights.

@@ -28,7 +28,6 @@
 #include "cuda/decode/decode_common.cuh"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/decode/decode_launch.h"
-#include "cuda/layer/combine.cuh"
 
 namespace qmoe::cuda::decode_detail {
 
@@ -149,33 +148,6 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
   }
 }
 
-// The fused combine's end of an FC2 block (see DecodeFcArgs::fuse_combine): rows [r0, r0 + nr)
-// of the output are this block's column of tiles. The fences order this block's y stores before
-// its count, and the other blocks' stores before the last block's reads.
-// Not inlined, and given only what it needs, so that its code and registers stay out of the K
-// loop's allocation in every instantiation.
-static __device__ __noinline__ void fused_combine(const FinalizeArgs c, int32_t* done,
-                                                  const int32_t* n_touched, int r0, int nr,
-                                                  int tid) {
-  __shared__ int last;
-  __syncthreads();  // every warp's epilogue stores are issued
-  if (tid == 0) {
-    __threadfence();
-    last = atomicAdd(done + blockIdx.x, 1) == *n_touched - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int64_t n = c.tokens * nr;
-  for (int64_t i = tid; i < n; i += kWarps * 32) {
-    const int64_t tk = i / nr;
-    const int64_t col = r0 + (i - tk * nr);
-    const int64_t s0 = tk * c.slots;
-    store_float(c.out, c.out_dtype, tk * c.hidden + col,
-                combine_column(c, c.route_position + s0, c.expert_ids + s0, c.weights + s0, col));
-  }
-}
-
 // Shared memory: scales [tiles_per_block * 16][nblk_pad] and zero points (same shape) as fp32, a
 // zero row [ld], the staged activations [rows_cap][ld].
 //
@@ -246,9 +218,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   if (a.fc1) {  // the touched list and the maps come from the routing just before
     pdl_wait();
     pdl_trigger();
-    if (a.zero != nullptr && blockIdx.x == 0 && blockIdx.y == 0) {
-      for (int i = tid; i < a.n_zero; i += kWarps * 32) a.zero[i] = 0;
-    }
   }
   // Entries past the touched experts hold -1 (stages.h): one dependent load, not two, before
   // the weights' addresses are known.
@@ -694,10 +663,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         epilogue(a, e, m0, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
       }
     }
-  }
-  if (a.fuse_combine) {
-    fused_combine(a.combine, a.done, a.n_touched, m0 * 16,
-                  min(ntl * 16, static_cast<int>(s.n) - m0 * 16), tid);
   }
 }
 

@@ -25,7 +25,7 @@ struct DeviceFc {
   // path dequantizes from (dequant_packed.cu).
   MmaPackShape packed;
   // The packed FC's first logical row this FC's row 0 is: FP8 FC1 (0) and a separate FC3 (I)
-  // share one packed gated FC (cuda_layer.cu); 0 otherwise.
+  // share one packed gated FC (layer_prepare.cu); 0 otherwise.
   int64_t packed_row0 = 0;
   const uint32_t* packed_words = nullptr;
   const uint8_t* packed_scales = nullptr;

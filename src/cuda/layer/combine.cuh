@@ -1,5 +1,5 @@
-// The weighted combine of a token's FC2 outputs, shared by the finalize kernel and the decode
-// kernel's fused combine (decode_kernel.cuh), so both give the same bits.
+// The weighted combine of a token's FC2 outputs: the finalize kernel's arithmetic, in a header so
+// that any kernel which combines gives the same bits.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@ namespace qmoe::cuda {
 
 // Column c of one token: sum over its slots j, in slot order, in fp32, of w_j * (y[pos_j, c] +
 // b2[e_j, c]) (without w_j for kScaleInput). pos, expert and w are the token's slots. y is read
-// through L2 (ld.global.cg): in the fused combine other blocks wrote it during this kernel.
+// through L2 (ld.global.cg), so a kernel may combine what its other blocks wrote.
 __device__ __forceinline__ float combine_column(const FinalizeArgs& a, const int32_t* pos,
                                                 const int32_t* expert, const float* w, int64_t c) {
   float acc = 0.0f;

@@ -1,8 +1,6 @@
 // The dispatch table (dispatch.h).
 #include "cuda/layer/dispatch.h"
 
-#include <cstdlib>
-
 #include "cuda/decode/decode_gemv.h"
 
 namespace qmoe::cuda {
@@ -16,22 +14,14 @@ std::string choice_name(const DispatchChoice& c) {
 
 namespace {
 
-// Every choice there is: parsing and the error messages derive from this list and choice_name().
+// Every choice there is, in the order of dispatch_choice_names() (qmoe/tuning.h: the names that
+// options and tune files are checked against before a layer exists); test_gpu_dispatch checks
+// that the two agree.
 constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric, 1},
                                        {CallPath::kDecode, 1},
                                        {CallPath::kDecode, 2},
                                        {CallPath::kDecode, 0},
                                        {CallPath::kFused, 1}};
-
-// "generic, decode/1, decode/2 or decode/cc".
-std::string choice_list() {
-  std::string list;
-  const size_t n = sizeof(kChoices) / sizeof(kChoices[0]);
-  for (size_t i = 0; i < n; ++i) {
-    list += (i == 0 ? "" : (i + 1 == n ? " or " : ", ")) + choice_name(kChoices[i]);
-  }
-  return list;
-}
 
 }  // namespace
 
@@ -58,6 +48,16 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
   return c;
 }
 
+std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens) {
+  std::vector<DispatchChoice> all;
+  for (const DispatchChoice& c : kChoices) {
+    const bool offered = c.path == CallPath::kGeneric ||
+                         (c.path == CallPath::kDecode ? decode_supported : fused_max_tokens > 0);
+    if (offered) all.push_back(c);
+  }
+  return all;
+}
+
 Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
   std::vector<std::pair<int64_t, DispatchChoice>> t;
   int64_t prev = 0;
@@ -65,7 +65,7 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
     DispatchChoice c;
     if (!parse_choice(r.choice, &c)) {
       return Status::invalid("tuned dispatch: unknown choice '" + r.choice + "' (expected " +
-                             choice_list() + ")");
+                             dispatch_choice_list() + ")");
     }
     if (r.max_tokens <= prev) {
       return Status::invalid("tuned dispatch: max_tokens must increase");
@@ -103,22 +103,8 @@ DispatchChoice DispatchTable::table_choice(int64_t tokens) const {
   return analytic(tokens);
 }
 
-Status DispatchTable::choose(int64_t tokens, DispatchChoice* out) const {
-  const char* forced = std::getenv("QMOE_DISPATCH");
-  if (forced == nullptr) {
-    const char* old = std::getenv("QMOE_CUDA_PATH");
-    if (old != nullptr && std::string(old) == "generic") forced = "generic";
-  }
-  if (forced == nullptr || *forced == '\0') {
-    *out = table_choice(tokens);
-    return Status::ok();
-  }
-  DispatchChoice c;
-  if (!parse_choice(forced, &c)) {
-    return Status::invalid("QMOE_DISPATCH: expected " + choice_list() + ", got '" + forced + "'");
-  }
-  *out = feasible(c, tokens);
-  return Status::ok();
+DispatchChoice DispatchTable::choose(int64_t tokens) const {
+  return forced_ ? feasible(forced_choice_, tokens) : table_choice(tokens);
 }
 
 }  // namespace qmoe::cuda

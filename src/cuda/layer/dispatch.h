@@ -17,8 +17,9 @@
 //                     measured on an H200, docs/cuda-backend.md);
 //   fused             one cooperative kernel for the whole call (fused_decode.h): routing, FC1,
 //                     FC2 and the combine; a candidate up to the layer's fused_max_tokens;
-//   QMOE_DISPATCH     generic | decode/1 | decode/2 | decode/cc | fused: forces one choice;
-//                     QMOE_CUDA_PATH=generic is the older spelling of QMOE_DISPATCH=generic.
+//   forced            generic | decode/1 | decode/2 | decode/cc | fused: one choice for every call
+//                     (A/B runs and the tuner): PrepareOptions::dispatch (or $QMOE_DISPATCH) at
+//                     prepare, PreparedLayer::force_dispatch() later.
 // A choice the call cannot take (decode past kDecodeMaxRoutes tokens or for a layer it does not
 // support) falls back to the generic path, which takes every call.
 #pragma once
@@ -35,7 +36,7 @@ namespace qmoe::cuda {
 enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 
 // The analytic default's decode window. The decode kernel takes calls up to kDecodeMaxRoutes
-// tokens (decode_gemv.h), and the tuner and QMOE_DISPATCH may choose it anywhere there; the
+// tokens (decode_gemv.h), and the tuner and a forced choice may take it anywhere there; the
 // default takes it where it won on an H200 (bench/results/2026-12-01-h200-window.md): against
 // the generic path (dequantize the touched experts, grouped GEMM), qwen3-30b-a3b INT4 at 128 /
 // 256 / 512 tokens (8 / 16 / 32 routes per expert) 230 / 395 / 651 us against 1028 / 1045 /
@@ -68,6 +69,8 @@ bool parse_choice(const std::string& name, DispatchChoice* out);
 // fused_max_tokens: the most tokens the fused kernel takes on this layer (0: none).
 std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
                                                 int64_t fused_max_tokens = 0);
+// Every choice some token count's candidates hold: what a layer may be forced onto.
+std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens = 0);
 
 class DispatchTable {
  public:
@@ -86,10 +89,17 @@ class DispatchTable {
   // is an error naming it.
   Status apply_tuned(const std::vector<TunedRow>& rows);
 
-  // The table's choice (no environment), then the one a call takes (QMOE_DISPATCH applied; an
-  // unparsable value is an error naming the variable).
+  // One choice for every call (nullptr: the table again). Kept by apply_tuned.
+  void force(const DispatchChoice* c) {
+    forced_ = c != nullptr;
+    if (c) forced_choice_ = *c;
+  }
+  const DispatchChoice* forced() const { return forced_ ? &forced_choice_ : nullptr; }
+
+  // The table's choice, then the one a call takes (the forced choice where there is one, or
+  // the generic path where the call cannot take it).
   DispatchChoice table_choice(int64_t tokens) const;
-  Status choose(int64_t tokens, DispatchChoice* out) const;
+  DispatchChoice choose(int64_t tokens) const;
 
   bool decode_supported() const { return decode_supported_; }
 
@@ -104,6 +114,8 @@ class DispatchTable {
   bool generic_reads_codes_ = false;
   int64_t fused_max_tokens_ = 0;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
+  bool forced_ = false;
+  DispatchChoice forced_choice_;
 };
 
 }  // namespace qmoe::cuda

@@ -1,0 +1,241 @@
+// The CUDA backend's prepared layer, in three files besides this one:
+//
+//   cuda_layer.h         CudaLayer: what prepare keeps (device copies of the weights, the decode
+//                        path's packed copies, the dispatch table, the settings) and the methods
+//                        the other files define
+//   layer_workspace.cu   layout(): where each buffer of a call lives in the caller's workspace,
+//                        the exact workspace_size() formula (docs/cuda-backend.md, Workspace)
+//   layer_prepare.cu     prepare_cuda_layer(): checks, uploads, the mixed-input copies, the decode
+//                        path's packing and the fused kernel's plan, the dispatch table (once, at
+//                        prepare)
+//   layer_run.cu         run(): the fused kernel (routing to combine in one launch), or routing
+//                        -> plan -> the decode path (FC1 + activation, FC2 by the decode
+//                        kernels) or the generic path (gather, per wave: dequantize the wave's
+//                        experts into the scratch, grouped GEMM [FC1, FC3] -> activation -> per
+//                        wave [FC2]) -> finalize (the combine); take_deferred_error()
+//
+// Every buffer of a call lives in the caller's workspace; every launch goes to the caller's
+// stream; nothing waits for the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/formats/mma_pack.h"
+#include "cuda/common/device_buffer.h"
+#include "cuda/dequant/dequant.h"
+#include "cuda/fused/fused_decode.h"
+#include "cuda/gemm/grouped_gemm.h"
+#include "cuda/layer/dispatch.h"
+#include "cuda/routing/device_routing.h"
+#include "qmoe/backend.h"
+#include "qmoe/tuning.h"
+
+namespace qmoe::cuda {
+
+inline constexpr size_t kAlign = 256;
+inline constexpr size_t kDefaultDequantBytes = size_t{1} << 30;
+
+inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+inline int64_t pad_k(int64_t k) { return (k + kGemmKAlign - 1) / kGemmKAlign * kGemmKAlign; }
+
+// Restores the caller's current device on scope exit.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      ok_ = cudaSetDevice(device) == cudaSuccess;
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false, ok_ = true;
+};
+
+// The generic path's GEMM (PrepareOptions::gemm): CUTLASS's mixed-input kernel on the packed codes
+// where an FC allows it, else dequantize + CUTLASS; dequantize + CUTLASS always; or dequantize +
+// the mma.sync kernel.
+enum class GemmChoice { kCutlass, kCutlassDequant, kMma };
+
+// An FC's copy for the mixed-input GEMM (cutlass_mixed.h): signed int4 codes [E, n, k/2] and
+// scales [E, k / chunk, n] in the activation dtype. Absent (codes null) where the FC runs through
+// the dequantize pass.
+struct MixedFc {
+  const uint8_t* codes = nullptr;
+  const void* scales = nullptr;
+  int64_t chunk = 0;
+  bool on() const { return codes != nullptr; }
+};
+
+class CudaLayer final : public PreparedLayer {
+ public:
+  // `options` resolved (resolve_prepare_options): the layer keeps what its run path needs.
+  CudaLayer(const LayerSpec& spec, const PrepareOptions& options, size_t dequant_cap)
+      : spec_(spec),
+        device_(options.device),
+        dequant_cap_(dequant_cap),
+        pdl_(options.pdl),
+        decode_options_(options.decode),
+        fused_grid_ctas_(options.fused_grid_ctas) {
+    cdt_ = spec.act_dtype;
+    cs_ = dtype_size(cdt_);
+    hp_ = pad_k(spec.hidden);
+    ip_ = pad_k(spec.inter);
+    n1p_ = pad_k(spec.fc1_rows());
+    slot_elems_ = std::max(spec.fc1_rows() * hp_, spec.hidden * ip_);
+    if (spec.has_fc3()) slot_elems_ = std::max(slot_elems_, spec.inter * hp_);
+  }
+  ~CudaLayer() override {
+    for (cudaEvent_t& e : events_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (take_stream_) cudaStreamDestroy(take_stream_);
+  }
+
+  Status init(const LayerWeights& w);
+  // The generic path's GEMM: CUTLASS (on `sm_count` multiprocessors) for bf16/f16 layers, where
+  // an FC's shapes allow it; otherwise the mma.sync kernel. Before the first workspace_size().
+  // With `mixed`, FCs the mixed-input kernel takes skip the dequantize pass (init() prepares their
+  // copies).
+  void set_cutlass(bool on, bool mixed, int sm_count) {
+    cutlass_ = on && (cdt_ == DType::kBF16 || cdt_ == DType::kF16);
+    mixed_ = cutlass_ && mixed;
+    sm_count_ = sm_count;
+  }
+  // The dispatch table: the analytic default, then the tune file's rows for this layer, if any.
+  // A forced choice stays.
+  Status load_dispatch(const std::string& tune_file);
+
+  BackendKind backend() const override { return BackendKind::kCuda; }
+  const LayerSpec& spec() const override { return spec_; }
+
+  // 0 for max_tokens <= 0: a call of zero tokens touches no memory.
+  size_t workspace_size(int64_t max_tokens) const override {
+    Layout l;
+    return max_tokens > 0 && layout(max_tokens, &l).is_ok() ? l.total : 0;
+  }
+
+  Status run(const RunInputs& in, const MutableTensorView& out, void* workspace,
+             size_t workspace_bytes, void* stream, RunProfile* profile) override;
+
+  Status take_deferred_error() override;
+
+  std::string dispatch_choice(int64_t tokens) const override {
+    return choice_name(dispatch_.choose(tokens));
+  }
+  Status apply_tune_file(const std::string& tune_file) override { return load_dispatch(tune_file); }
+  std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
+    return names_of(cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_));
+  }
+  Status force_dispatch(const std::string& choice) override {
+    QMOE_RETURN_IF_ERROR(
+        check_forced_choice(choice, names_of(layer_choices(decode_ready_, fused_max_tokens_))));
+    set_forced(choice);
+    return Status::ok();
+  }
+  // PrepareOptions::dispatch, its name checked by resolve_prepare_options: unlike
+  // force_dispatch(), a decode choice on a layer without the decode path is no error (its calls
+  // run the generic path), so one setting serves every layer of an A/B run.
+  void set_forced(const std::string& choice) {
+    DispatchChoice c;
+    dispatch_.force(parse_choice(choice, &c) ? &c : nullptr);
+  }
+
+ private:
+  // Byte offsets of one call's buffers in the workspace (layer_workspace.cu: the formula).
+  struct Layout {
+    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
+        cutlass, mixed, fused, total;
+    int64_t slots_in_scratch, waves;
+  };
+
+  Status layout(int64_t t, Layout* l) const;
+
+  // codes: upload the codes and scales in ORT's layout (FP4 and FP8 that the decode path packs
+  // keep only the packed copy).
+  Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
+                   DeviceFc* out);
+  // Whether the decode path takes this layer (sets pack1_ and pack2_).
+  bool plan_decode();
+  Status pack_for_decode(const LayerWeights& w);
+  Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
+                    int route_groups, cudaStream_t stream, RunProfile* profile);
+  Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
+                     cudaStream_t stream, RunProfile* profile);
+  // The whole call in the fused kernel.
+  // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest
+  // CTA's routing), fc1 (the busiest CTA's staging and FC1), fc2 (its FC2) and combine (from the
+  // last CTA's items to the end: the grid barrier's wait and the combine).
+  Status run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l, char* ws,
+                   int64_t tokens, cudaStream_t stream, RunProfile* profile);
+  // Whether the fused kernel takes this layer (after pack_for_decode), and up to what count.
+  Status plan_fused();
+  Status upload(const TensorView& v, const void** dst);
+  Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
+                const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
+                int64_t ld_b, cudaStream_t stream);
+  // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
+  Status prepare_mixed(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, MixedFc* out);
+  bool all_mixed() const {
+    return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
+  }
+
+  static std::vector<std::string> names_of(const std::vector<DispatchChoice>& choices) {
+    std::vector<std::string> names;
+    for (const DispatchChoice& c : choices) names.push_back(choice_name(c));
+    return names;
+  }
+
+  LayerSpec spec_;
+  int device_;
+  size_t dequant_cap_;
+  bool pdl_;                      // PrepareOptions::pdl
+  DecodeOptions decode_options_;  // PrepareOptions::decode
+  DType cdt_;
+  size_t cs_;
+  int64_t hp_, ip_, n1p_, slot_elems_;
+  DeviceFc fc1_, fc2_, fc3_;
+  // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
+  // present when both FCs are formats that layout supports (plan_decode).
+  bool decode_planned_ = false, decode_ready_ = false;
+  FusedShape fused_shape_;
+  int64_t fused_max_tokens_ = 0;  // 0: the fused kernel does not take this layer
+  int fused_grid_ctas_ = 0;       // PrepareOptions::fused_grid_ctas (0: as many as fit)
+  DeviceBuffer fused_stamps_;     // profiled calls only (they take turns: profile_mu_)
+  std::vector<size_t> fused_ws_;  // [0, F]: the layout's fused entry by token count
+  DispatchTable dispatch_;
+  bool cutlass_ = false;  // set_cutlass()
+  bool mixed_ = false;    // set_cutlass()
+  MixedFc mixed1_, mixed2_, mixed3_;
+  int sm_count_ = 0;
+  MmaPackShape pack1_, pack2_;
+  const uint32_t* packed1_ = nullptr;
+  const uint32_t* packed2_ = nullptr;
+  // Their scales and zero points in tile order (mma_pack_scales), as the decode kernel reads them.
+  const uint8_t* tiled_scales1_ = nullptr;
+  const uint8_t* tiled_scales2_ = nullptr;
+  const uint8_t* tiled_zp1_ = nullptr;
+  const uint8_t* tiled_zp2_ = nullptr;
+  std::vector<DeviceBuffer> buffers_;
+  const float* router_bias_ = nullptr;
+  // int32[4]: the record every call adds to (error bits, first token; see device_routing.h),
+  // then take_error_kernel's copy of it.
+  DeviceBuffer error_;
+  std::mutex take_mu_;                  // one take_deferred_error() at a time
+  cudaStream_t take_stream_ = nullptr;  // non-blocking: a take never waits on the legacy stream
+  // The profile's events: one set per layer, so calls with a profile take turns (profile_mu_).
+  std::mutex profile_mu_;
+  cudaEvent_t events_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+};
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,454 @@
+// The run pipeline (cuda_layer.h): checks, routing and the plan, the decode or the generic path,
+// the combine (finalize); the deferred error record's take.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <string>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/decode/decode_gemv.h"
+#include "cuda/fused/fused_decode.h"
+#include "cuda/gemm/cutlass_grouped.h"
+#include "cuda/gemm/cutlass_mixed.h"
+#include "cuda/layer/cuda_layer.h"
+#include "cuda/layer/stages.h"
+
+namespace qmoe::cuda {
+namespace {
+
+// Whether p is memory the device can read (device, managed or mapped host memory).
+Status check_device_pointer(const void* p, const char* name, size_t align) {
+  if (p == nullptr)
+    return Status::invalid(std::string(name) + ": expected a device pointer, got null");
+  if (reinterpret_cast<uintptr_t>(p) % align != 0) {
+    return Status::invalid(std::string(name) + ": expected a " + std::to_string(align) +
+                           "-byte aligned pointer");
+  }
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return Status::invalid(std::string(name) + ": not a pointer the CUDA runtime knows");
+  }
+  if (attr.type == cudaMemoryTypeUnregistered ||
+      (attr.type == cudaMemoryTypeHost && attr.devicePointer == nullptr)) {
+    return Status::invalid(std::string(name) +
+                           ": expected device memory (the CUDA backend runs on device tensors), "
+                           "got host memory");
+  }
+  return Status::ok();
+}
+
+// The decode kernel's activation rows per pass for a call of t tokens: DecodeOptions::rows, or
+// decode_rows_per_pass() where that is -1.
+int decode_rows(int64_t t, const LayerSpec& s, const DecodeOptions& o) {
+  return o.rows >= 0
+             ? o.rows
+             : decode_rows_per_pass(t, s.routing.top_k, s.routing.num_shared, s.num_experts);
+}
+
+// Moves the layer's error record (error[0..1]: bits, first token) to error[2..3] and clears it,
+// each word by one atomic exchange, so that an error a kernel on another stream records meanwhile
+// is either taken here or left for the next take, never lost. (Its token word can then belong to
+// the other take: the bits are exact, the first token is a hint.)
+__global__ void take_error_kernel(int32_t* error) {
+  error[2] = atomicExch(&error[0], 0);
+  error[3] = atomicExch(&error[1], INT32_MAX);
+}
+
+}  // namespace
+
+Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l,
+                            char* ws, int64_t tokens, cudaStream_t stream, RunProfile* profile) {
+  FusedDecodeArgs a;
+  a.routing = spec_.routing;
+  a.experts = static_cast<int>(spec_.num_experts);
+  a.slots = spec_.slots();
+  a.tokens = static_cast<int>(tokens);
+  a.logits = in.router_logits.data;
+  a.logits_dtype = in.router_logits.dtype;
+  a.router_weights = in.router_weights.data;
+  a.rw_dtype = in.router_weights.present() ? in.router_weights.dtype : DType::kF32;
+  a.router_bias = router_bias_;
+  auto fc = [](const MmaPackShape& shape, const uint32_t* packed, const uint8_t* scales,
+               DType scale_dtype, const uint8_t* zp, const DeviceFc& d) {
+    FusedFc f;
+    f.shape = shape;
+    f.packed = packed;
+    f.scales = scales;
+    f.scale_dtype = scale_dtype;
+    f.zero_points = zp;
+    f.bias = d.bias;
+    f.bias_dtype = d.bias_dtype;
+    return f;
+  };
+  a.fc1 = fc(pack1_, packed1_, tiled_scales1_, spec_.fc1.scale_dtype, tiled_zp1_, fc1_);
+  a.fc2 = fc(pack2_, packed2_, tiled_scales2_, spec_.fc2.scale_dtype, tiled_zp2_, fc2_);
+  a.dtype = cdt_;
+  a.act = spec_.activation;
+  a.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  a.hidden = spec_.hidden;
+  a.inter = spec_.inter;
+  a.x = in.input.data;
+  a.out = out.data;
+  a.out_dtype = out.dtype;
+  a.partial = reinterpret_cast<float*>(ws + l.fused);
+  a.error = error_.as<int32_t>();
+  if (profile == nullptr) return launch_fused_decode(a, fused_grid_ctas_, stream);
+  int max_ctas = 0, ctas = 0;
+  QMOE_RETURN_IF_ERROR(fused_decode_max_ctas(&max_ctas));
+  const size_t bytes = sizeof(unsigned long long) * kFusedStamps * static_cast<size_t>(max_ctas);
+  if (fused_stamps_.bytes() < bytes) QMOE_RETURN_IF_ERROR(fused_stamps_.allocate(bytes));
+  a.stamps = fused_stamps_.as<unsigned long long>();
+  QMOE_RETURN_IF_ERROR(launch_fused_decode(a, fused_grid_ctas_, stream, &ctas));
+  std::vector<unsigned long long> t(static_cast<size_t>(ctas) * kFusedStamps);
+  QMOE_CUDA_TRY(
+      cudaMemcpyAsync(t.data(), a.stamps, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost, stream));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(stream));
+  unsigned long long t0 = ~0ull, routed = 0, done = 0, end = 0, busy = 0, fc2 = 0;
+  for (int c = 0; c < ctas; ++c) {
+    const unsigned long long* s = t.data() + static_cast<size_t>(c) * kFusedStamps;
+    t0 = std::min(t0, s[kStampStart]);
+    routed = std::max(routed, s[kStampRouted]);
+    done = std::max(done, s[kStampItemsDone]);
+    end = std::max(end, s[kStampEnd]);
+    if (s[kStampStageNs] + s[kStampFc1Ns] + s[kStampFc2Ns] >= busy + fc2) {
+      busy = s[kStampStageNs] + s[kStampFc1Ns];
+      fc2 = s[kStampFc2Ns];
+    }
+  }
+  *profile = RunProfile{};
+  profile->route_us = 1e-3 * static_cast<double>(routed - t0);
+  profile->fc1_us = 1e-3 * static_cast<double>(busy);
+  profile->fc2_us = 1e-3 * static_cast<double>(fc2);
+  profile->combine_us = 1e-3 * static_cast<double>(end - done);
+  profile->combine_fused = true;
+  return Status::ok();
+}
+
+// Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
+Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
+                             const RouteMapsView& maps, int route_groups, cudaStream_t stream,
+                             RunProfile* profile) {
+  const int tokens = static_cast<int>(maps.tokens);
+  DecodeFcArgs d;
+  d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
+  d.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
+  d.offsets = maps.expert_offsets;
+  d.max_groups =
+      static_cast<int>(std::min<int64_t>(spec_.num_experts, maps.tokens * spec_.slots()));
+  d.permuted_route = maps.permuted_route;
+  d.weights = maps.weights;
+  d.slots = spec_.slots();
+  d.dtype = cdt_;
+  d.pdl = pdl_;
+  const int tiles_per_block = decode_options_.tiles_per_block;
+  d.max_rows = decode_rows(tokens, spec_, decode_options_);
+  d.ring = decode_options_.ring;
+  d.prefetch = decode_options_.prefetch;
+  d.min_blocks = decode_options_.min_blocks;
+
+  d.shape = pack1_;
+  d.packed = packed1_;
+  d.scales = tiled_scales1_;
+  d.scale_dtype = spec_.fc1.scale_dtype;
+  d.zero_points = tiled_zp1_;
+  d.global = fc1_.global_scale;
+  d.x = in.input.data;
+  d.ldx = spec_.hidden;
+  d.by_token = true;
+  d.fc1 = true;
+  d.act = spec_.activation;
+  d.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  d.bias = fc1_.bias;
+  d.bias_dtype = fc1_.bias_dtype;
+  d.out = ws + l.xa;
+  d.ldo = ip_;
+  d.error = error_.as<int32_t>();
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+
+  d.shape = pack2_;
+  d.packed = packed2_;
+  d.scales = tiled_scales2_;
+  d.scale_dtype = spec_.fc2.scale_dtype;
+  d.zero_points = tiled_zp2_;
+  d.global = fc2_.global_scale;
+  d.x = ws + l.xa;
+  d.ldx = ip_;
+  d.by_token = false;
+  d.fc1 = false;
+  d.scale_input = false;
+  d.bias = nullptr;
+  d.out = ws + l.hy;
+  d.ldo = hp_;
+  d.error = nullptr;
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
+  return Status::ok();
+}
+
+// Waits for the device (every stream: calls may have run on any), then takes the record with
+// atomic exchanges, so that calls other threads enqueue meanwhile lose no error.
+Status CudaLayer::take_deferred_error() {
+  std::lock_guard<std::mutex> lock(take_mu_);
+  DeviceGuard guard(device_);
+  if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
+  QMOE_CUDA_TRY(cudaDeviceSynchronize());
+  int32_t* record = error_.as<int32_t>();
+  take_error_kernel<<<1, 1, 0, take_stream_>>>(record);
+  QMOE_CUDA_TRY(cudaGetLastError());
+  int32_t word[2];
+  QMOE_CUDA_TRY(
+      cudaMemcpyAsync(word, record + 2, sizeof(word), cudaMemcpyDeviceToHost, take_stream_));
+  QMOE_CUDA_TRY(cudaStreamSynchronize(take_stream_));
+  if (word[0] == 0) return Status::ok();
+  std::string what;
+  if (word[0] & kErrorLogits) what += "router_probs";
+  if (word[0] & kErrorRouterWeights) what += what.empty() ? "router_weights" : ", router_weights";
+  if (word[0] & kErrorInput) what += what.empty() ? "input" : ", input";
+  const std::string at = word[1] == INT32_MAX ? "" : ", first at token " + std::to_string(word[1]);
+  return Status::invalid(what + ": non-finite value(s)" + at + "; those tokens' outputs are NaN");
+}
+
+// One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
+// dequantize the wave's experts, then the grouped GEMM into c.
+Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
+                         const RouteMapsView& maps, const void* a, int64_t lda, float* c,
+                         int64_t ldc, int64_t ld_b, cudaStream_t stream) {
+  const int32_t* touched = reinterpret_cast<const int32_t*>(ws + l.touched);
+  const int32_t* n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
+  const int32_t* tile_start = reinterpret_cast<const int32_t*>(ws + l.tile_start);
+  const int64_t routes = maps.tokens * spec_.slots();
+  if (mx.on()) {
+    // No fallback: the layout may hold no scratch. The strides and workspace pointers always
+    // qualify (multiples of 32 elements, 256-byte aligned); launch_mixed_grouped_gemm checks.
+    MixedGemmArgs m;
+    m.dtype = cdt_;
+    m.a = a;
+    m.lda = lda;
+    m.c = c;
+    m.ldc = ldc;
+    m.n = fc.n;
+    m.k = fc.k;
+    m.codes = mx.codes;
+    m.scales = mx.scales;
+    m.chunk = mx.chunk;
+    m.sched.touched = touched;
+    m.sched.n_touched = n_touched;
+    m.sched.offsets = maps.expert_offsets;
+    m.max_groups = static_cast<int>(std::min<int64_t>(spec_.num_experts, routes));
+    return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
+  }
+  const int s = static_cast<int>(l.slots_in_scratch);
+  for (int64_t wave = 0; wave < l.waves; ++wave) {
+    DequantArgs d;
+    d.fc = fc;
+    d.out_dtype = cdt_;
+    d.out = ws + l.scratch;
+    d.ld = ld_b;
+    d.slot_stride = fc.n * ld_b;
+    d.touched = touched;
+    d.n_touched = n_touched;
+    d.first_group = static_cast<int>(wave * s);
+    d.max_groups = s;
+    QMOE_RETURN_IF_ERROR(launch_dequant(d, stream));
+
+    GroupedGemmArgs g;
+    g.dtype = cdt_;
+    g.a = a;
+    g.lda = lda;
+    g.b = ws + l.scratch;
+    g.ldb = ld_b;
+    g.b_stride = fc.n * ld_b;
+    g.c = c;
+    g.ldc = ldc;
+    g.n = fc.n;
+    g.k = ld_b;
+    g.sched.touched = touched;
+    g.sched.n_touched = n_touched;
+    g.sched.offsets = maps.expert_offsets;
+    g.sched.tile_start = tile_start;
+    g.first_group = d.first_group;
+    g.max_groups = s;
+    g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
+    if (cutlass_ && cutlass_gemm_can_implement(g)) {
+      const size_t bytes = l.mixed - l.cutlass;  // the region runs to the mixed GEMM's
+      QMOE_RETURN_IF_ERROR(
+          launch_cutlass_grouped_gemm(g, sm_count_, ws + l.cutlass, bytes, stream));
+    } else {
+      QMOE_RETURN_IF_ERROR(launch_grouped_gemm(g, stream));
+    }
+  }
+  return Status::ok();
+}
+
+Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* workspace,
+                      size_t workspace_bytes, void* stream_ptr, RunProfile* profile) {
+  int64_t tokens = 0;
+  QMOE_RETURN_IF_ERROR(check_run(spec_, in, out, &tokens));
+  // Zero tokens: an empty output. No CUDA call at all (a captured graph gets no node); the
+  // workspace, the stream and the (possibly null) data pointers are not looked at.
+  if (tokens == 0) {
+    if (profile) *profile = RunProfile{};
+    return Status::ok();
+  }
+  // The profile's events are the layer's: calls with a profile take turns.
+  std::unique_lock<std::mutex> profile_lock(profile_mu_, std::defer_lock);
+  if (profile) profile_lock.lock();
+  DeviceGuard guard(device_);
+  if (!guard.ok()) return Status::internal("cudaSetDevice(" + std::to_string(device_) + ") failed");
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  Layout l;
+  QMOE_RETURN_IF_ERROR(layout(tokens, &l));
+  if (workspace == nullptr || workspace_bytes < l.total) {
+    return Status::invalid("workspace: expected at least " + std::to_string(l.total) +
+                           " bytes (workspace_size(" + std::to_string(tokens) + ")), got " +
+                           std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+  }
+  QMOE_RETURN_IF_ERROR(check_device_pointer(workspace, "workspace", kAlign));
+  const size_t esz = dtype_size(spec_.act_dtype);
+  QMOE_RETURN_IF_ERROR(check_device_pointer(in.input.data, "input", esz));
+  QMOE_RETURN_IF_ERROR(check_device_pointer(in.router_logits.data, "router_probs",
+                                            dtype_size(in.router_logits.dtype)));
+  if (in.router_weights.present()) {
+    QMOE_RETURN_IF_ERROR(check_device_pointer(in.router_weights.data, "router_weights",
+                                              dtype_size(in.router_weights.dtype)));
+  }
+  QMOE_RETURN_IF_ERROR(check_device_pointer(out.data, "output", esz));
+  if (profile) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    QMOE_CUDA_TRY(cudaStreamIsCapturing(stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+      return Status::invalid(
+          "profile: per-stage times need a synchronizing run; pass nullptr "
+          "while capturing a graph");
+    }
+  }
+  const DispatchChoice choice = dispatch_.choose(tokens);
+
+  char* ws = static_cast<char*>(workspace);
+  const int slots = spec_.slots();
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[0], stream));
+  if (choice.path == CallPath::kFused && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0) {
+    return run_fused(in, out, l, ws, tokens, stream, profile);
+  }
+
+  // Routing and the plan.
+  RouteMapsView maps = carve_route_maps(ws + l.maps, tokens, slots, spec_.num_experts);
+  maps.tokens = tokens;
+  DeviceRoutingArgs ra;
+  ra.routing = spec_.routing;
+  ra.num_experts = static_cast<int>(spec_.num_experts);
+  ra.tokens = tokens;
+  ra.logits = in.router_logits.data;
+  ra.logits_dtype = in.router_logits.dtype;
+  ra.router_weights = in.router_weights.data;
+  ra.rw_dtype = in.router_weights.present() ? in.router_weights.dtype : DType::kF32;
+  ra.router_bias = router_bias_;
+  ra.maps = maps;
+  ra.error = error_.as<int32_t>();
+  ra.pdl = pdl_;
+  // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
+  const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
+  int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
+  int32_t* n_touched = reinterpret_cast<int32_t*>(ws + l.n_touched);
+  int32_t* tile_start = reinterpret_cast<int32_t*>(ws + l.tile_start);
+  if (fused) {
+    ra.plan_touched = touched;
+    ra.plan_n_touched = n_touched;
+    ra.plan_tile_start = tile_start;
+    ra.plan_tile_m = kGemmTileM;
+  }
+  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
+  if (!fused) {
+    QMOE_RETURN_IF_ERROR(
+        launch_plan(maps.expert_counts, spec_.num_experts, touched, n_touched, tile_start, stream));
+  }
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
+
+  const bool decode =
+      choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
+  const bool scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  FinalizeArgs fa;
+  fa.y = reinterpret_cast<float*>(ws + l.hy);
+  fa.ldy = hp_;
+  fa.fc2_bias = fc2_.bias;
+  fa.bias_dtype = fc2_.bias_dtype;
+  fa.route_position = maps.route_position;
+  fa.expert_ids = maps.expert_ids;
+  fa.weights = maps.weights;
+  fa.scale_input = scale_input;
+  fa.tokens = tokens;
+  fa.hidden = spec_.hidden;
+  fa.slots = slots;
+  fa.out = out.data;
+  fa.out_dtype = out.dtype;
+  fa.pdl = pdl_;
+  if (decode) {
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
+  } else {
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
+  }
+  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  if (profile) {
+    QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
+    QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
+    float ms[4];
+    for (int i = 0; i < 4; ++i) {
+      QMOE_CUDA_TRY(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+    }
+    profile->route_us = 1000.0 * ms[0];
+    profile->fc1_us = 1000.0 * ms[1];
+    profile->fc2_us = 1000.0 * ms[2];
+    profile->combine_us = 1000.0 * ms[3];
+    profile->combine_fused = false;
+  }
+  return Status::ok();
+}
+
+// FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
+Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
+                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+  const int slots = spec_.slots();
+  const int64_t routes = maps.tokens * slots;
+  void* xa = ws + l.xa;
+  float* h = reinterpret_cast<float*>(ws + l.hy);
+  float* h3 = reinterpret_cast<float*>(ws + l.h3);
+  QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
+                                     maps.permuted_route, slots, routes, xa, hp_,
+                                     error_.as<int32_t>(), stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
+  if (spec_.has_fc3()) {
+    QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
+  }
+  ActivationArgs aa;
+  aa.act = spec_.activation;
+  aa.inter = spec_.inter;
+  aa.h = h;
+  aa.ldh = n1p_;
+  aa.h3 = spec_.has_fc3() ? h3 : nullptr;
+  aa.ldh3 = ip_;
+  aa.fc1_bias = fc1_.bias;
+  aa.fc3_bias = spec_.has_fc3() ? fc3_.bias : nullptr;
+  aa.bias_dtype = fc1_.bias_dtype;
+  aa.fc1_rows = spec_.fc1_rows();
+  aa.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  aa.permuted_route = maps.permuted_route;
+  aa.expert_ids = maps.expert_ids;
+  aa.weights = maps.weights;
+  aa.routes = routes;
+  aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
+  aa.ld = ip_;
+  aa.out_dtype = cdt_;
+  QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+
+  // FC2 into the FC1 output's space.
+  QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream));
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
+  return Status::ok();
+}
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,67 @@
+// The workspace layout of one call (cuda_layer.h): the exact formula workspace_size() reports.
+#include "cuda/gemm/cutlass_grouped.h"
+#include "cuda/gemm/cutlass_mixed.h"
+#include "cuda/layer/cuda_layer.h"
+
+namespace qmoe::cuda {
+
+// Byte offsets of one call's buffers in the workspace. With R = T * slots, A() rounding up to
+// 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32:
+//   maps        A(route_maps_bytes(T, slots, E))
+//   plan        A(4 E) + A(4) + A(4 (E + 1))          touched, n_touched, tile_start
+//   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
+//   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
+//   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
+//   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
+//   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
+//                                                     descriptors (layers on CUTLASS only)
+//   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
+//                                                     mixed-input FC only)
+//   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
+//               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
+//                                                     maximum keeps the total monotone in T
+// S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
+// slots than it can touch experts, so decode shapes get a small scratch. Where every FC runs
+// on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
+Status CudaLayer::layout(int64_t t, Layout* l) const {
+  const int slots = spec_.slots();
+  const int64_t E = spec_.num_experts;
+  const int64_t r = t * slots;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align_up(bytes);
+    return at;
+  };
+  l->maps = take(route_maps_bytes(t, slots, E));
+  l->touched = take(4 * E);
+  l->n_touched = take(4);
+  l->tile_start = take(4 * (E + 1));
+  size_t temp = 0;
+  QMOE_RETURN_IF_ERROR(general_routing_temp_bytes(t, slots, E, &temp));
+  l->route_temp_bytes = temp;
+  l->route_temp = take(temp);
+  l->xa = take(cs_ * r * std::max(hp_, ip_));
+  const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
+  l->hy = take(4 * r * std::max(h_cols, hp_));
+  l->h3 = l->hy + 4 * r * n1p_;
+  const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;
+  const int64_t by_cap = static_cast<int64_t>(dequant_cap_ / static_cast<size_t>(per_slot));
+  const int64_t reach = std::min<int64_t>(E, r);
+  l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
+  l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
+  const bool dequant = !all_mixed();
+  l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 && dequant ? l->slots_in_scratch : 0));
+  l->cutlass = take(cutlass_ && dequant && t > 0
+                        ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
+                        : 0);
+  const bool any_mixed = mixed1_.on() || mixed2_.on() || mixed3_.on();
+  l->mixed = take(any_mixed && t > 0 ? mixed_gemm_workspace_bytes(cdt_, reach, sm_count_) : 0);
+  l->fused = take(fused_ws_.empty()
+                      ? 0
+                      : fused_ws_[static_cast<size_t>(std::min<int64_t>(t, fused_max_tokens_))]);
+  l->total = off;
+  return Status::ok();
+}
+
+}  // namespace qmoe::cuda
