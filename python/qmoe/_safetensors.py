@@ -76,10 +76,16 @@ def write_atomic(path, data):
     """Writes bytes to a temporary file next to path, then renames it into place: a failure
     leaves nothing behind and never a partial file at path."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(f"{path}: cannot write in {path.parent} ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from ortqmoe import QNBIT_ENV, build_model, make_layer, rel_norm, run_ort
+from ortqmoe import BF16, QNBIT_ENV, build_model, make_layer, rel_norm, run_ort
 
 if os.environ.get("QMOE_REQUIRE_PYTHON"):
     import qmoe
@@ -118,6 +118,38 @@ def _pack(rng, tmp_path, semantics="cpu"):
     pack = tmp_path / "pack.safetensors"
     _safetensors.write_atomic(pack, _safetensors.to_bytes(tensors, meta))
     return pack, routers
+
+
+def test_f16_layer_matches_onnxruntime(rng, tmp_path, record_max):
+    layer = _layer(rng, act_dtype=np.float16)
+    src = tmp_path / "f16.onnx"
+    src.write_bytes(build_model(layer, np.float16))
+    x, logits = (a.astype(np.float16) for a in _inputs(rng))
+    (lf,) = qonnx.extract(src, tmp_path / "l", layer_files=True, semantics="cpu")
+    y = _qmoe_cpu(lf, x, logits)
+    assert y.dtype == np.float16
+    model = qonnx.export(lf, tmp_path / "out.onnx")
+    y_exp = run_ort(model.read_bytes(), {"input": x, "router_probs": logits})
+    e = rel_norm(y, y_exp)
+    record_max("qmoe vs onnxruntime on exported model (f16)", e)
+    assert e <= 2e-3  # test_ort_conformance.TOL[np.float16]
+    (again,) = qonnx.extract(model, tmp_path / "again", layer_files=True, semantics="cpu")
+    assert _same(again, lf)
+
+
+def test_bf16_tensors_round_trip_bit_for_bit(rng, tmp_path):
+    layer = _layer(rng, act_dtype=BF16)
+    src = tmp_path / "bf16.onnx"
+    src.write_bytes(build_model(layer, BF16))  # casts around the node; weights stay BF16
+    (lf,) = qonnx.extract(src, tmp_path / "l", layer_files=True)
+    tensors, _ = _safetensors.read(lf)
+    assert tensors["fc1_scales"][1] == "bf16" and tensors["fc1_experts_bias"][1] == "bf16"
+    assert tensors["fc1_scales"][0].tobytes() == layer.fc1.scales.bits.tobytes()
+    model = qonnx.export(lf, tmp_path / "out.onnx")
+    assert onnx.load(str(model)).graph.input[0].type.tensor_type.elem_type \
+        == onnx.TensorProto.BFLOAT16
+    (again,) = qonnx.extract(model, tmp_path / "again", layer_files=True)
+    assert _same(again, lf)
 
 
 def test_pack_round_trip_matches_onnxruntime(rng, tmp_path, record_max, monkeypatch):
