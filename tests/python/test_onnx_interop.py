@@ -274,3 +274,24 @@ def test_external_data_and_cli(rng, tmp_path):
     r = run("export", tmp_path / "ext.bin", "-o", tmp_path / "x.onnx")
     assert r.returncode == 1 and "ext.bin" in r.stderr
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_export_of_a_layer_file_qmoe_wrote(rng, tmp_path, record_max):
+    """A layer file from qmoe's C++ writer (every qmoe.* key spelled out) exports as plain ORT
+    attributes. Normalized softmax top-k is what ORT CPU's top-k-then-softmax computes."""
+    spec = qmoe.make_spec(H, I, E, top_k=K, format="int4", block_size=32, normalize=True,
+                          glu="interleaved")
+    tensors = {}
+    for fc, n, k in (("fc1", 2 * I, H), ("fc2", H, I)):
+        w = (rng.standard_normal((E, n, k)) / np.sqrt(k)).astype(np.float32)
+        for key, v in qmoe.quantize_fc(w, spec.fc1).items():
+            tensors[f"{fc}_{'experts_weights' if key == 'weight' else key}"] = v
+    lf = tmp_path / "cpp.safetensors"
+    qmoe.save_layer_file(lf, spec, tensors)
+    assert "qmoe.routing_method" in _safetensors.read(lf)[1]
+    model = qonnx.export(lf, tmp_path / "cpp.onnx")
+    x, logits = _inputs(rng)
+    y_ort = run_ort(model.read_bytes(), {"input": x, "router_probs": logits})
+    e = rel_norm(_qmoe_cpu(lf, x, logits), y_ort)
+    record_max("qmoe vs onnxruntime on exported model (f32)", e)
+    assert e <= TOL_F32
