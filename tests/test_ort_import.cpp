@@ -160,8 +160,9 @@ TEST(OrtImport, RejectsWhatItCannotHonour) {
   TensorView in[kNumOrtInputs];
   for (int i = 0; i < kNumOrtInputs; ++i) in[i] = c.inputs[i];
   std::vector<float> wider(3 * 16);
-  in[kOrtRouterProbs] = TensorView(wider.data(), DType::kF32, {3, 16});
-  expect(c.attrs, in, "expert parallelism");
+  in[kOrtRouterProbs] =
+      TensorView(wider.data(), DType::kF32, {3, 4});  // fewer columns than experts
+  expect(c.attrs, in, "router_probs: has 4 expert columns but fc1_experts_weights holds 8");
   for (int i = 0; i < kNumOrtInputs; ++i) in[i] = c.inputs[i];
   in[kOrtFc1ActScale] = TensorView(wider.data(), DType::kF32, {1});
   expect(c.attrs, in, "fc1_act_scale");

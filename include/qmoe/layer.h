@@ -83,7 +83,16 @@ bool parse_routing_method(const std::string& s, RoutingMethod* out);
 struct LayerSpec {
   int64_t hidden = 0;       // H
   int64_t inter = 0;        // I
-  int64_t num_experts = 0;  // E: router columns = weight experts (shared experts included)
+  int64_t num_experts = 0;  // E: router columns (shared experts included)
+  // Local experts (expert parallelism): the weights hold experts [first_expert, first_expert + L)
+  // of the E, with L = local_experts (0: all E, and then first_expert must be 0). Routing still
+  // runs over all E logits; routes to experts outside the range contribute nothing, so the output
+  // is this shard's partial sum, and the shards' outputs add up to the whole layer. Shared experts
+  // are experts like the others: the shard whose range holds their index runs them.
+  //   router columns  0 .. first-1 | first .. first+L-1 | first+L .. E-1
+  //   weights [L, ...]              |  0 .. L-1          |
+  int64_t first_expert = 0;
+  int64_t local_experts = 0;
   ActivationSpec activation;
   RoutingSpec routing;
   FcFormat fc1;  // logical [F*I, H], F = 2 for fused gated activations
@@ -97,6 +106,14 @@ struct LayerSpec {
   bool has_fc3() const { return activation.gated() && activation.glu == GluLayout::kSeparateFc3; }
   int64_t fc1_rows() const {  // N of FC1
     return (activation.gated() && !has_fc3()) ? 2 * inter : inter;
+  }
+  // Experts in the weight tensors (their leading dimension).
+  int64_t weight_experts() const { return local_experts > 0 ? local_experts : num_experts; }
+  // Whether the weights hold fewer experts than the router has columns.
+  bool sharded() const { return weight_experts() != num_experts; }
+  // Whether router expert e (0 <= e < E) is held here.
+  bool holds_expert(int64_t e) const {
+    return e >= first_expert && e < first_expert + weight_experts();
   }
   // Routes per token: top-k routed plus the shared experts.
   int slots() const { return routing.top_k + routing.num_shared; }

@@ -72,13 +72,18 @@ enum class OrtSemantics : uint8_t {
 
 struct OrtImportOptions {
   OrtSemantics semantics = OrtSemantics::kCuda;
+  // Expert parallelism: when router_probs has E columns and fc1_experts_weights holds L < E
+  // experts, the weights are experts [first_expert, first_expert + L) (ORT's sharded MoE calls it
+  // local_experts_start_index; the QMoE operator has no attribute for it). Must be 0 otherwise.
+  int64_t first_expert = 0;
 };
 
 // Builds spec and weights from the attributes and inputs (absent inputs have data == nullptr).
-// Input 0 and 1 give T, H and E; inter size comes from fc2 as ORT computes it. Weights are
-// borrowed: the views point into inputs' memory. Every mismatch names the input and the expected
-// shape. weights_prepacked = 1 (an execution provider's private layout) is rejected for integer
-// formats; -1 and 0 read the raw layout, as ORT's CPU provider does.
+// Input 0 and 1 give T, H and E (E > fc1's experts: LayerSpec::local_experts); inter size comes
+// from fc2 as ORT computes it. Weights are borrowed: the views point into inputs' memory. Every
+// mismatch names the input and the expected shape. weights_prepacked = 1 (an execution provider's
+// private layout) is rejected for integer formats; -1 and 0 read the raw layout, as ORT's CPU
+// provider does.
 Status layer_from_ort(const OrtQMoEAttributes& attrs, const TensorView* inputs,
                       const OrtImportOptions& options, LayerSpec* spec, LayerWeights* weights);
 

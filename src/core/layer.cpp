@@ -138,7 +138,7 @@ Status check_activation(const ActivationSpec& a) {
 // Checks one FC's tensors against the shapes its format implies.
 Status check_fc_weights(const LayerSpec& s, const FcFormat& f, const FcWeights& w, int64_t n,
                         int64_t k, bool has_bias, const char* fc) {
-  const FcTensorShapes shp = fc_tensor_shapes(f, s.num_experts, n, k);
+  const FcTensorShapes shp = fc_tensor_shapes(f, s.weight_experts(), n, k);
   const std::string p(fc);
   QMOE_RETURN_IF_ERROR(expect_tensor(w.weight, p + "_experts_weights", shp.weight_dtype, shp.weight,
                                      shp.weight_rank));
@@ -164,7 +164,7 @@ Status check_fc_weights(const LayerSpec& s, const FcFormat& f, const FcWeights& 
     return Status::invalid(p + "_zero_points: format " + f.to_string() +
                            " has no zero points (set zero_points for an integer format)");
   }
-  const int64_t e_dims[1] = {s.num_experts};
+  const int64_t e_dims[1] = {s.weight_experts()};
   if (shp.global_scale) {
     QMOE_RETURN_IF_ERROR(
         expect_tensor(w.global_scale, p + "_global_scale", DType::kF32, e_dims, 1));
@@ -173,7 +173,7 @@ Status check_fc_weights(const LayerSpec& s, const FcFormat& f, const FcWeights& 
     return Status::invalid(p + "_global_scale: not used by format " + f.to_string());
   }
   if (has_bias) {
-    const int64_t b_dims[2] = {s.num_experts, n};
+    const int64_t b_dims[2] = {s.weight_experts(), n};
     if (!w.bias.present() || !is_activation_dtype(w.bias.dtype)) {
       return Status::invalid(p + "_experts_bias: expected f32, f16 or bf16 of shape " +
                              shape_string(b_dims, 2) +
@@ -210,6 +210,19 @@ Status check_spec(const LayerSpec& s) {
   }
   if (s.num_experts < 1 || s.num_experts > 65536) {
     return Status::invalid("num_experts: expected 1..65536, got " + std::to_string(s.num_experts));
+  }
+  if (s.local_experts < 0 || s.local_experts > s.num_experts) {
+    return Status::invalid(
+        "local_experts: expected 0 (all) to num_experts = " + std::to_string(s.num_experts) +
+        ", got " + std::to_string(s.local_experts));
+  }
+  if (s.first_expert < 0 || s.first_expert > s.num_experts - s.weight_experts()) {
+    return Status::invalid(
+        "first_expert: expected 0 <= first_expert <= num_experts - "
+        "local_experts = " +
+        std::to_string(s.num_experts - s.weight_experts()) + " (num_experts " +
+        std::to_string(s.num_experts) + ", local_experts " + std::to_string(s.weight_experts()) +
+        "), got " + std::to_string(s.first_expert));
   }
   if (!is_activation_dtype(s.act_dtype)) {
     return Status::invalid(std::string("act_dtype: expected f32, f16 or bf16, got ") +

@@ -265,15 +265,21 @@ Status layer_from_ort(const OrtQMoEAttributes& a, const TensorView* in,
     if (logits.rank != 2) {
       return Status::invalid("router_probs: expected [tokens, E], got " + logits.shape_string());
     }
-    if (logits.dims[1] != s.num_experts) {
-      return Status::unsupported(
-          "router_probs: has " + std::to_string(logits.dims[1]) +
-          " expert columns but "
-          "fc1_experts_weights holds " +
-          std::to_string(s.num_experts) +
-          " experts; expert parallelism (local experts < router columns) is not supported");
+    // More router columns than weight experts is expert parallelism: the weights hold experts
+    // [first_expert, first_expert + fc1 experts) of the router's E (check_layer validates the
+    // range).
+    if (logits.dims[1] < s.num_experts) {
+      return Status::invalid("router_probs: has " + std::to_string(logits.dims[1]) +
+                             " expert columns but fc1_experts_weights holds " +
+                             std::to_string(s.num_experts) +
+                             " experts; expected at least as many columns as experts");
+    }
+    if (logits.dims[1] > s.num_experts) {
+      s.local_experts = s.num_experts;
+      s.num_experts = logits.dims[1];
     }
   }
+  s.first_expert = options.first_expert;
 
   // Weights.
   w.fc1 = {fc1w, in[kOrtFc1Scales], in[kOrtFc1Bias], in[kOrtFc1ZeroPoints], in[kOrtFc1GlobalScale]};

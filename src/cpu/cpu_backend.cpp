@@ -11,6 +11,11 @@
 //   combine            per token: sum_j w_j * y[route j] in slot order, in fp32, cast to the dtype
 // Rows of h, act and y are indexed by a route's position in expert order, so an expert's routes
 // are contiguous.
+//
+// Local experts (LayerSpec::first_expert, local_experts): route() still runs over all E, but only
+// the held experts are touched; as the held range is contiguous, so are its routes' positions
+// [expert_offsets[first], expert_offsets[first + L]). The combine skips the other routes and keeps
+// the slot order, so a fixed shard count gives the same bits whatever the thread count.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -63,7 +68,7 @@ struct Fc {
 class CpuLayer final : public PreparedLayer {
  public:
   CpuLayer(const LayerSpec& spec, const LayerWeights& w, int threads)
-      : spec_(spec), router_bias_(w.router_bias), pool_(threads) {
+      : spec_(spec), first_expert_(spec.first_expert), router_bias_(w.router_bias), pool_(threads) {
     init_fc(&fc1_, spec.fc1, w.fc1, spec.fc1_rows(), spec.hidden);
     init_fc(&fc2_, spec.fc2, w.fc2, spec.hidden, spec.inter);
     if (spec.has_fc3()) init_fc(&fc3_, spec.fc3, w.fc3, spec.inter, spec.hidden);
@@ -118,12 +123,12 @@ class CpuLayer final : public PreparedLayer {
     fc->k = k;
     if (f.info().kind == FormatKind::kFp4 && f.fp4_layout == Fp4Layout::kNPacked) {
       // Reading a row of the N-packed layout is a strided gather; repack once, exactly.
-      fc->repacked.resize(static_cast<size_t>(spec_.num_experts * n * k / 2));
-      fp4_repack(Fp4Layout::kNPacked, static_cast<const uint8_t*>(w.weight.data), spec_.num_experts,
-                 n, k, fc->repacked.data());
+      const int64_t experts = spec_.weight_experts();
+      fc->repacked.resize(static_cast<size_t>(experts * n * k / 2));
+      fp4_repack(Fp4Layout::kNPacked, static_cast<const uint8_t*>(w.weight.data), experts, n, k,
+                 fc->repacked.data());
       fc->format.fp4_layout = Fp4Layout::kKPacked;
-      fc->weights.weight =
-          TensorView(fc->repacked.data(), DType::kU8, {spec_.num_experts, n, k / 2});
+      fc->weights.weight = TensorView(fc->repacked.data(), DType::kU8, {experts, n, k / 2});
     }
   }
 
@@ -136,14 +141,15 @@ class CpuLayer final : public PreparedLayer {
     const int64_t chunks = (fc.n + kRowsPerTask - 1) / kRowsPerTask;
     pool_.parallel_for(n_touched * chunks, [&](int64_t task, int worker) {
       const int e = touched[task / chunks];
+      const int64_t we = e - first_expert_;  // the expert's index in the weight tensors
       const int64_t row0 = (task % chunks) * kRowsPerTask;
       const int64_t row1 = std::min(fc.n, row0 + kRowsPerTask);
       float* row = reinterpret_cast<float*>(rowbufs + worker * rowbuf_stride);
       const int32_t p0 = maps.expert_offsets[e], p1 = maps.expert_offsets[e + 1];
       const TensorView& bias = fc.weights.bias;
       for (int64_t n = row0; n < row1; ++n) {
-        dequantize_row<float>(fc.format, fc.weights, fc.n, fc.k, e, n, row);
-        const float b = bias.present() ? load_float(bias.data, bias.dtype, e * fc.n + n) : 0.0f;
+        dequantize_row<float>(fc.format, fc.weights, fc.n, fc.k, we, n, row);
+        const float b = bias.present() ? load_float(bias.data, bias.dtype, we * fc.n + n) : 0.0f;
         for (int32_t p = p0; p < p1; ++p) {
           out[p * fc.n + n] = scale_of(p) * dot(row, input_of(p), fc.k) + b;
         }
@@ -152,6 +158,7 @@ class CpuLayer final : public PreparedLayer {
   }
 
   LayerSpec spec_;
+  int64_t first_expert_ = 0;
   TensorView router_bias_;
   Fc fc1_, fc2_, fc3_;
   ThreadPool pool_;
@@ -193,7 +200,8 @@ Status CpuLayer::run(const RunInputs& in, const MutableTensorView& out, void* wo
   QMOE_RETURN_IF_ERROR(route(spec_, in, router_bias_, &maps));
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
   int64_t n_touched = 0;
-  for (int64_t e = 0; e < spec_.num_experts; ++e) {
+  const int64_t e0 = first_expert_, e1 = first_expert_ + spec_.weight_experts();
+  for (int64_t e = e0; e < e1; ++e) {
     if (maps.expert_counts[e] > 0) touched[n_touched++] = static_cast<int32_t>(e);
   }
   const double route_us = micros_since(t0);
@@ -213,8 +221,9 @@ Status CpuLayer::run(const RunInputs& in, const MutableTensorView& out, void* wo
   if (spec_.has_fc3()) {
     run_fc(fc3_, maps, touched, n_touched, rowbufs, l.rowbuf_stride, h3, token_input, input_scale);
   }
-  const int64_t routes = tokens * slots;
-  pool_.parallel_for(routes, [&](int64_t p, int) {
+  const int64_t p0 = maps.expert_offsets[e0], p1 = maps.expert_offsets[e1];  // held routes
+  pool_.parallel_for(p1 - p0, [&](int64_t i, int) {
+    const int64_t p = p0 + i;
     apply_activation(spec_.activation, I, h + p * N1, h3 + p * I, act + p * I);
   });
   const double fc1_us = micros_since(t1);
@@ -231,6 +240,7 @@ Status CpuLayer::run(const RunInputs& in, const MutableTensorView& out, void* wo
       float acc = 0.0f;
       for (int j = 0; j < slots; ++j) {
         const int64_t r = t * slots + j;
+        if (maps.expert_ids[r] < e0 || maps.expert_ids[r] >= e1) continue;  // another shard's
         const float v = y[static_cast<int64_t>(maps.route_position[r]) * H + c];
         acc += scale_input ? v : maps.weights[r] * v;
       }

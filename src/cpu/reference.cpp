@@ -96,21 +96,22 @@ Status reference_forward(const LayerSpec& s, const LayerWeights& w, const RunInp
   auto worker = [&] {
     std::vector<double> xin(H), h(N1), h3(I), a(I);
     for (;;) {
-      const int64_t e = next.fetch_add(1);
-      if (e >= s.num_experts) return;
+      const int64_t we = next.fetch_add(1);  // index in the weights; router index e
+      if (we >= s.weight_experts()) return;
+      const int64_t e = s.first_expert + we;
       if (maps.expert_counts[e] == 0) continue;
-      const auto w1 = dequantize_expert(s.fc1, w.fc1, N1, H, e);
-      const auto w2 = dequantize_expert(s.fc2, w.fc2, H, I, e);
+      const auto w1 = dequantize_expert(s.fc1, w.fc1, N1, H, we);
+      const auto w2 = dequantize_expert(s.fc2, w.fc2, H, I, we);
       std::vector<double> w3;
-      if (s.has_fc3()) w3 = dequantize_expert(s.fc3, w.fc3, I, H, e);
+      if (s.has_fc3()) w3 = dequantize_expert(s.fc3, w.fc3, I, H, we);
       for (int32_t p = maps.expert_offsets[e]; p < maps.expert_offsets[e + 1]; ++p) {
         const int64_t r = maps.permuted_route[p];
         const int64_t t = r / slots;
         const double scale =
             s.routing.combine == CombineMode::kScaleInput ? double(maps.weights[r]) : 1.0;
         for (int64_t c = 0; c < H; ++c) xin[c] = scale * x[t * H + c];
-        matvec(w1, w.fc1.bias, e, N1, H, xin.data(), h.data());
-        if (s.has_fc3()) matvec(w3, w.fc3.bias, e, I, H, xin.data(), h3.data());
+        matvec(w1, w.fc1.bias, we, N1, H, xin.data(), h.data());
+        if (s.has_fc3()) matvec(w3, w.fc3.bias, we, I, H, xin.data(), h3.data());
         for (int64_t i = 0; i < I; ++i) {
           double gate = h[i], lin = 0;
           if (s.activation.gated()) {
@@ -128,7 +129,7 @@ Status reference_forward(const LayerSpec& s, const LayerWeights& w, const RunInp
           }
           a[i] = activate(s.activation, gate, lin);
         }
-        matvec(w2, w.fc2.bias, e, H, I, a.data(), y_route.data() + r * H);
+        matvec(w2, w.fc2.bias, we, H, I, a.data(), y_route.data() + r * H);
       }
     }
   };
@@ -143,6 +144,7 @@ Status reference_forward(const LayerSpec& s, const LayerWeights& w, const RunInp
   for (int64_t t = 0; t < tokens; ++t) {
     for (int j = 0; j < slots; ++j) {
       const int64_t r = t * slots + j;
+      if (!s.holds_expert(maps.expert_ids[r])) continue;  // another shard's expert
       const double wt = s.routing.combine == CombineMode::kScaleInput ? 1.0 : maps.weights[r];
       for (int64_t c = 0; c < H; ++c) (*out)[t * H + c] += wt * y_route[r * H + c];
     }

@@ -13,7 +13,7 @@ namespace {
 constexpr const char* kKnownKeys =
     "qmoe.format_version, qmoe.ort_semantics, qmoe.routing_method, qmoe.n_group, "
     "qmoe.topk_group, qmoe.routed_scaling_factor, qmoe.sparse_mixer_eps, qmoe.tie_break, "
-    "qmoe.combine, qmoe.fp4_layout";
+    "qmoe.combine, qmoe.fp4_layout, qmoe.num_experts, qmoe.first_expert";
 
 std::string float_string(float v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -26,11 +26,11 @@ Status bad_value(const std::string& key, const std::string& expected, const std:
   return Status::invalid("metadata " + key + ": expected " + expected + ", got '" + v + "'");
 }
 
-Status parse_int(const std::string& key, const std::string& v, int* out) {
+Status parse_int(const std::string& key, const std::string& v, int* out, int lowest = 1) {
   char* end = nullptr;
   const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < 1 || x > (1 << 20)) {
-    return bad_value(key, "a positive integer", v);
+  if (v.empty() || *end != '\0' || x < lowest || x > (1 << 20)) {
+    return bad_value(key, lowest == 0 ? "an integer >= 0" : "a positive integer", v);
   }
   *out = static_cast<int>(x);
   return Status::ok();
@@ -128,6 +128,11 @@ Status parse_layer_extensions(const std::map<std::string, std::string>& metadata
       QMOE_RETURN_IF_ERROR(parse_choice(key, v, "n_packed", Fp4Layout::kNPacked, "k_packed",
                                         Fp4Layout::kKPacked, &e.fp4_layout));
       e.has_fp4_layout = true;
+    } else if (key == "qmoe.num_experts") {
+      QMOE_RETURN_IF_ERROR(parse_int(key, v, &e.num_experts));
+      e.has_num_experts = true;
+    } else if (key == "qmoe.first_expert") {
+      QMOE_RETURN_IF_ERROR(parse_int(key, v, &e.first_expert, 0));
     } else {
       return Status::invalid("metadata: unknown key '" + key + "' (known qmoe keys: " + kKnownKeys +
                              ")");
@@ -146,6 +151,11 @@ void apply_layer_extensions(const LayerFileExtensions& e, LayerSpec* spec) {
   if (e.has_eps) r.sparse_mixer_eps = e.sparse_mixer_eps;
   if (e.has_ties) r.ties = e.ties;
   if (e.has_combine) r.combine = e.combine;
+  if (e.has_num_experts && e.num_experts != spec->num_experts) {
+    spec->local_experts = spec->num_experts;
+    spec->num_experts = e.num_experts;
+  }
+  spec->first_expert = e.first_expert;
 }
 
 Status ort_attributes_for_spec(const LayerSpec& s, OrtQMoEAttributes* out) {
@@ -195,6 +205,10 @@ std::map<std::string, std::string> layer_extension_keys(const LayerSpec& s) {
   }
   if (r.method == RoutingMethod::kSparseMixer) {
     m["qmoe.sparse_mixer_eps"] = float_string(r.sparse_mixer_eps);
+  }
+  if (s.sharded() || s.first_expert != 0) {
+    m["qmoe.num_experts"] = std::to_string(s.num_experts);
+    m["qmoe.first_expert"] = std::to_string(s.first_expert);
   }
   if (s.fc1.info().kind == FormatKind::kFp4) {
     m["qmoe.fp4_layout"] = s.fc1.fp4_layout == Fp4Layout::kKPacked ? "k_packed" : "n_packed";

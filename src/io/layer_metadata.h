@@ -26,6 +26,9 @@ struct LayerFileExtensions {
   TieBreak ties = TieBreak::kLowerIndex;
   CombineMode combine = CombineMode::kScaleOutput;
   Fp4Layout fp4_layout = Fp4Layout::kNPacked;
+  // Local experts: the router's expert count and the first held expert (0 when absent).
+  bool has_num_experts = false;
+  int num_experts = 0, first_expert = 0;
 };
 
 // Parses every key starting with "qmoe."; an unknown qmoe.* key or a bad value is an error naming
@@ -33,7 +36,8 @@ struct LayerFileExtensions {
 Status parse_layer_extensions(const std::map<std::string, std::string>& metadata,
                               LayerFileExtensions* out);
 
-// Applies the routing fields to spec (after layer_from_ort built it).
+// Applies the routing and local-expert fields to spec (after layer_from_ort built it, with E from
+// FC1: with qmoe.num_experts, FC1's count becomes local_experts).
 void apply_layer_extensions(const LayerFileExtensions& ext, LayerSpec* spec);
 
 // The ORT attributes that describe spec, or kUnsupported naming what they cannot express.

@@ -141,6 +141,37 @@ def test_from_ort_and_layer_file_agree(rng, tmp_path):
     assert info["backend"] == "cpu" and info["top_k"] == K and info["workspace_bytes"] > 0
 
 
+def test_local_expert_shards_sum_to_the_whole_layer(rng, tmp_path):
+    """A shard holds experts [first_expert, first_expert + local_experts) and returns its partial
+    sum; layer files of the shards, run in turn, add up to the whole layer."""
+    tensors = _ort_tensors(rng, "int4", 64)
+    attrs = {"k": K, "activation_type": "swiglu", "swiglu_fusion": 2,
+             "normalize_routing_weights": 1, "expert_weight_bits": 4, "block_size": 64,
+             "quant_type": "int"}
+    whole = qmoe.Layer.from_ort(attrs, tensors)
+    assert (whole.spec.first_expert, whole.spec.local_experts) == (0, 0)
+    x, logits = make_inputs(rng, t=16)
+    total = np.zeros((16, H))
+    for first, count in ((0, 3), (3, 5)):
+        spec = whole.spec
+        spec.first_expert, spec.local_experts = first, count
+        assert spec.weight_experts == count
+        part = {name: (np.ascontiguousarray(arr[first:first + count]), dt)  # (array, dtype)
+                for name, (arr, dt) in tensors.items()}
+        path = tmp_path / f"shard{first}.safetensors"
+        qmoe.save_layer_file(path, spec, part)
+        shard = qmoe.Layer.from_file(path)
+        assert (shard.spec.num_experts, shard.spec.first_expert) == (E, first)
+        y = shard.run(x, logits)
+        assert rel(y, shard.reference(x, logits)) < 1e-5
+        total += y
+    assert rel(total, whole.reference(x, logits)) < 1e-5
+    bad = whole.spec
+    bad.first_expert, bad.local_experts = 6, 4
+    with pytest.raises(qmoe.Error, match="first_expert: expected 0 <= first_expert"):
+        bad.check()
+
+
 def test_spec_objects_and_enums():
     s = qmoe.make_spec(H, I, E, top_k=2, format="int4", block_size=64, routing="topk_softmax",
                        dtype="bf16", n_group=1)

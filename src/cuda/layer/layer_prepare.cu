@@ -315,6 +315,11 @@ GemmChoice gemm_choice(const std::string& gemm) {
 
 // What the GPU path cannot run, checked before anything is uploaded.
 Status check_cuda_support(const LayerSpec& spec) {
+  if (spec.sharded() || spec.first_expert != 0) {
+    return Status::unsupported(
+        "first_expert/local_experts: the CUDA backend runs only layers that "
+        "hold all num_experts experts (local experts: CPU backend only)");
+  }
   if (spec.num_experts > kGeneralMaxExperts) {
     return Status::unsupported("num_experts: the CUDA backend routes up to " +
                                std::to_string(kGeneralMaxExperts) + " experts, got " +
