@@ -1,8 +1,8 @@
 // The fused decode kernel's launcher (see fused_decode.h): which layers it takes, the slice width,
-// the shared-memory geometry, the cooperative launch, and the turn from runtime widths into
+// the shared-memory geometry and the grid (planned once per layer and token count), the
+// cooperative launch, and the turn from runtime widths into
 // template arguments (fused_kernel_for, one file per width).
 #include <algorithm>
-#include <mutex>
 #include <string>
 
 #include "cuda/common/cuda_check.h"
@@ -89,19 +89,6 @@ constexpr size_t kSmemBudget = 96 * 1024;
 
 bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-FusedShape shape_of(const FusedDecodeArgs& a) {
-  FusedShape sh;
-  sh.fc1 = a.fc1.shape;
-  sh.fc2 = a.fc2.shape;
-  sh.zp1 = a.fc1.zero_points != nullptr;
-  sh.zp2 = a.fc2.zero_points != nullptr;
-  sh.experts = a.experts;
-  sh.slots = a.slots;
-  sh.hidden = a.hidden;
-  sh.inter = a.inter;
-  return sh;
-}
-
 }  // namespace
 
 bool fused_decode_supports(const FusedShape& sh, DType act_dtype) {
@@ -157,19 +144,36 @@ Status prepare_fused_decode() {
   return Status::ok();
 }
 
-Status fused_decode_max_ctas(int* ctas) {
-  int device = 0, sms = 0;
+Status plan_fused_decode(const FusedShape& sh, DType act_dtype, int tokens, int grid_cap,
+                         FusedLaunch* out) {
+  if (tokens < 1 || tokens > kFusedDecodeMaxTokens || !fused_decode_supports(sh, act_dtype)) {
+    return Status::invalid("fused decode: no kernel for this layer at " + std::to_string(tokens) +
+                           " tokens (fused_decode_supports, 1.." +
+                           std::to_string(kFusedDecodeMaxTokens) + " tokens)");
+  }
+  FusedLaunch p;
+  p.geo = fused_geometry(sh, tokens, fused_decode_units(sh, tokens));
+  p.kernel = kernel_for(sh.fc1.bits, act_dtype == DType::kBF16, p.geo.spb);
+  if (p.kernel == nullptr || p.geo.smem > kSmemBudget) {
+    return Status::invalid("fused decode: no kernel for this layer (fused_decode_supports)");
+  }
+  int device = 0, sms = 0, per_sm = 0;
   QMOE_CUDA_TRY(cudaGetDevice(&device));
   QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  *ctas = 2 * sms;  // __launch_bounds__(kThreads, 2) and the shared-memory budget: at most two
+  QMOE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, kFusedWarps * 32,
+                                                              p.geo.smem));
+  if (per_sm < 1) return Status::internal("fused decode: the kernel does not fit a multiprocessor");
+  // __launch_bounds__(kThreads, 2) and the shared-memory budget: at most two per SM.
+  p.grid = sms * std::min(per_sm, 2);
+  if (grid_cap > 0) p.grid = std::min(p.grid, grid_cap);
+  *out = p;
   return Status::ok();
 }
 
-Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t stream,
-                           int* ctas_used) {
-  if (a.tokens < 1 || a.tokens > kFusedDecodeMaxTokens) {
+Status launch_fused_decode(const FusedDecodeArgs& a, const FusedLaunch& plan, cudaStream_t stream) {
+  if (plan.kernel == nullptr || a.tokens < 1 || a.tokens > kFusedDecodeMaxTokens) {
     return Status::invalid("fused decode: tokens must be 1.." +
-                           std::to_string(kFusedDecodeMaxTokens) + ", got " +
+                           std::to_string(kFusedDecodeMaxTokens) + " with a plan, got " +
                            std::to_string(a.tokens));
   }
   if (a.x == nullptr || a.out == nullptr || a.partial == nullptr || a.logits == nullptr ||
@@ -180,26 +184,10 @@ Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
     return Status::invalid("fused decode: input must be 16-byte aligned");
   }
-  const FusedShape sh = shape_of(a);
-  const FusedGeometry geo = fused_geometry(sh, a.tokens, fused_decode_units(sh, a.tokens));
-  const void* kernel = kernel_for(a.fc1.shape.bits, a.dtype == DType::kBF16, geo.spb);
-  if (kernel == nullptr || geo.smem > kSmemBudget) {
-    return Status::invalid("fused decode: no kernel for this layer (fused_decode_supports)");
-  }
-  int device = 0, sms = 0, per_sm = 0;
-  QMOE_CUDA_TRY(cudaGetDevice(&device));
-  QMOE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  QMOE_CUDA_TRY(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFusedWarps * 32, geo.smem));
-  if (per_sm < 1) return Status::internal("fused decode: the kernel does not fit a multiprocessor");
-  int grid = sms * std::min(per_sm, 2);
-  if (grid_ctas > 0) grid = std::min(grid, grid_ctas);
-  if (ctas_used != nullptr) *ctas_used = grid;
-
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
+  cfg.gridDim = dim3(plan.grid);
   cfg.blockDim = dim3(kFusedWarps * 32);
-  cfg.dynamicSmemBytes = geo.smem;
+  cfg.dynamicSmemBytes = plan.geo.smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
@@ -207,9 +195,9 @@ Status launch_fused_decode(const FusedDecodeArgs& a, int grid_ctas, cudaStream_t
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   FusedDecodeArgs args = a;
-  FusedGeometry g = geo;
+  FusedGeometry g = plan.geo;
   void* params[] = {&args, &g};
-  QMOE_CUDA_TRY(cudaLaunchKernelExC(&cfg, kernel, params));
+  QMOE_CUDA_TRY(cudaLaunchKernelExC(&cfg, plan.kernel, params));
   QMOE_CUDA_CHECK_LAUNCH("fused_decode_kernel");
   return Status::ok();
 }

@@ -104,16 +104,36 @@ int fused_decode_units(const FusedShape& shape, int tokens);
 // The workspace the partial sums take (256-byte multiple).
 size_t fused_decode_workspace_bytes(const FusedShape& shape, int tokens);
 
+// Byte offsets into the dynamic shared memory and the strides (fused_decode_kernel.cuh draws it).
+struct FusedGeometry {
+  int units = 0, slices = 0;
+  int ld1 = 0, lda = 0, zrow_len = 0;
+  int nbp1 = 1, cpb1 = 1;  // FC1: scale blocks per row (whole K), chunks per block
+  int nbs2 = 1, cpb2 = 1;  // FC2: scale blocks per row of a slice, chunks per block
+  int off_xs = 0, off_zrow = 0, off_acts = 0, off_sc1 = 0, off_zs1 = 0, off_sc2 = 0, off_zs2 = 0;
+  size_t smem = 0;
+  int spb = 0;  // steps per scale block when blocks are shorter than a chunk, else 0
+};
+
+// What a call of one token count launches on one device: derived once per layer and token count
+// at prepare (plan_fused_decode), so that a call only fills in its pointers.
+struct FusedLaunch {
+  const void* kernel = nullptr;
+  int grid = 0;  // CTAs: as many as the device holds at once (two per SM), or fewer (grid_cap)
+  FusedGeometry geo;
+};
+
 // Once per device, outside capture: the instantiations' shared-memory opt-in.
 Status prepare_fused_decode();
 
-// The most CTAs a call runs on this device (the size of the stamps buffer, per kFusedStamps).
-Status fused_decode_max_ctas(int* ctas);
+// The launch of a call of `tokens` on the current device; grid_cap > 0 caps its CTAs (tests of
+// grid independence). kInvalidArgument where fused_decode_supports() is false.
+Status plan_fused_decode(const FusedShape& shape, DType act_dtype, int tokens, int grid_cap,
+                         FusedLaunch* out);
 
-// Launches the call on `stream` (asynchronous, capturable). grid_ctas: 0 for as many CTAs as the
-// device holds at once; otherwise that many (at most that), for tests of grid independence.
-// *ctas_used (optional): the grid launched.
-Status launch_fused_decode(const FusedDecodeArgs& args, int grid_ctas, cudaStream_t stream,
-                           int* ctas_used = nullptr);
+// Launches the call planned by `plan` (plan_fused_decode for args.tokens) on `stream`:
+// asynchronous, capturable, no device query.
+Status launch_fused_decode(const FusedDecodeArgs& args, const FusedLaunch& plan,
+                           cudaStream_t stream);
 
 }  // namespace qmoe::cuda

@@ -208,7 +208,10 @@ class CudaLayer final : public PreparedLayer {
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
-  FusedShape fused_shape_;
+  // The fused kernel's part of every call's arguments (weights, routing spec, shapes) and its
+  // launch per token count, [0, F] (entry 0 unused): derived once, at plan_fused().
+  FusedDecodeArgs fused_args_;
+  std::vector<FusedLaunch> fused_plans_;
   int64_t fused_max_tokens_ = 0;  // 0: the fused kernel does not take this layer
   int fused_grid_ctas_ = 0;       // PrepareOptions::fused_grid_ctas (0: as many as fit)
   DeviceBuffer fused_stamps_;     // profiled calls only (they take turns: profile_mu_)

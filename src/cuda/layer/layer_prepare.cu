@@ -84,7 +84,6 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  QMOE_RETURN_IF_ERROR(plan_fused());
   QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &mixed1_));
   QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &mixed2_));
   if (spec_.has_fc3()) {
@@ -92,6 +91,7 @@ Status CudaLayer::init(const LayerWeights& w) {
   }
   const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
+  QMOE_RETURN_IF_ERROR(plan_fused());  // after error_: its arguments hold the record
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
   QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
   return Status::ok();
@@ -279,12 +279,38 @@ Status CudaLayer::plan_fused() {
   f.inter = spec_.inter;
   if (!fused_decode_supports(f, cdt_)) return Status::ok();
   QMOE_RETURN_IF_ERROR(prepare_fused_decode());
-  fused_shape_ = f;
-  fused_max_tokens_ = kFusedDecodeMaxTokens;
-  fused_ws_.assign(static_cast<size_t>(fused_max_tokens_) + 1, 0);
-  for (int t = 1; t <= fused_max_tokens_; ++t) {
+  fused_plans_.assign(static_cast<size_t>(kFusedDecodeMaxTokens) + 1, FusedLaunch{});
+  fused_ws_.assign(static_cast<size_t>(kFusedDecodeMaxTokens) + 1, 0);
+  for (int t = 1; t <= kFusedDecodeMaxTokens; ++t) {
+    QMOE_RETURN_IF_ERROR(plan_fused_decode(f, cdt_, t, fused_grid_ctas_, &fused_plans_[t]));
     fused_ws_[t] = std::max(fused_ws_[t - 1], fused_decode_workspace_bytes(f, t));
   }
+  FusedDecodeArgs& a = fused_args_;
+  a.routing = spec_.routing;
+  a.experts = f.experts;
+  a.slots = f.slots;
+  a.router_bias = router_bias_;
+  auto fc = [](const MmaPackShape& shape, const uint32_t* packed, const uint8_t* scales,
+               DType scale_dtype, const uint8_t* zp, const DeviceFc& d) {
+    FusedFc out;
+    out.shape = shape;
+    out.packed = packed;
+    out.scales = scales;
+    out.scale_dtype = scale_dtype;
+    out.zero_points = zp;
+    out.bias = d.bias;
+    out.bias_dtype = d.bias_dtype;
+    return out;
+  };
+  a.fc1 = fc(pack1_, packed1_, tiled_scales1_, spec_.fc1.scale_dtype, tiled_zp1_, fc1_);
+  a.fc2 = fc(pack2_, packed2_, tiled_scales2_, spec_.fc2.scale_dtype, tiled_zp2_, fc2_);
+  a.dtype = cdt_;
+  a.act = spec_.activation;
+  a.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
+  a.hidden = spec_.hidden;
+  a.inter = spec_.inter;
+  a.error = error_.as<int32_t>();
+  fused_max_tokens_ = kFusedDecodeMaxTokens;
   return Status::ok();
 }
 

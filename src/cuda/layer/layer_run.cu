@@ -61,47 +61,24 @@ __global__ void take_error_kernel(int32_t* error) {
 
 Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l,
                             char* ws, int64_t tokens, cudaStream_t stream, RunProfile* profile) {
-  FusedDecodeArgs a;
-  a.routing = spec_.routing;
-  a.experts = static_cast<int>(spec_.num_experts);
-  a.slots = spec_.slots();
+  // The layer's part comes from plan_fused(); a call adds its tokens and pointers.
+  FusedDecodeArgs a = fused_args_;
   a.tokens = static_cast<int>(tokens);
   a.logits = in.router_logits.data;
   a.logits_dtype = in.router_logits.dtype;
   a.router_weights = in.router_weights.data;
   a.rw_dtype = in.router_weights.present() ? in.router_weights.dtype : DType::kF32;
-  a.router_bias = router_bias_;
-  auto fc = [](const MmaPackShape& shape, const uint32_t* packed, const uint8_t* scales,
-               DType scale_dtype, const uint8_t* zp, const DeviceFc& d) {
-    FusedFc f;
-    f.shape = shape;
-    f.packed = packed;
-    f.scales = scales;
-    f.scale_dtype = scale_dtype;
-    f.zero_points = zp;
-    f.bias = d.bias;
-    f.bias_dtype = d.bias_dtype;
-    return f;
-  };
-  a.fc1 = fc(pack1_, packed1_, tiled_scales1_, spec_.fc1.scale_dtype, tiled_zp1_, fc1_);
-  a.fc2 = fc(pack2_, packed2_, tiled_scales2_, spec_.fc2.scale_dtype, tiled_zp2_, fc2_);
-  a.dtype = cdt_;
-  a.act = spec_.activation;
-  a.scale_input = spec_.routing.combine == CombineMode::kScaleInput;
-  a.hidden = spec_.hidden;
-  a.inter = spec_.inter;
   a.x = in.input.data;
   a.out = out.data;
   a.out_dtype = out.dtype;
   a.partial = reinterpret_cast<float*>(ws + l.fused);
-  a.error = error_.as<int32_t>();
-  if (profile == nullptr) return launch_fused_decode(a, fused_grid_ctas_, stream);
-  int max_ctas = 0, ctas = 0;
-  QMOE_RETURN_IF_ERROR(fused_decode_max_ctas(&max_ctas));
-  const size_t bytes = sizeof(unsigned long long) * kFusedStamps * static_cast<size_t>(max_ctas);
+  const FusedLaunch& plan = fused_plans_[static_cast<size_t>(tokens)];
+  if (profile == nullptr) return launch_fused_decode(a, plan, stream);
+  const int ctas = plan.grid;
+  const size_t bytes = sizeof(unsigned long long) * kFusedStamps * static_cast<size_t>(ctas);
   if (fused_stamps_.bytes() < bytes) QMOE_RETURN_IF_ERROR(fused_stamps_.allocate(bytes));
   a.stamps = fused_stamps_.as<unsigned long long>();
-  QMOE_RETURN_IF_ERROR(launch_fused_decode(a, fused_grid_ctas_, stream, &ctas));
+  QMOE_RETURN_IF_ERROR(launch_fused_decode(a, plan, stream));
   std::vector<unsigned long long> t(static_cast<size_t>(ctas) * kFusedStamps);
   QMOE_CUDA_TRY(
       cudaMemcpyAsync(t.data(), a.stamps, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost, stream));
