@@ -368,6 +368,33 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
   }
 }
 
+// The lane's B rows for an FC: route 8 ch + g's row of `base` (stride ld) below cnt, else the zero
+// row (an mma column without a route).
+__device__ __forceinline__ void lane_rows(const uint16_t* base, int ld, int cnt,
+                                          const uint16_t* zrow, int g,
+                                          const uint16_t* (&x)[kCols]) {
+#pragma unroll
+  for (int ch = 0; ch < kCols; ++ch) {
+    const int r = 8 * ch + g;
+    x[ch] = r < cnt ? base + r * ld : zrow;
+  }
+}
+
+// Calls f(r, row_g, row_g8) for each route column r < cnt of a tile's sums the lane holds (the
+// mma's C layout: columns 8 ch + 2 t + rr, rows g and g + 8).
+template <typename F>
+__device__ __forceinline__ void for_lane_routes(const float (&acc)[kCols][4], int cnt, int t4,
+                                                const F& f) {
+#pragma unroll
+  for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = 8 * ch + 2 * t4 + rr;
+      if (r < cnt) f(r, acc[ch][rr], acc[ch][2 + rr]);
+    }
+  }
+}
+
 // The combine, after every partial sum is written. A unit is one token's 32 columns: lane c
 // takes column c, warp w the token's slots w, w + kFusedWarps, ...; each slot's value (the slices
 // summed in order, the bias, the routing weight) waits in shared memory, and warp 0 adds the slots
@@ -552,11 +579,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // 2. FC1: tiles [m1, m1_end), a warp each in turn, all of K; the activation into acts.
     const uint16_t* x1[kCols];
-#pragma unroll
-    for (int ch = 0; ch < kCols; ++ch) {
-      const int r = 8 * ch + g;
-      x1[ch] = r < cnt ? xs + r * geo.ld1 : zrow;
-    }
+    lane_rows(xs, geo.ld1, cnt, zrow, g, x1);
     const int nch = (cnt + 7) / 8;
     warp_stream<kBits, kBf16, kSpb>(
         w1, static_cast<int>(s1.chunks), m1 + warp, m1_end, m1, 0, static_cast<int>(s1.chunks), sc1,
@@ -564,49 +587,37 @@ __global__ void __launch_bounds__(kThreads, 2)
         [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
-#pragma unroll
-          for (int ch = 0; ch < kCols; ++ch) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const int r = 8 * ch + 2 * t4 + rr;
-              if (r >= cnt) continue;
-              const int route = m.perm[off + r];
-              const float scale = a.scale_input ? m.weights[route] : 1.0f;
-              auto value = [&](float dot, int64_t lr) {
-                const float b = a.fc1.bias
-                                    ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, e * fc1_rows + lr)
-                                    : 0.0f;
-                return scale * dot + b;
-              };
-              uint16_t* row = acts + r * geo.lda;
-              if (gated) {
-                if (lr0 < 0) continue;
-                const float v =
-                    gated_act(a.act, value(acc[ch][rr], lr0), value(acc[ch][2 + rr], lr1));
-                store_float(row, act_dtype, (tile - m1) * 8 + g, v);
-              } else {
-                if (lr0 >= 0) {
-                  store_float(row, act_dtype, (tile - m1) * 16 + g,
-                              scalar_act(a.act.kind, value(acc[ch][rr], lr0)));
-                }
-                if (lr1 >= 0) {
-                  store_float(row, act_dtype, (tile - m1) * 16 + g + 8,
-                              scalar_act(a.act.kind, value(acc[ch][2 + rr], lr1)));
-                }
+          for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
+            const float scale = a.scale_input ? m.weights[m.perm[off + r]] : 1.0f;
+            auto value = [&](float dot, int64_t lr) {
+              const float b =
+                  a.fc1.bias ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, e * fc1_rows + lr) : 0.0f;
+              return scale * dot + b;
+            };
+            uint16_t* row = acts + r * geo.lda;
+            if (gated) {
+              if (lr0 >= 0) {
+                store_float(row, act_dtype, (tile - m1) * 8 + g,
+                            gated_act(a.act, value(dot0, lr0), value(dot1, lr1)));
+              }
+            } else {
+              if (lr0 >= 0) {
+                store_float(row, act_dtype, (tile - m1) * 16 + g,
+                            scalar_act(a.act.kind, value(dot0, lr0)));
+              }
+              if (lr1 >= 0) {
+                store_float(row, act_dtype, (tile - m1) * 16 + g + 8,
+                            scalar_act(a.act.kind, value(dot1, lr1)));
               }
             }
-          }
+          });
         });
     __syncthreads();
     add(kStampFc1Ns);
 
     // 3. FC2: every tile, chunks [c2, c2 + nc2): partial sums of the slice.
     const uint16_t* x2[kCols];
-#pragma unroll
-    for (int ch = 0; ch < kCols; ++ch) {
-      const int r = 8 * ch + g;
-      x2[ch] = r < cnt ? acts + r * geo.lda : zrow;
-    }
+    lane_rows(acts, geo.lda, cnt, zrow, g, x2);
     float* part = a.partial + static_cast<int64_t>(s) * routes * a.hidden;
     warp_stream<kBits, kBf16, kSpb>(
         w2, static_cast<int>(s2.chunks), warp, static_cast<int>(s2.tiles), 0, c2, nc2, sc2,
@@ -614,17 +625,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
-#pragma unroll
-          for (int ch = 0; ch < kCols; ++ch) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const int r = 8 * ch + 2 * t4 + rr;
-              if (r >= cnt) continue;
-              float* y = part + static_cast<int64_t>(m.perm[off + r]) * a.hidden;
-              if (lr0 >= 0) y[lr0] = acc[ch][rr];
-              if (lr1 >= 0) y[lr1] = acc[ch][2 + rr];
-            }
-          }
+          for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
+            float* y = part + static_cast<int64_t>(m.perm[off + r]) * a.hidden;
+            if (lr0 >= 0) y[lr0] = dot0;
+            if (lr1 >= 0) y[lr1] = dot1;
+          });
         });
     if (a.stamps != nullptr) {
       __syncthreads();
