@@ -39,6 +39,16 @@ void check_fused(const LayerSpec& s, int64_t tokens, bool router_weights = false
       << layer_name(s) << ", " << tokens << " tokens, seed " << seed;
 }
 
+// A fresh small int4 bf16 layer (H 256, I 128, E 16, k 4) from `seed`, prepared with `options`.
+void prepare_small(uint64_t seed, const PrepareOptions& options, TestLayer* tl,
+                   std::unique_ptr<PreparedLayer>* layer) {
+  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
+  s.act_dtype = DType::kBF16;
+  make_layer(s, seed, tl);
+  const Status st = prepare_layer(BackendKind::kCuda, tl->spec, tl->weights, options, layer);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+}
+
 TEST(GpuFused, IntegerFormatsMatchOracle) {
   QMOE_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kInt2, WeightFormat::kInt4, WeightFormat::kInt8}) {
@@ -189,13 +199,10 @@ TEST(GpuFused, GridSizeKeepsTheBits) {
 TEST(GpuFused, GraphReplayKeepsTheBits) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
-  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
-  s.act_dtype = DType::kBF16;
   TestLayer tl;
-  make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_dispatch("fused"), &layer)
-                  .is_ok());
+  prepare_small(seed, with_dispatch("fused"), &tl, &layer);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   for (int64_t tokens : {1, 11}) check_graph_replay(tl, layer.get(), tokens, seed, 3);
 }
 
@@ -203,12 +210,10 @@ TEST(GpuFused, GraphReplayKeepsTheBits) {
 TEST(GpuFused, DispatchOffersItWhereItRuns) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
-  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
-  s.act_dtype = DType::kBF16;
   TestLayer tl;
-  make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer).is_ok());
+  prepare_small(seed, {}, &tl, &layer);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
   auto offers = [&](int64_t t) {
     for (const std::string& c : layer->dispatch_candidates(t)) {
       if (c == "fused") return true;
@@ -233,13 +238,11 @@ TEST(GpuFused, DispatchOffersItWhereItRuns) {
 TEST(GpuFused, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
-  LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 16, 4);
-  s.act_dtype = DType::kBF16;
   TestLayer tl;
-  make_layer(s, seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, with_dispatch("fused"), &layer)
-                  .is_ok());
+  prepare_small(seed, with_dispatch("fused"), &tl, &layer);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  const LayerSpec& s = tl.spec;
   TestInputs ti;
   make_inputs(tl.spec, 6, seed, false, &ti);
   store_float(ti.x.data(), DType::kBF16, 4 * s.hidden + 9, std::numeric_limits<float>::infinity());
