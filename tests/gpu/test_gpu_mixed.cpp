@@ -1,10 +1,12 @@
 // The generic path on CUTLASS's mixed-input grouped GEMM (PrepareOptions::gemm = "cutlass", the
-// default: INT4 codes converted in registers, no dequantize pass) against the fp64 oracle and the
+// default: codes converted in registers, no dequantize pass) against the fp64 oracle and the
 // dequantize path ("cutlass-dequant") on the same inputs: within the dtype's budget and within
-// twice the dequantize path's error, at b128, b64, b256 and per channel, f32 and activation-dtype
-// scales, odd token counts and experts without routes, with a separate FC3, and FCs the kernel
-// leaves to the dequantize path beside it. Graph replay bitwise equal to eager; the output
-// independent of the workspace's poison; the prepared copy checked on the host.
+// twice the dequantize path's error. Every kind of cutlass_mixed.h: symmetric INT4 at b128, b64,
+// b256 and per channel, f32 and activation-dtype scales; INT4 and INT8 with zero points; INT8
+// without; fp8 and fp8_block (with DeepSeek-V3's separate FC3). Odd token counts and experts
+// without routes, FCs the kernel leaves to the dequantize path beside it. Graph replay bitwise
+// equal to eager; the output independent of the workspace's poison; the prepared copy checked on
+// the host against the library's own dequantizer.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,18 +17,29 @@
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "gpu_layer_harness.h"
+#include "qmoe/quantize.h"
 
 namespace qmoe::test {
 namespace {
 
-LayerSpec int4_spec(DType dt, int64_t h, int64_t i, int64_t e, int k, int block, DType scale) {
-  LayerSpec s = small_spec(WeightFormat::kInt4, h, i, e, k);
+LayerSpec spec_of(WeightFormat w, DType dt, int64_t h, int64_t i, int64_t e, int k, int block,
+                  DType scale, bool zero_points = false) {
+  LayerSpec s = small_spec(w, h, i, e, k);
   s.act_dtype = dt;
   for (FcFormat* f : {&s.fc1, &s.fc2, &s.fc3}) {
     f->block_size = block;
     f->scale_dtype = scale;
+    f->zero_points = zero_points;
   }
   return s;
+}
+
+LayerSpec int4_spec(DType dt, int64_t h, int64_t i, int64_t e, int k, int block, DType scale) {
+  return spec_of(WeightFormat::kInt4, dt, h, i, e, k, block, scale);
+}
+
+cuda::MixedCodes kind_of(const LayerSpec& s, const FcFormat& f, int64_t n, int64_t k) {
+  return cuda::mixed_codes_for(f, s.act_dtype, n, k);
 }
 
 // Runs one layer and inputs through both GEMM choices; both within the budget, the mixed-input
@@ -79,6 +92,46 @@ TEST(GpuMixedLayer, OtherBlocksAndScaleDtypes) {
   }
 }
 
+// INT4 and INT8 with zero points (f32 scale and zero term), INT8 without (zero point 128): blocked
+// and per channel, both dtypes.
+TEST(GpuMixedLayer, ZeroPointsAndInt8) {
+  QMOE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int block : {128, 0}) {
+      for (bool zp : {true, false}) {
+        const LayerSpec s8 = spec_of(WeightFormat::kInt8, dt, 256, 128, 16, 4, block, DType::kF32, zp);
+        ASSERT_EQ(kind_of(s8, s8.fc1, s8.fc1_rows(), s8.hidden), cuda::MixedCodes::kUint8);
+        check_mixed_against_dequant(s8, 300);
+      }
+      const LayerSpec s4 =
+          spec_of(WeightFormat::kInt4, dt, 256, 128, 16, 4, block, DType::kF16, true);
+      ASSERT_EQ(kind_of(s4, s4.fc1, s4.fc1_rows(), s4.hidden), cuda::MixedCodes::kInt4Zero);
+      check_mixed_against_dequant(s4, 333);
+    }
+    check_mixed_against_dequant(
+        spec_of(WeightFormat::kInt8, dt, 256, 128, 64, 2, 64, DType::kBF16, true), 7);
+  }
+}
+
+// fp8 (one global scale per expert) and fp8_block b128, with FC1 and the gate in one tensor and
+// with DeepSeek-V3's separate FC3; fp8_block's scale rows cover 128 of n's rows (n = 320 leaves a
+// partial block).
+TEST(GpuMixedLayer, Fp8AndFp8Block) {
+  QMOE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (WeightFormat w : {WeightFormat::kFp8, WeightFormat::kFp8Block}) {
+      const int block = w == WeightFormat::kFp8 ? 0 : 128;
+      const DType sdt = DType::kF32;
+      LayerSpec s = spec_of(w, dt, 256, 128, 16, 4, block, sdt);
+      ASSERT_EQ(kind_of(s, s.fc1, s.fc1_rows(), s.hidden), cuda::MixedCodes::kE4m3);
+      check_mixed_against_dequant(s, 300);
+      LayerSpec f3 = spec_of(w, dt, 384, 320, 16, 4, block, sdt);
+      f3.activation.glu = GluLayout::kSeparateFc3;
+      check_mixed_against_dequant(f3, 129);
+    }
+  }
+}
+
 // FC2 in blocks of 32 (below the K tile) runs through the dequantize pass while FC1 runs
 // mixed-input in the same call; and a separate FC3, mixed-input like FC1.
 TEST(GpuMixedLayer, MixedBesideDequantizeAndSeparateFc3) {
@@ -87,8 +140,10 @@ TEST(GpuMixedLayer, MixedBesideDequantizeAndSeparateFc3) {
     LayerSpec s = int4_spec(dt, 256, 128, 16, 4, 128, DType::kF32);
     s.fc2.block_size = 32;
     std::string why;
-    EXPECT_TRUE(cuda::mixed_int4_supported(s.fc1, dt, s.fc1_rows(), s.hidden, &why)) << why;
-    EXPECT_FALSE(cuda::mixed_int4_supported(s.fc2, dt, s.hidden, s.inter));
+    EXPECT_EQ(cuda::mixed_codes_for(s.fc1, dt, s.fc1_rows(), s.hidden, &why),
+              cuda::MixedCodes::kInt4)
+        << why;
+    EXPECT_EQ(kind_of(s, s.fc2, s.hidden, s.inter), cuda::MixedCodes::kNone);
     check_mixed_against_dequant(s, 300);
     LayerSpec f3 = int4_spec(dt, 256, 128, 16, 4, 128, DType::kF32);
     f3.activation.glu = GluLayout::kSeparateFc3;
@@ -147,29 +202,149 @@ TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
   }
 }
 
-// Which FCs the kernel takes (host-only, runs without a device).
+// Which FCs the kernel takes, and as which kind (host-only, runs without a device).
 TEST(MixedPrepare, SupportedFormats) {
+  using cuda::MixedCodes;
   FcFormat f = default_fc_format(WeightFormat::kInt4);
   for (int block : {0, 64, 128, 256}) {
     f.block_size = block;
-    EXPECT_TRUE(cuda::mixed_int4_supported(f, DType::kBF16, 256, 512)) << block;
-    EXPECT_TRUE(cuda::mixed_int4_supported(f, DType::kF16, 256, 512)) << block;
-    EXPECT_FALSE(cuda::mixed_int4_supported(f, DType::kF32, 256, 512)) << block;
+    EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4) << block;
+    EXPECT_EQ(cuda::mixed_codes_for(f, DType::kF16, 256, 512), MixedCodes::kInt4) << block;
+    EXPECT_EQ(cuda::mixed_codes_for(f, DType::kF32, 256, 512), MixedCodes::kNone) << block;
   }
   f.block_size = 32;  // below the K tile
-  EXPECT_FALSE(cuda::mixed_int4_supported(f, DType::kBF16, 256, 512));
+  std::string why;
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512, &why), MixedCodes::kNone);
+  EXPECT_NE(why.find("block size 32"), std::string::npos) << why;
   f.block_size = 128;
-  EXPECT_FALSE(cuda::mixed_int4_supported(f, DType::kBF16, 256, 320));  // 128 does not divide
-  EXPECT_FALSE(cuda::mixed_int4_supported(f, DType::kBF16, 252, 512));  // n % 8
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 320), MixedCodes::kNone);  // 128 does not divide 320
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 252, 512), MixedCodes::kNone);  // n % 8
   f.zero_points = true;
-  EXPECT_FALSE(cuda::mixed_int4_supported(f, DType::kBF16, 256, 512));
-  EXPECT_FALSE(
-      cuda::mixed_int4_supported(default_fc_format(WeightFormat::kInt8), DType::kBF16, 256, 512));
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4Zero);
+  FcFormat i8 = default_fc_format(WeightFormat::kInt8);
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 256, 512), MixedCodes::kUint8);
+  i8.zero_points = true;
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kF16, 256, 512), MixedCodes::kUint8);
+  EXPECT_EQ(cuda::mixed_codes_for(default_fc_format(WeightFormat::kFp8), DType::kBF16, 256, 512),
+            MixedCodes::kE4m3);
+  FcFormat fb = default_fc_format(WeightFormat::kFp8Block);
+  fb.block_size = 128;
+  EXPECT_EQ(cuda::mixed_codes_for(fb, DType::kBF16, 200, 512), MixedCodes::kE4m3);
+  fb.block_size = 100;
+  EXPECT_EQ(cuda::mixed_codes_for(fb, DType::kBF16, 200, 500), MixedCodes::kNone);
+  for (WeightFormat w : {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kNvFp4,
+                         WeightFormat::kMxFp4}) {
+    EXPECT_EQ(cuda::mixed_codes_for(default_fc_format(w), DType::kBF16, 256, 512),
+              MixedCodes::kNone)
+        << default_fc_format(w).to_string();
+  }
 }
 
-// The prepared copy: every code byte is its source with both nibbles' top bit flipped (the int4
-// q - 8); every scale lands exactly once, at [e, b, r] from [e, r, b], rounded to the activation
-// dtype. Scales are distinct small integers (exact in f16 and bf16) so a misplaced one shows.
+// The prepared copy of every kind, element by element against the library's dequantizer
+// (dequantize_row<float>, the documented fp32 formula) on quantized random weights: w evaluated as
+// the kernel does (q * s [+ z] in f32; kInt4: the scale rounded to the activation dtype first,
+// then the product rounded to it) equals the exact value rounded to the activation dtype. The f32
+// kinds are bitwise equal to it except where -zp * s itself rounds in f32 (one ulp of f32 before
+// the final rounding); kInt4 is within one activation-dtype rounding of the scale.
+TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
+  using cuda::MixedCodes;
+  struct Case {
+    WeightFormat w;
+    int block;
+    DType sdt;
+    bool zp;
+  };
+  const Case cases[] = {{WeightFormat::kInt4, 64, DType::kF32, false},
+                        {WeightFormat::kInt4, 0, DType::kBF16, false},
+                        {WeightFormat::kInt4, 128, DType::kF16, true},
+                        {WeightFormat::kInt4, 0, DType::kF32, true},
+                        {WeightFormat::kInt8, 128, DType::kF32, false},
+                        {WeightFormat::kInt8, 64, DType::kBF16, true},
+                        {WeightFormat::kInt8, 0, DType::kF16, true},
+                        {WeightFormat::kFp8, 0, DType::kF32, false},
+                        {WeightFormat::kFp8Block, 128, DType::kF32, false},
+                        {WeightFormat::kFp8Block, 64, DType::kBF16, false}};
+  const int64_t E = 3, n = 200, k = 256;
+  for (const Case& c : cases) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      FcFormat f = default_fc_format(c.w);
+      f.block_size = c.block;
+      if (c.w != WeightFormat::kFp8) f.scale_dtype = c.sdt;
+      f.zero_points = c.zp;
+      SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
+      const MixedCodes kind = cuda::mixed_codes_for(f, act, n, k);
+      ASSERT_NE(kind, MixedCodes::kNone);
+      QuantizedFc q;
+      make_fc(f, E, n, k, fresh_seed(), &q);
+      const FcWeights w = q.view();
+      cuda::MixedCopy copy;
+      cuda::mixed_prepare(kind, f, act, E, n, k, static_cast<const uint8_t*>(w.weight.data),
+                          static_cast<const uint8_t*>(w.scales.data),
+                          static_cast<const uint8_t*>(w.zero_points.data),
+                          static_cast<const float*>(w.global_scale.data), &copy);
+      const int64_t kb = k / copy.chunk;
+      ASSERT_EQ(copy.scales.size(), static_cast<size_t>(E * kb * n * cuda::mixed_scale_bytes(kind)));
+      ASSERT_EQ(copy.zeros.size(), cuda::mixed_has_zeros(kind) ? static_cast<size_t>(E * kb * n) : 0u);
+      const uint8_t* codes =
+          copy.codes.empty() ? static_cast<const uint8_t*>(w.weight.data) : copy.codes.data();
+      const auto to_act = [act](float v) {
+        return act == DType::kBF16 ? num::bf16_to_f32(num::f32_to_bf16(v))
+                                   : num::f16_to_f32(num::f32_to_f16(v));
+      };
+      std::vector<float> ref(static_cast<size_t>(k));
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < n; ++r) {
+          dequantize_row<float>(f, w, n, k, e, r, ref.data());
+          for (int64_t i = 0; i < k; ++i) {
+            const size_t at = static_cast<size_t>((e * kb + i / copy.chunk) * n + r);
+            float s;
+            float got;
+            if (kind == MixedCodes::kInt4) {
+              uint16_t h;
+              std::memcpy(&h, &copy.scales[at * 2], 2);
+              s = act == DType::kBF16 ? num::bf16_to_f32(h) : num::f16_to_f32(h);
+              const uint8_t b = codes[(e * n + r) * (k / 2) + i / 2];
+              int qs = (b >> (4 * (i & 1))) & 15;
+              if (qs >= 8) qs -= 16;
+              got = to_act(static_cast<float>(qs) * s);
+              // One rounding of the scale to act: within 2^-8 (bf16) of the exact value.
+              const float want = to_act(ref[i]);
+              ASSERT_LE(std::abs(got - want), std::abs(want) * 0.008f + 1e-30f)
+                  << "e " << e << " r " << r << " k " << i;
+              continue;
+            }
+            std::memcpy(&s, &copy.scales[at * 4], 4);
+            float x;
+            const uint8_t* row = codes + (e * n + r) * (k * cuda::mixed_code_bits(kind) / 8);
+            if (kind == MixedCodes::kInt4Zero) {
+              int qs = (row[i / 2] >> (4 * (i & 1))) & 15;
+              if (qs >= 8) qs -= 16;
+              x = static_cast<float>(qs);
+            } else if (kind == MixedCodes::kUint8) {
+              x = static_cast<float>(row[i]);
+            } else {
+              x = num::e4m3_to_f32(row[i]);
+            }
+            const float prod = x * s;
+            got = cuda::mixed_has_zeros(kind) ? prod + copy.zeros[at] : prod;
+            if (kind == MixedCodes::kE4m3 || c.sdt != DType::kF32) {
+              // Exact: e4m3 * s is the library's product; with 16-bit scales q * s and zp * s
+              // are exact in f32, so their difference is (q - zp) * s rounded once.
+              ASSERT_EQ(got, ref[i]) << "e " << e << " r " << r << " k " << i;
+            } else {
+              ASSERT_LE(std::abs(got - ref[i]), std::abs(ref[i]) * 3e-7f + std::abs(prod) * 3e-7f)
+                  << "e " << e << " r " << r << " k " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The scale permutation: every scale lands exactly once, at [e, b, r] from [e, r, b], rounded to
+// the activation dtype (kInt4). Scales are distinct small integers (exact in f16 and bf16) so a
+// misplaced one shows; the codes are their sources with both nibbles' top bit flipped (q - 8).
 TEST(MixedPrepare, CodesAreSignedAndScalesAPermutation) {
   const int64_t E = 3, n = 16, k = 256;
   for (int block : {64, 128, 0}) {
@@ -192,25 +367,26 @@ TEST(MixedPrepare, CodesAreSignedAndScalesAPermutation) {
             std::memcpy(&scales[i * es], &h, 2);
           }
         }
-        std::vector<uint8_t> codes_out;
-        std::vector<uint16_t> scales_out;
-        cuda::mixed_int4_prepare(f, act, E, n, k, codes.data(), scales.data(), &codes_out,
-                                 &scales_out);
-        ASSERT_EQ(codes_out.size(), codes.size());
+        cuda::MixedCopy copy;
+        cuda::mixed_prepare(cuda::MixedCodes::kInt4, f, act, E, n, k, codes.data(), scales.data(),
+                            nullptr, nullptr, &copy);
+        ASSERT_EQ(copy.codes.size(), codes.size());
         for (size_t i = 0; i < codes.size(); ++i) {
           for (int half = 0; half < 2; ++half) {
             const int q = (codes[i] >> (4 * half)) & 15;
-            int s = (codes_out[i] >> (4 * half)) & 15;
+            int s = (copy.codes[i] >> (4 * half)) & 15;
             if (s >= 8) s -= 16;  // int4 two's complement
             ASSERT_EQ(s, q - 8) << "byte " << i << " nibble " << half;
           }
         }
-        ASSERT_EQ(scales_out.size(), static_cast<size_t>(E * n * kb));
+        ASSERT_EQ(copy.scales.size(), static_cast<size_t>(E * n * kb) * 2);
+        ASSERT_TRUE(copy.zeros.empty());
         std::map<int64_t, int> seen;
         for (int64_t e = 0; e < E; ++e) {
           for (int64_t b = 0; b < kb; ++b) {
             for (int64_t r = 0; r < n; ++r) {
-              const uint16_t h = scales_out[(e * kb + b) * n + r];
+              uint16_t h;
+              std::memcpy(&h, &copy.scales[((e * kb + b) * n + r) * 2], 2);
               const float v = act == DType::kBF16 ? num::bf16_to_f32(h) : num::f16_to_f32(h);
               ++seen[static_cast<int64_t>(v)];
               // E * n * kb <= 192 here: every value is exact in bf16 (8 significant bits).

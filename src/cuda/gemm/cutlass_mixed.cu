@@ -1,5 +1,5 @@
 // cutlass_mixed.h's host side: which FCs and arguments the mixed-input kernel takes, the prepared
-// copy, its workspace, and the dispatch to the per-dtype instances. No CUTLASS header here.
+// copy, its workspace, and the dispatch to the instances. No CUTLASS header here.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/formats/codec.h"
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/cutlass_mixed_instances.h"
@@ -43,59 +44,143 @@ float scale_to_f32(const uint8_t* p, DType dt) {
 
 }  // namespace
 
-bool mixed_int4_supported(const FcFormat& f, DType act, int64_t n, int64_t k, std::string* why) {
-  if (f.format != WeightFormat::kInt4) return fail(why, "format " + f.to_string() + " (int4 only)");
-  if (f.zero_points) return fail(why, "zero points (symmetric int4 only)");
-  if (act != DType::kBF16 && act != DType::kF16) {
-    return fail(why, std::string("activation dtype ") + dtype_name(act) + " (bf16 or f16 only)");
+const char* mixed_codes_name(MixedCodes c) {
+  switch (c) {
+    case MixedCodes::kInt4:
+      return "int4";
+    case MixedCodes::kInt4Zero:
+      return "int4+zero";
+    case MixedCodes::kUint8:
+      return "uint8+zero";
+    case MixedCodes::kE4m3:
+      return "e4m3";
+    default:
+      return "none";
   }
-  if (f.scale_dtype != DType::kF32 && f.scale_dtype != DType::kF16 &&
-      f.scale_dtype != DType::kBF16) {
-    return fail(why, std::string("scale dtype ") + dtype_name(f.scale_dtype));
+}
+
+MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, std::string* why) {
+  const auto none = [why](const std::string& what) {
+    fail(why, what);
+    return MixedCodes::kNone;
+  };
+  MixedCodes c = MixedCodes::kNone;
+  switch (f.format) {
+    case WeightFormat::kInt4:
+      c = f.zero_points ? MixedCodes::kInt4Zero : MixedCodes::kInt4;
+      break;
+    case WeightFormat::kInt8:
+      c = MixedCodes::kUint8;
+      break;
+    case WeightFormat::kFp8:
+    case WeightFormat::kFp8Block:
+      c = MixedCodes::kE4m3;
+      break;
+    default:
+      return none("format " + f.to_string() + " (int4, int8, fp8 or fp8_block only)");
+  }
+  if (act != DType::kBF16 && act != DType::kF16) {
+    return none(std::string("activation dtype ") + dtype_name(act) + " (bf16 or f16 only)");
+  }
+  if (f.format != WeightFormat::kFp8 && f.scale_dtype != DType::kF32 &&
+      f.scale_dtype != DType::kF16 && f.scale_dtype != DType::kBF16) {
+    return none(std::string("scale dtype ") + dtype_name(f.scale_dtype));
   }
   if (k <= 0 || k % kMixedTileK != 0) {
-    return fail(why,
-                "k = " + std::to_string(k) + " not a multiple of " + std::to_string(kMixedTileK));
+    return none("k = " + std::to_string(k) + " not a multiple of " + std::to_string(kMixedTileK));
   }
   const int64_t chunk = chunk_of(f, k);
   if (chunk != k && (chunk % kMixedTileK != 0 || k % chunk != 0)) {
-    return fail(why, "block size " + std::to_string(f.block_size) + " (a multiple of " +
-                         std::to_string(kMixedTileK) + " dividing k, or per channel)");
+    return none("block size " + std::to_string(f.block_size) + " (a multiple of " +
+                std::to_string(kMixedTileK) + " dividing k, or per channel)");
   }
-  if (n <= 0 || n % 8 != 0) return fail(why, "n = " + std::to_string(n) + " not a multiple of 8");
-  if (n > INT32_MAX || k > INT32_MAX) return fail(why, "n or k beyond int32");
-  return true;
+  if (n <= 0 || n % 8 != 0) return none("n = " + std::to_string(n) + " not a multiple of 8");
+  if (n > INT32_MAX || k > INT32_MAX) return none("n or k beyond int32");
+  return c;
 }
 
-void mixed_int4_prepare(const FcFormat& f, DType act, int64_t experts, int64_t n, int64_t k,
-                        const uint8_t* codes, const uint8_t* scales,
-                        std::vector<uint8_t>* codes_out, std::vector<uint16_t>* scales_out) {
-  // Codes: q in [0, 16) with zero point 8 -> the int4 two's complement of q - 8, which is q with
-  // its top bit flipped; both nibbles of a byte at once.
-  const size_t code_bytes = static_cast<size_t>(experts * n * (k / 2));
-  codes_out->resize(code_bytes);
-  for (size_t i = 0; i < code_bytes; ++i) (*codes_out)[i] = codes[i] ^ 0x88;
-  // Scales: ORT's [E, n, kb] (kb = 1 per channel) -> [E, kb, n], rounded to the activation dtype.
-  const int64_t kb = k / chunk_of(f, k);
+void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
+                   int64_t k, const uint8_t* codes, const uint8_t* scales,
+                   const uint8_t* zero_points, const float* global_scale, MixedCopy* out) {
+  using formats::packed_bytes;
+  using formats::read_bits;
+  const int64_t chunk = chunk_of(f, k), kb = k / chunk;
+  const int bits = f.info().code_bits;
+  const int64_t mid = int64_t{1} << (bits - 1);  // ORT's implicit zero point
+  out->chunk = chunk;
+  // Codes: int4's q in [0, 16) becomes the int4 two's complement of q - 8 (its top bit flipped,
+  // both nibbles of a byte at once); u8 and e4m3 codes are read as ORT stores them.
+  out->codes.clear();
+  if (c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero) {
+    out->codes.resize(static_cast<size_t>(experts * n * (k / 2)));
+    for (size_t i = 0; i < out->codes.size(); ++i) out->codes[i] = codes[i] ^ 0x88;
+  }
+  // Scales [E, kb, n] from ORT's [E, n, kb] (int; kb = 1 per channel), fp8_block's
+  // [E, ceil(n / bs), kb] (one per bs rows) or fp8's global [E]; zeros beside them.
+  const int64_t sb = mixed_scale_bytes(c);
   const size_t es = dtype_size(f.scale_dtype);
-  scales_out->resize(static_cast<size_t>(experts * kb * n));
+  out->scales.assign(static_cast<size_t>(experts * kb * n * sb), 0);
+  out->zeros.assign(mixed_has_zeros(c) ? static_cast<size_t>(experts * kb * n) : 0, 0.0f);
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t b = 0; b < kb; ++b) {
-        const float s = scale_to_f32(scales + ((e * n + r) * kb + b) * es, f.scale_dtype);
-        (*scales_out)[(e * kb + b) * n + r] =
-            act == DType::kBF16 ? num::f32_to_bf16(s) : num::f32_to_f16(s);
+        float s = 0.0f;
+        if (f.format == WeightFormat::kFp8) {
+          s = global_scale[e];
+        } else if (f.format == WeightFormat::kFp8Block) {
+          const int64_t rb = formats::ceil_div(n, chunk);
+          s = scale_to_f32(scales + ((e * rb + r / chunk) * kb + b) * es, f.scale_dtype);
+        } else {
+          s = scale_to_f32(scales + ((e * n + r) * kb + b) * es, f.scale_dtype);
+        }
+        const size_t at = static_cast<size_t>((e * kb + b) * n + r);
+        if (sb == 2) {
+          const uint16_t h = act == DType::kBF16 ? num::f32_to_bf16(s) : num::f32_to_f16(s);
+          std::memcpy(&out->scales[at * 2], &h, 2);
+        } else {
+          std::memcpy(&out->scales[at * 4], &s, 4);
+        }
+        if (!mixed_has_zeros(c)) continue;
+        // Per channel: one stream along n per expert; blocked: one stream per row along kb.
+        int64_t zp = mid;
+        if (f.zero_points) {
+          zp = f.block_size == 0
+                   ? read_bits(zero_points + e * packed_bytes(n, bits), r, bits)
+                   : read_bits(zero_points + (e * n + r) * packed_bytes(kb, bits), b, bits);
+        }
+        // kInt4Zero's codes are q - 8 already; u8 codes are q.
+        const int64_t shift = c == MixedCodes::kInt4Zero ? zp - 8 : zp;
+        out->zeros[at] = -static_cast<float>(shift) * s;
       }
     }
   }
 }
 
 bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
+  // The kind's shape rules, through a format of that kind with the arguments' chunk.
   FcFormat f;
-  f.format = WeightFormat::kInt4;
+  switch (a.codes_kind) {
+    case MixedCodes::kInt4:
+    case MixedCodes::kInt4Zero:
+      f.format = WeightFormat::kInt4;
+      break;
+    case MixedCodes::kUint8:
+      f.format = WeightFormat::kInt8;
+      break;
+    case MixedCodes::kE4m3:
+      f.format = WeightFormat::kFp8Block;
+      break;
+    default:
+      return fail(why, "codes_kind: none");
+  }
+  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero;
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
+  if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");
-  if (!mixed_int4_supported(f, a.dtype, a.n, a.k, why)) return false;
+  if (mixed_codes_for(f, a.dtype, a.n, a.k, why) != a.codes_kind) return false;
+  if (mixed_has_zeros(a.codes_kind) && (a.zeros == nullptr || !aligned16(a.zeros))) {
+    return fail(why, "zeros: expected a 16-byte aligned pointer");
+  }
   // 16-byte TMA rows: lda in activations; D's contiguous extent in floats.
   if (a.lda < a.k || a.lda % 8 != 0) return fail(why, "lda not >= k and a multiple of 8");
   if (a.ldc < a.n || a.ldc % 4 != 0) return fail(why, "ldc not >= n and a multiple of 4");
@@ -105,12 +190,14 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   return true;
 }
 
-size_t mixed_gemm_workspace_bytes(DType dtype, int64_t max_groups, int sm_count) {
-  if (max_groups <= 0) return 0;
-  if (dtype == DType::kBF16)
-    return cutlass_detail::mixed_workspace_bytes<true>(max_groups, sm_count);
-  if (dtype == DType::kF16)
-    return cutlass_detail::mixed_workspace_bytes<false>(max_groups, sm_count);
+size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count) {
+  if (max_groups <= 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) return 0;
+  const bool bf16 = dtype == DType::kBF16;
+#define QMOE_MIXED_BYTES(kCodes, kBf16) \
+  if (c == kCodes && bf16 == kBf16)     \
+    return cutlass_detail::mixed_workspace_bytes<kCodes, kBf16>(max_groups, sm_count);
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_BYTES)
+#undef QMOE_MIXED_BYTES
   return 0;
 }
 
@@ -132,16 +219,22 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
       args.sched.offsets == nullptr) {
     return Status::invalid("launch_mixed_grouped_gemm: args.sched: expected device pointers");
   }
-  const size_t need = mixed_gemm_workspace_bytes(args.dtype, args.max_groups, sm_count);
+  const size_t need =
+      mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count);
   if (workspace == nullptr || workspace_bytes < need ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
     return Status::invalid("launch_mixed_grouped_gemm: workspace: expected " +
                            std::to_string(need) + " bytes, 256-byte aligned, got " +
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
-  return args.dtype == DType::kBF16
-             ? cutlass_detail::mixed_launch<true>(args, sm_count, workspace, stream)
-             : cutlass_detail::mixed_launch<false>(args, sm_count, workspace, stream);
+  const bool bf16 = args.dtype == DType::kBF16;
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16)  \
+  if (args.codes_kind == kCodes && bf16 == kBf16) \
+    return cutlass_detail::mixed_launch<kCodes, kBf16>(args, sm_count, workspace, stream);
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
+#undef QMOE_MIXED_LAUNCH
+  return Status::internal("launch_mixed_grouped_gemm: no instance for codes_kind " +
+                          std::string(mixed_codes_name(args.codes_kind)));
 }
 
 }  // namespace qmoe::cuda

@@ -1,7 +1,7 @@
-// A mixed-input grouped GEMM on CUTLASS 3.x for SM90: INT4 weights read as packed codes, converted
-// and scaled in registers (no dequantized copy), times bf16/f16 activations on wgmma, fp32 out.
-// Same schedule contract as cutlass_grouped.h: a setup kernel derives each group's shape and
-// pointers on the device from the GroupSchedule, so the call never synchronizes and can be
+// A mixed-input grouped GEMM on CUTLASS 3.x for SM90: quantized weights read as their codes,
+// converted and scaled in registers (no dequantized copy), times bf16/f16 activations on wgmma,
+// fp32 out. Same schedule contract as cutlass_grouped.h: a setup kernel derives each group's shape
+// and pointers on the device from the GroupSchedule, so the call never synchronizes and can be
 // captured in a CUDA graph. One launch covers every touched expert (there is no scratch, so no
 // waves).
 //
@@ -9,16 +9,29 @@
 // one the mixed-input collective converts in registers):
 //
 //            CUTLASS M = n (features)     N = the group's rows      K
-//   A  =  codes of expert e  [n, k]  int4, row-major (K-contiguous), low nibble = even k
-//   S  =  scales of expert e [k / chunk, n]  activation dtype, n contiguous
+//   A  =  codes of expert e  [n, k]  row-major (K-contiguous); int4: low nibble = even k
+//   S  =  scales of expert e [k / chunk, n]  n contiguous
+//   Z  =  zeros of expert e  [k / chunk, n]  as S (kinds with a zero term)
 //   B  =  A rows of the group  [rows, lda]  column-major (K-contiguous)
 //   D  =  C rows of the group  [rows, ldc]  column-major: D(m, r) = c[(row0 + r) * ldc + m]
-//   D(m, r) = sum_k (float)(act(q(m, k) * S(k / chunk, m))) * B(k, r)
+//   D(m, r) = sum_k (float)(act(w(m, k))) * B(k, r), w = q * S [+ Z] per MixedCodes below
 //
-// The prepared copy (built once at prepare, mixed_int4_prepare): ORT's unsigned codes q in [0, 16)
-// with the implicit zero point 8 become signed int4 q - 8 (each nibble XOR 8, exact), in ORT's
-// own order; the scales are transposed per expert to [k / chunk, n] and rounded to the activation
-// dtype (exact where they are stored in it already).
+// One instance per MixedCodes and activation dtype (cutlass_mixed_<codes>_<dtype>.cu):
+//
+//   kind       codes (A)                         scale, zero               w, rounded once to act
+//   kInt4      signed int4 q - 8 (ORT's q ^ 8,   act dtype, none           (q - 8) * s, the scale
+//              a prepared copy)                                            rounded to act first
+//   kInt4Zero  the same signed copy              f32 s, f32 -(zp - 8) s    q' s + z in f32
+//   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (zp 128
+//                                                                          without zero points)
+//   kE4m3      ORT's e4m3 codes as they are      f32 s                     e4m3(q) s in f32: the
+//                                                                          dequantize path's value
+//
+// The f32 kinds convert each code to f32, scale (and shift) there and round once to the activation
+// dtype, as the dequantize path does; their only difference from it is -zp s, rounded once in f32
+// (exact whenever s has at most 16 significant bits, as f16/bf16 scales do). kInt4 keeps the
+// activation-dtype scale: CUTLASS's int4 conversion is fastest there, and its error was measured
+// within the 2x budget (tests/gpu/test_gpu_mixed.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,44 +50,67 @@ namespace qmoe::cuda {
 // The K tile of the mixed-input kernel: a scale block must be a multiple of it (or all of K).
 constexpr int64_t kMixedTileK = 64;
 
+// The kernel instances by code type and scale form (table above). kNone: no instance takes the FC.
+enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kUint8, kE4m3 };
+constexpr int kMixedCodesCount = 4;
+const char* mixed_codes_name(MixedCodes c);
+// Bits per code, bytes per scale (and zero) element, and whether the kind has a zero term (host
+// and the instances share these).
+constexpr int mixed_code_bits(MixedCodes c) {
+  return c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero ? 4 : 8;
+}
+constexpr int64_t mixed_scale_bytes(MixedCodes c) { return c == MixedCodes::kInt4 ? 2 : 4; }
+constexpr bool mixed_has_zeros(MixedCodes c) {
+  return c == MixedCodes::kInt4Zero || c == MixedCodes::kUint8;
+}
+
 struct MixedGemmArgs {
-  DType dtype = DType::kBF16;  // of the activations and the prepared scales: kBF16 or kF16
+  MixedCodes codes_kind = MixedCodes::kInt4;
+  DType dtype = DType::kBF16;  // of the activations (and of kInt4's scales): kBF16 or kF16
   const void* a = nullptr;     // [rows, lda] activations, row p = route position p
   int64_t lda = 0;
   float* c = nullptr;  // [rows, ldc]; rows of touched experts, columns < n are written
   int64_t ldc = 0;
   int64_t n = 0, k = 0;
-  const uint8_t* codes = nullptr;  // [E, n, k / 2] signed int4 (the prepared copy)
-  const void* scales = nullptr;    // [E, k / chunk, n] in dtype (the prepared copy)
+  const uint8_t* codes = nullptr;  // [E, n, k * bits / 8] (table above)
+  const void* scales = nullptr;    // [E, k / chunk, n] (the prepared copy)
+  const float* zeros = nullptr;    // [E, k / chunk, n] f32, kinds with a zero term only
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
 };
 
-// Whether an FC of this format, activation dtype and [n, k] shape has a mixed-input kernel:
-// symmetric INT4, bf16/f16 activations, k a multiple of kMixedTileK, scale blocks per channel or
-// a multiple of kMixedTileK dividing k, n a multiple of 8 (16-byte scale rows). Host-only.
-bool mixed_int4_supported(const FcFormat& f, DType act, int64_t n, int64_t k,
-                          std::string* why = nullptr);
+// The kind that runs an FC of this format, activation dtype and [n, k] shape, or kNone (with the
+// reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, bf16/f16
+// activations, k a multiple of kMixedTileK, scale blocks per channel or a multiple of kMixedTileK
+// dividing k (fp8_block: the square block along k), n a multiple of 8. Host-only.
+MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k,
+                           std::string* why = nullptr);
 
-// The prepared copy of one FC of E experts from ORT's host tensors (codes [E, n, k/2] u8, scales
-// [E, n, k / bs] or [E, n] in f.scale_dtype): signed codes and transposed scales (see above), the
-// scales as bf16/f16 bits. Requires mixed_int4_supported().
-void mixed_int4_prepare(const FcFormat& f, DType act, int64_t experts, int64_t n, int64_t k,
-                        const uint8_t* codes, const uint8_t* scales,
-                        std::vector<uint8_t>* codes_out, std::vector<uint16_t>* scales_out);
+// The prepared copy of one FC of E experts (host side), built from ORT's tensors (codes, scales,
+// zero points, fp8's global scale [E]) for mixed_codes_for(f, act, n, k) = c.
+struct MixedCopy {
+  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero: the signed copy; empty: ORT's codes serve
+  std::vector<uint8_t> scales;  // [E, k / chunk, n], mixed_scale_bytes(c) each
+  std::vector<float> zeros;     // [E, k / chunk, n]; empty without a zero term
+  int64_t chunk = 0;            // the scale block along k
+};
+void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
+                   int64_t k, const uint8_t* codes, const uint8_t* scales,
+                   const uint8_t* zero_points, const float* global_scale, MixedCopy* out);
 
-// Whether these arguments can run (as mixed_int4_supported, plus strides and 16-byte aligned
+// Whether these arguments can run (the kind's shape rules, plus strides and 16-byte aligned
 // pointers); `why` names the first that cannot. Host-only.
 bool mixed_gemm_can_implement(const MixedGemmArgs& args, std::string* why = nullptr);
 
 // Workspace bytes of one launch over up to max_groups groups on sm_count multiprocessors: the
-// per-group shape, pointer and stride arrays plus CUTLASS's TMA descriptors. 0 for a dtype
+// per-group shape, pointer and stride arrays plus CUTLASS's TMA descriptors. 0 for a dtype or kind
 // without a kernel or max_groups <= 0. Exact, and nondecreasing in max_groups.
-size_t mixed_gemm_workspace_bytes(DType dtype, int64_t max_groups, int sm_count);
+size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count);
 
 // Launches the setup kernel and the GEMM on `stream`; `workspace` holds at least
-// mixed_gemm_workspace_bytes(args.dtype, args.max_groups, sm_count) bytes, 256-byte aligned.
+// mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count) bytes,
+// 256-byte aligned.
 Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
 

@@ -1,14 +1,15 @@
 // The CUTLASS SM90 mixed-input grouped GEMM instance (types, setup kernel, launch), included once
-// per dtype by cutlass_mixed_{bf16,f16}.cu. Only those translation units see CUTLASS.
+// per code kind and dtype by cutlass_mixed_<kind>_<dtype>.cu. Only those translation units see
+// CUTLASS.
 //
 // Configuration: that of cutlass_grouped_kernel.cuh (cooperative ptr-array kernel, 128 x 128 x 64
 // tile, cluster 1 x 1 x 1, the same fp32 column-major epilogue, stages from what the epilogue
-// leaves), with the A operand the tuple (int4b_t, scale type): CUTLASS's register-sourced (RS)
-// mainloop loads the codes and a [128 x 1] scale column per K tile by TMA, converts the codes to
-// the activation type in registers and multiplies by the scale (ConvertAndScale), one rounding
-// to the activation type per weight, then issues wgmma with A from registers. The codes are in
-// the plain K-contiguous order (no offline value shuffle): the simplest layout the collective
-// takes; the shuffled layout (cutlass::compute_memory_reordering_atom) is a measured follow-up.
+// leaves), with the A operand the tuple (codes, scale[, zero]): CUTLASS's register-sourced (RS)
+// mainloop loads the codes and a [128 x 1] scale (and zero) column per K tile by TMA, converts
+// the codes in registers (ConvertAndScale: q * s; ConvertAndScaleWithZero: q * s + z; in f32
+// where the scale is f32, then one rounding to the activation type), then issues wgmma with A
+// from registers. The codes are in the plain K-contiguous order (no offline value shuffle): the
+// simplest layout the collective takes; the shuffled layout is a measured follow-up.
 //
 // Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
 //   shapes   G x Shape<int, int, int>        (n, rows of the group, k)
@@ -16,9 +17,10 @@
 //   ptr_b    G x pointer                     a + row0 * lda
 //   ptr_d    G x pointer                     c + row0 * ldc
 //   ptr_s    G x pointer                     scales of the group's expert
+//   ptr_z    G x pointer                     zeros of the group's expert (null without them)
 //   stride_a, stride_b, stride_d   G x 8 bytes (one 64-bit leading dimension each)
 //   stride_s G x 16 bytes                    (_1, n, n k / chunk)
-//   cutlass  Gemm::get_workspace_size (three TMA descriptors per SM: codes, activations, scales)
+//   cutlass  Gemm::get_workspace_size (TMA descriptors per SM: codes, activations, scales, zeros)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,21 +37,47 @@ namespace qmoe::cuda::cutlass_detail {
 
 static_assert(cute::size<2>(GroupTileShape{}) == kMixedTileK, "cutlass_mixed.h's K tile");
 
+// Code type, scale type and zero term of each kind (cutlass_mixed.h's table); Element is the
+// activation type.
+template <MixedCodes kCodes, typename Element>
+struct MixedOperand;
 template <typename Element>
+struct MixedOperand<MixedCodes::kInt4, Element> {
+  using Tuple = cute::tuple<cutlass::int4b_t, Element>;
+};
+template <typename Element>
+struct MixedOperand<MixedCodes::kInt4Zero, Element> {
+  using Tuple = cute::tuple<cutlass::int4b_t, float, float>;
+};
+template <typename Element>
+struct MixedOperand<MixedCodes::kUint8, Element> {
+  using Tuple = cute::tuple<uint8_t, float, float>;
+};
+template <typename Element>
+struct MixedOperand<MixedCodes::kE4m3, Element> {
+  using Tuple = cute::tuple<cutlass::float_e4m3_t, float>;
+};
+
+template <MixedCodes kCodes, typename Element>
 struct MixedGemm {
+  using Operand = MixedOperand<kCodes, Element>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-  using LayoutA = cutlass::layout::RowMajor;     // codes [n, k]: K-contiguous along M
-  using LayoutB = cutlass::layout::ColumnMajor;  // the group's A rows [rows, lda]: K-contiguous
-  static constexpr int kAlignA = 128 / 4;        // TMA: 16-byte rows of int4
+  using LayoutA = cutlass::layout::RowMajor;         // codes [n, k]: K-contiguous along M
+  using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
+  static constexpr int kBits = mixed_code_bits(kCodes);
+  static constexpr int kAlignA = 128 / kBits;  // TMA: 16-byte rows of codes
   static constexpr int kAlignB = 16 / sizeof(Element);
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cute::tuple<cutlass::int4b_t, Element>,
-      LayoutA*, kAlignA, Element, LayoutB*, kAlignB, float, GroupTileShape, GroupClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Operand::Tuple, LayoutA*,
+      kAlignA, Element, LayoutB*, kAlignB, float, GroupTileShape, GroupClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kGroupEpilogueSmem>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-  static_assert(Mainloop::KernelConversionMode == Mainloop::ConversionMode::ConvertAndScale,
-                "codes times scales, no zero term");
+  static constexpr bool kZero = mixed_has_zeros(kCodes);
+  static_assert(Mainloop::KernelConversionMode ==
+                    (kZero ? Mainloop::ConversionMode::ConvertAndScaleWithZero
+                           : Mainloop::ConversionMode::ConvertAndScale),
+                "codes times scales, plus the zero term where the kind has one");
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, GroupEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -62,10 +90,12 @@ struct MixedGemm {
                 "one 64-bit leading dimension per stride");
   static_assert(sizeof(StrideS) == 16, "scale stride (_1, int64, int64)");
   static_assert(sizeof(Shape3) == 12, "(M, N, K) as three ints");
+  static constexpr int64_t kScaleBytes = mixed_scale_bytes(kCodes);
 };
 
 struct MixedParts {
-  size_t shapes, ptr_a, ptr_b, ptr_d, ptr_s, stride_a, stride_b, stride_d, stride_s, cutlass, total;
+  size_t shapes, ptr_a, ptr_b, ptr_d, ptr_s, ptr_z, stride_a, stride_b, stride_d, stride_s, cutlass,
+      total;
 };
 
 // The setup kernel: one thread per group slot j (touched index j). Slots past n_touched get a
@@ -73,11 +103,12 @@ struct MixedParts {
 template <typename G>
 __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* shapes,
                                    const void** ptr_a, const void** ptr_b, float** ptr_d,
-                                   const void** ptr_s, typename G::StrideA* stride_a,
+                                   const void** ptr_s, const void** ptr_z,
+                                   typename G::StrideA* stride_a,
                                    typename G::StrideB* stride_b, typename G::StrideD* stride_d,
                                    typename G::StrideS* stride_s) {
   const int n_touched = *p.sched.n_touched;
-  const size_t elem = 2;  // bf16 / f16 activations and scales
+  const size_t elem = 2;  // bf16 / f16 activations
   const int64_t kb = p.k / p.chunk;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
        j += gridDim.x * blockDim.x) {
@@ -89,10 +120,11 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
       rows = p.sched.offsets[e + 1] - p.sched.offsets[e];
     }
     shapes[j] = typename G::Shape3(static_cast<int>(p.n), rows, static_cast<int>(p.k));
-    ptr_a[j] = p.codes + e * p.n * (p.k / 2);
+    ptr_a[j] = p.codes + e * p.n * (p.k * G::kBits / 8);
     ptr_b[j] = static_cast<const char*>(p.a) + row0 * p.lda * elem;
     ptr_d[j] = p.c + row0 * p.ldc;
-    ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * elem;
+    ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
+    ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
     typename G::StrideA sa{};
     cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
     stride_a[j] = sa;
@@ -127,6 +159,7 @@ typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chu
   m.dB = reinterpret_cast<decltype(m.dB)>(at(&MixedParts::stride_b));
   m.ptr_S = reinterpret_cast<decltype(m.ptr_S)>(at(&MixedParts::ptr_s));
   m.dS = reinterpret_cast<decltype(m.dS)>(at(&MixedParts::stride_s));
+  if constexpr (G::kZero) m.ptr_Z = reinterpret_cast<decltype(m.ptr_Z)>(at(&MixedParts::ptr_z));
   m.chunk_size = static_cast<int>(chunk);
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
@@ -154,6 +187,7 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   w.ptr_b = take(n * sizeof(void*));
   w.ptr_d = take(n * sizeof(void*));
   w.ptr_s = take(n * sizeof(void*));
+  w.ptr_z = take(n * sizeof(void*));
   w.stride_a = take(n * sizeof(typename G::StrideA));
   w.stride_b = take(n * sizeof(typename G::StrideB));
   w.stride_d = take(n * sizeof(typename G::StrideD));
@@ -164,15 +198,15 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <typename Element>
+template <MixedCodes kCodes, typename Element>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<Element>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element>>(max_groups, sm_count).total;
 }
 
-template <typename Element>
+template <MixedCodes kCodes, typename Element>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<Element>;
+  using G = MixedGemm<kCodes, Element>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -181,6 +215,7 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
       p, reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
       reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
       reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
+      reinterpret_cast<const void**>(ws + w.ptr_z),
       reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
       reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
       reinterpret_cast<typename G::StrideD*>(ws + w.stride_d),
@@ -194,16 +229,16 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one dtype.
-#define QMOE_CUTLASS_MIXED_INSTANCE(kBf16, Element)                                    \
-  namespace qmoe::cuda::cutlass_detail {                                               \
-  template <>                                                                          \
-  size_t mixed_workspace_bytes<kBf16>(int64_t max_groups, int sm_count) {              \
-    return mixed_workspace_bytes_for<Element>(max_groups, sm_count);                   \
-  }                                                                                    \
-  template <>                                                                          \
-  Status mixed_launch<kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
-                             cudaStream_t stream) {                                    \
-    return mixed_launch_for<Element>(args, sm_count, workspace, stream);               \
-  }                                                                                    \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind and dtype.
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, Element)                                \
+  namespace qmoe::cuda::cutlass_detail {                                                   \
+  template <>                                                                              \
+  size_t mixed_workspace_bytes<kCodes, kBf16>(int64_t max_groups, int sm_count) {          \
+    return mixed_workspace_bytes_for<kCodes, Element>(max_groups, sm_count);               \
+  }                                                                                        \
+  template <>                                                                              \
+  Status mixed_launch<kCodes, kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
+                                     cudaStream_t stream) {                                \
+    return mixed_launch_for<kCodes, Element>(args, sm_count, workspace, stream);           \
+  }                                                                                        \
   }

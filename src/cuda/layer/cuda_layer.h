@@ -67,12 +67,14 @@ class DeviceGuard {
 // the mma.sync kernel.
 enum class GemmChoice { kCutlass, kCutlassDequant, kMma };
 
-// An FC's copy for the mixed-input GEMM (cutlass_mixed.h): signed int4 codes [E, n, k/2] and
-// scales [E, k / chunk, n] in the activation dtype. Absent (codes null) where the FC runs through
-// the dequantize pass.
+// An FC's copy for the mixed-input GEMM (cutlass_mixed.h): the codes of its kind (int4's signed
+// copy, or ORT's u8 / e4m3 codes), scales [E, k / chunk, n] and zeros. Absent (codes null) where
+// the FC runs through the dequantize pass.
 struct MixedFc {
+  MixedCodes kind = MixedCodes::kNone;
   const uint8_t* codes = nullptr;
   const void* scales = nullptr;
+  const float* zeros = nullptr;  // kinds with a zero term
   int64_t chunk = 0;
   bool on() const { return codes != nullptr; }
 };
@@ -185,7 +187,8 @@ class CudaLayer final : public PreparedLayer {
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
                 int64_t ld_b, cudaStream_t stream);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
-  Status prepare_mixed(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, MixedFc* out);
+  // `raw` is the FC as uploaded (its shape, and ORT's codes where they were uploaded).
+  Status prepare_mixed(const FcFormat& f, const FcWeights& w, const DeviceFc& raw, MixedFc* out);
   bool all_mixed() const {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }

@@ -84,11 +84,9 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, &mixed1_));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, &mixed2_));
-  if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, &mixed3_));
-  }
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, fc1_, &mixed1_));
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, fc2_, &mixed2_));
+  if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, fc3_, &mixed3_));
   const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   QMOE_RETURN_IF_ERROR(plan_fused());  // after error_: its arguments hold the record
@@ -97,26 +95,48 @@ Status CudaLayer::init(const LayerWeights& w) {
   return Status::ok();
 }
 
-// A copy beside ORT's (dequantize fallback) and the decode path's: built on the host once.
-Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k,
+// The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the host once: transposed
+// scales (and zeros) always; int4's signed codes beside ORT's; u8 and e4m3 codes are ORT's own,
+// shared with the uploaded raw copy where there is one (FP8 under the decode path has none).
+Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, const DeviceFc& raw,
                                 MixedFc* out) {
   *out = MixedFc{};
-  if (!mixed_ || !mixed_int4_supported(f, cdt_, n, k)) return Status::ok();
-  std::vector<uint8_t> codes(w.weight.bytes()), scales(w.scales.bytes()), signed_codes;
-  QMOE_CUDA_TRY(cudaMemcpy(codes.data(), w.weight.data, codes.size(), cudaMemcpyDefault));
-  QMOE_CUDA_TRY(cudaMemcpy(scales.data(), w.scales.data, scales.size(), cudaMemcpyDefault));
-  std::vector<uint16_t> scales_t;
-  mixed_int4_prepare(f, cdt_, spec_.num_experts, n, k, codes.data(), scales.data(), &signed_codes,
-                     &scales_t);
+  const MixedCodes c = mixed_ ? mixed_codes_for(f, cdt_, raw.n, raw.k) : MixedCodes::kNone;
+  if (c == MixedCodes::kNone) return Status::ok();
+  auto to_host = [](const TensorView& v, std::vector<uint8_t>* h) -> Status {
+    h->resize(v.present() ? v.bytes() : 0);
+    if (!h->empty()) QMOE_CUDA_TRY(cudaMemcpy(h->data(), v.data, h->size(), cudaMemcpyDefault));
+    return Status::ok();
+  };
+  std::vector<uint8_t> codes, scales, zero_points, global;
+  const bool own_codes = c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero;
+  if (own_codes) QMOE_RETURN_IF_ERROR(to_host(w.weight, &codes));
+  QMOE_RETURN_IF_ERROR(to_host(w.scales, &scales));
+  QMOE_RETURN_IF_ERROR(to_host(w.zero_points, &zero_points));
+  QMOE_RETURN_IF_ERROR(to_host(w.global_scale, &global));
+  MixedCopy copy;
+  mixed_prepare(c, f, cdt_, spec_.num_experts, raw.n, raw.k, codes.data(), scales.data(),
+                zero_points.data(), reinterpret_cast<const float*>(global.data()), &copy);
+  auto bytes = [](const void* p, size_t n) {
+    return TensorView(p, DType::kU8, {static_cast<int64_t>(n)});
+  };
   const void* p = nullptr;
-  QMOE_RETURN_IF_ERROR(upload(
-      TensorView(signed_codes.data(), DType::kU8, {static_cast<int64_t>(signed_codes.size())}),
-      &p));
+  if (own_codes) {
+    QMOE_RETURN_IF_ERROR(upload(bytes(copy.codes.data(), copy.codes.size()), &p));
+  } else if (raw.weight != nullptr) {
+    p = raw.weight;
+  } else {
+    QMOE_RETURN_IF_ERROR(upload(w.weight, &p));
+  }
   out->codes = static_cast<const uint8_t*>(p);
-  QMOE_RETURN_IF_ERROR(upload(
-      TensorView(scales_t.data(), DType::kU8, {static_cast<int64_t>(2 * scales_t.size())}), &p));
+  QMOE_RETURN_IF_ERROR(upload(bytes(copy.scales.data(), copy.scales.size()), &p));
   out->scales = p;
-  out->chunk = f.block_size == 0 ? k : f.block_size;
+  if (!copy.zeros.empty()) {
+    QMOE_RETURN_IF_ERROR(upload(bytes(copy.zeros.data(), 4 * copy.zeros.size()), &p));
+    out->zeros = static_cast<const float*>(p);
+  }
+  out->chunk = copy.chunk;
+  out->kind = c;
   return Status::ok();
 }
 

@@ -202,6 +202,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     // No fallback: the layout may hold no scratch. The strides and workspace pointers always
     // qualify (multiples of 32 elements, 256-byte aligned); launch_mixed_grouped_gemm checks.
     MixedGemmArgs m;
+    m.codes_kind = mx.kind;
     m.dtype = cdt_;
     m.a = a;
     m.lda = lda;
@@ -211,6 +212,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.k = fc.k;
     m.codes = mx.codes;
     m.scales = mx.scales;
+    m.zeros = mx.zeros;
     m.chunk = mx.chunk;
     m.sched.touched = touched;
     m.sched.n_touched = n_touched;

@@ -15,8 +15,9 @@ namespace qmoe::cuda {
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)
-//   mixed       A(mixed_gemm_workspace_bytes(min(E, R)))  the mixed-input GEMM's (layers with a
-//                                                     mixed-input FC only)
+//   mixed       A(max over the mixed-input FCs of     the mixed-input GEMM's (layers with a
+//               mixed_gemm_workspace_bytes(kind,      mixed-input FC only; FCs of one layer
+//               min(E, R)))                           may differ in kind, e.g. FC2 per channel)
 //   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
 //               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
 //                                                     maximum keeps the total monotone in T
@@ -55,8 +56,13 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->cutlass = take(cutlass_ && dequant && t > 0
                         ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
                         : 0);
-  const bool any_mixed = mixed1_.on() || mixed2_.on() || mixed3_.on();
-  l->mixed = take(any_mixed && t > 0 ? mixed_gemm_workspace_bytes(cdt_, reach, sm_count_) : 0);
+  size_t mixed = 0;
+  for (const MixedFc* m : {&mixed1_, &mixed2_, &mixed3_}) {
+    if (m->on() && t > 0) {
+      mixed = std::max(mixed, mixed_gemm_workspace_bytes(m->kind, cdt_, reach, sm_count_));
+    }
+  }
+  l->mixed = take(mixed);
   l->fused = take(fused_ws_.empty()
                       ? 0
                       : fused_ws_[static_cast<size_t>(std::min<int64_t>(t, fused_max_tokens_))]);
