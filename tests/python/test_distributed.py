@@ -7,8 +7,12 @@ Each world size is one torch.multiprocessing spawn running a list of cases, beca
 processes (importing torch) costs more than the cases themselves. A failing case raises in its
 process, and the spawn reports that traceback."""
 
+import json
+import multiprocessing
 import os
+import runpy
 import socket
+import sys
 
 import numpy as np
 import pytest
@@ -38,8 +42,16 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _start(worker, world, args):
+    """Runs worker(rank, *args) in `world` processes forked from a forkserver that has imported
+    torch and qmoe once: each process then starts in well under a second, where a spawned one
+    imports torch again (seconds on a busy 2-core machine)."""
+    multiprocessing.set_forkserver_preload(["torch", "qmoe.torch", "qmoe.distributed"])
+    mp.start_processes(worker, args=args, nprocs=world, join=True, start_method="forkserver")
+
+
 def _spawn(fn, world, seed, backend="gloo"):
-    mp.spawn(_worker, args=(world, _free_port(), backend, fn, seed), nprocs=world, join=True)
+    _start(_worker, world, (world, _free_port(), backend, fn, seed))
 
 
 def _worker(rank, world, port, backend, fn, seed):
@@ -255,3 +267,37 @@ def _cases_gpu(rank, world, seed):
 def test_two_gpus_nccl(seed):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     _spawn(_cases_gpu, 2, seed, backend="nccl")
+
+
+# ---- the example and the benchmark, as torchrun starts them ----
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_script(rank, world, port, script, argv):
+    """One rank of `torchrun --nproc-per-node world script argv`: torchrun's environment, then
+    the script as __main__; a non-zero exit fails the test."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.argv = [script, *argv]
+    torch.set_num_threads(1)
+    try:
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), f"{script} exited with {e.code} on rank {rank}"
+
+
+def test_example():
+    _start(_run_script, 2, (2, _free_port(), "examples/expert_parallel.py",
+                            ["--backend", "cpu", "--tokens", "6"]))
+
+
+def test_benchmark_smoke(tmp_path):
+    rows = tmp_path / "rows.json"
+    _start(_run_script, 2, (2, _free_port(), "bench/expert_parallel.py",
+                            ["--shape", "tiny", "--tokens", "0,3", "--iters", "1", "--warmup", "1",
+                             "--json", str(rows)]))
+    got = json.loads(rows.read_text())
+    assert [(r["preset"], r["tokens_per_rank"]) for r in got] == [
+        ("qwen3-30b-a3b", 0), ("qwen3-30b-a3b", 3), ("deepseek-v3", 0), ("deepseek-v3", 3)]
+    assert all(r["layer_us"] > 0 and r["world_size"] == 2 for r in got)
