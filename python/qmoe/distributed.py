@@ -118,6 +118,9 @@ def _describe(layer, expect):
 def _check_shards(descs):
     """Raises ValueError if the ranks' shards do not form one layer; every rank checks the same
     gathered list, so every rank raises the same error (none is left waiting in a collective)."""
+    for r, d in enumerate(descs):
+        if d["problem"] is not None:
+            raise ValueError(f"rank {r}: {d['problem']}")
     ref = descs[0]
     for r, d in enumerate(descs):
         for key in ("E", "hidden", "act", "routing", "backend"):
@@ -147,8 +150,8 @@ class ExpertParallelMoE(nn.Module):
 
     layer: this rank's shard (a qmoe.Layer or a qmoe.torch.QMoE). group: the process group
     (default: the world). mode: "deterministic" or "fast" (module docstring). router_bias: the
-    grouped_topk correction bias [E - num_shared] (sharper plans; without it grouped_topk tokens
-    visit every rank). expect: optional (first, count) this rank should hold, e.g.
+    layer's grouped_topk correction bias [E - num_shared], the same values (sharper plans;
+    without it grouped_topk tokens visit every rank; other values could leave a route out). expect: optional (first, count) this rank should hold, e.g.
     even_split(E, world)[rank]. Construction is collective: every rank of the group must
     construct its module at the same point, and all raise the same ValueError if the shards do not
     fit together."""
@@ -163,8 +166,6 @@ class ExpertParallelMoE(nn.Module):
         else:
             raise TypeError(f"layer: expected a qmoe.Layer or qmoe.torch.QMoE, got "
                             f"{type(layer).__name__}")
-        if mode not in MODES:
-            raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ExpertParallelMoE: torch.distributed is not initialized (call "
                                "torch.distributed.init_process_group first, e.g. under torchrun)")
@@ -172,35 +173,43 @@ class ExpertParallelMoE(nn.Module):
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         lay = self.moe.layer
-        spec = lay.spec
+        spec, rt = lay.spec, lay.spec.routing
         self.device = _ops._entry(self.moe.handle).device
-        backend = dist.get_backend(group)
-        if backend == "nccl" and self.device.type != "cuda":
-            raise ValueError("layer: the group's backend is nccl, which needs CUDA tensors, but "
-                             "the layer runs on the CPU (use gloo for CPU layers)")
-        if backend == "gloo" and self.device.type == "cuda":
-            raise ValueError("layer: the group's backend is gloo, whose all_to_all takes CPU "
-                             "tensors only, but the layer runs on CUDA (use nccl)")
-        descs = [None] * self.world
-        dist.all_gather_object(descs, _describe(lay, expect), group=group)
-        _check_shards(descs)
-        self.shards = [d["shard"] for d in descs]
         self.num_experts, self.hidden = int(spec.num_experts), int(spec.hidden)
-        r = spec.routing
-        self.method, self.top_k, self.num_shared = r.method, int(r.top_k), int(r.num_shared)
-        self.n_group, self.topk_group = int(r.n_group), int(r.topk_group)
-        # owner[e]: the rank holding expert e, for turning an expert mask into a rank mask.
-        owner = [r for r, (_, n) in enumerate(self.shards) for _ in range(n)]
-        self.owner = torch.tensor(owner, dtype=torch.int64, device=self.device)
+        self.method, self.top_k, self.num_shared = rt.method, int(rt.top_k), int(rt.num_shared)
+        self.n_group, self.topk_group = int(rt.n_group), int(rt.topk_group)
         self.router_bias = None
         if router_bias is not None:
             self.router_bias = torch.as_tensor(router_bias).to(self.device, torch.float32)
-            want = self.num_experts - self.num_shared
-            if self.router_bias.shape != (want,):
-                raise ValueError(f"router_bias: expected shape [{want}], got "
-                                 f"{list(self.router_bias.shape)}")
+        # Arguments are checked on every rank after the exchange, so that a mistake on one rank
+        # raises everywhere instead of leaving the others waiting in a collective.
+        desc = _describe(lay, expect)
+        desc["problem"] = self._argument_problem(dist.get_backend(group))
+        descs = [None] * self.world
+        dist.all_gather_object(descs, desc, group=group)
+        _check_shards(descs)
+        self.shards = [d["shard"] for d in descs]
+        # owner[e]: the rank holding expert e, for turning an expert mask into a rank mask.
+        owner = [r for r, (_, n) in enumerate(self.shards) for _ in range(n)]
+        self.owner = torch.tensor(owner, dtype=torch.int64, device=self.device)
         self.profile = False  # True: synchronize between stages and fill self.timings (seconds)
         self.timings = {}
+
+    def _argument_problem(self, backend):
+        """What is wrong with this rank's arguments (a message), or None."""
+        if self.mode not in MODES:
+            return f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}"
+        if backend == "nccl" and self.device.type != "cuda":
+            return ("layer: the group's backend is nccl, which needs CUDA tensors, but the layer "
+                    "runs on the CPU (use gloo for CPU layers)")
+        if backend == "gloo" and self.device.type == "cuda":
+            return ("layer: the group's backend is gloo, whose all_to_all takes CPU tensors "
+                    "only, but the layer runs on CUDA (use nccl)")
+        want = self.num_experts - self.num_shared
+        if self.router_bias is not None and tuple(self.router_bias.shape) != (want,):
+            return (f"router_bias: expected shape [{want}], got "
+                    f"{list(self.router_bias.shape)}")
+        return None
 
     def extra_repr(self):
         return f"rank={self.rank}/{self.world}, shards={self.shards}, mode={self.mode}"

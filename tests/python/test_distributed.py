@@ -166,8 +166,13 @@ def _cases_two(rank, world, seed):
         ExpertParallelMoE(shard, expect=split[rank])
     with pytest.raises(ValueError, match="rank 1 holds experts \\[0, 8\\)"):
         ExpertParallelMoE(whole)
-    with pytest.raises(ValueError, match="mode: expected one of deterministic, fast"):
-        ExpertParallelMoE(whole, mode="exact")
+    # A bad argument on one rank raises on both.
+    good, good_whole = _pair(seed, split, rank)
+    with pytest.raises(ValueError, match="rank 1: mode: expected one of deterministic, fast"):
+        ExpertParallelMoE(good, mode="exact" if rank == 1 else "fast")
+    with pytest.raises(ValueError, match="rank 0: router_bias: expected shape \\[8\\]"):
+        ExpertParallelMoE(good, router_bias=np.zeros(3, np.float32) if rank == 0 else None)
+    _check_against_whole(ExpertParallelMoE(good), good_whole, x, logits, F32_BUDGET)
 
 
 def _cases_methods(rank, world, seed):
