@@ -90,7 +90,21 @@ def _inputs(seed, rank, t, e=E, dtype=torch.float32, device="cpu", ties=False):
     logits = torch.randn(t, e, generator=g)
     if ties:  # few distinct values: equal logits, equal probabilities, ties in every ranking
         logits = torch.round(logits * 2) / 2
+    if ties == "near":  # and logits a few ulps apart, whose fp32 probabilities may round equal
+        logits = logits * (1 + torch.randint(-3, 4, logits.shape, generator=g) * 2.0**-23)
     return x.to(device, dtype), logits.to(device, dtype)
+
+
+def _boundary_ties(logits):
+    """Logits whose second pick is a near tie across the shards: expert 5 (rank 1) leads, expert
+    6 (rank 1) is one ulp above expert 1 (rank 0). Where their fp32 probabilities round equal,
+    qmoe takes expert 1 (the lower index), which a plan by logits alone would miss."""
+    out = torch.full_like(logits, -4.0)
+    v = logits[:, 0].abs() / 4
+    out[:, 5] = 3.0
+    out[:, 1] = v
+    out[:, 6] = torch.nextafter(v, torch.full_like(v, 10.0))
+    return out
 
 
 def _check_against_whole(ep, whole, x, logits, budget, oracle=True):
@@ -193,8 +207,10 @@ def _cases_methods(rank, world, seed):
             kw["router_correction_bias"] = bias
         shard, whole = _pair(seed, split, rank, **kw)
         ep = ExpertParallelMoE(shard, router_bias=bias)
-        x, logits = _inputs(seed, rank, [5, 11][rank], ties=True)
+        x, logits = _inputs(seed, rank, [100, 160][rank], ties="near")
         _check_against_whole(ep, whole, x, logits, F32_BUDGET, oracle=False)
+        if kw["routing"] == "softmax_topk":
+            _check_against_whole(ep, whole, x, _boundary_ties(logits), F32_BUDGET, oracle=False)
     # bf16 activations, fast mode.
     shard, whole = _pair(seed, split, rank, format="int4", normalize=True, dtype="bf16")
     ep = ExpertParallelMoE(shard, mode="fast")
