@@ -12,6 +12,7 @@ Per preset and token count it reports (rank 0 prints, --json writes the rows):
                  synchronizes the device between stages (so stages do not overlap), slowest rank
   compute_us     the shard's qmoe call in the same profiled call, slowest rank
   other_us       the plan (which ranks a token visits) and the combine, slowest rank
+  ranks_per_token  the ranks a token visits on average (the plan's superset of its routes' ranks)
   one_device_us  the unsharded layer on rank 0's device at world_size x tokens tokens (--no-baseline
                  skips it; it needs the whole layer's weights on one device)
   scaling        one_device_us / layer_us: R devices' throughput over one's on the same tokens
@@ -110,10 +111,14 @@ def time_calls(fn, device, iters, warmup, group_barrier=True):
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def rank_max(value, device):
+def rank_max(value, device, op=dist.ReduceOp.MAX):
     t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=op)
     return t.item()
+
+
+def rank_sum(value, device):
+    return rank_max(value, device, dist.ReduceOp.SUM)
 
 
 def bench_preset(args, preset, ctx):
@@ -146,9 +151,11 @@ def bench_preset(args, preset, ctx):
                 for k, v in moe.timings.items():
                     stages[k] = stages.get(k, 0.0) + v / args.iters * 1e6
             moe.profile = False
-            comm = rank_max(stages["counts"] + stages["dispatch"] + stages["return"], device)
-            compute = rank_max(stages["compute"], device)
-            other = rank_max(stages["plan"] + stages["combine"], device)
+            visits = moe.last_rows[0]
+            comm = rank_max(sum(stages.get(k, 0.0) for k in ("counts", "dispatch", "return")),
+                            device)
+            compute = rank_max(stages.get("compute", 0.0), device)
+            other = rank_max(stages.get("plan", 0.0) + stages.get("combine", 0.0), device)
             one = None
             if whole is not None:
                 xa = x.repeat(world, 1)
@@ -156,7 +163,9 @@ def bench_preset(args, preset, ctx):
                 one = time_calls(lambda: whole(xa, la), device, args.iters, args.warmup,
                                  group_barrier=False)
             dist.barrier()
+        visits = rank_sum(visits, device) / max(1, world * tokens)
         row = dict(preset=preset, world_size=world, tokens_per_rank=tokens, mode=args.mode,
+                   ranks_per_token=round(visits, 3),
                    device=str(torch.cuda.get_device_name(device)) if use_cuda else "cpu",
                    layer_us=round(layer_us, 1), comm_us=round(comm, 1),
                    compute_us=round(compute, 1), other_us=round(other, 1),
@@ -166,7 +175,8 @@ def bench_preset(args, preset, ctx):
         if rank == 0:
             print(f"{preset:14s} R={world} T/rank={tokens:5d}  layer {row['layer_us']:9.1f} us"
                   f"  comm {row['comm_us']:9.1f}  compute {row['compute_us']:9.1f}"
-                  f"  other {row['other_us']:8.1f}  one device "
+                  f"  other {row['other_us']:8.1f}  ranks/token {row['ranks_per_token']:.2f}"
+                  f"  one device "
                   f"{'-' if one is None else f'{one:9.1f}'} us  scaling "
                   f"{'-' if one is None else row['scaling']}", flush=True)
     return rows

@@ -194,6 +194,7 @@ class ExpertParallelMoE(nn.Module):
         self.owner = torch.tensor(owner, dtype=torch.int64, device=self.device)
         self.profile = False  # True: synchronize between stages and fill self.timings (seconds)
         self.timings = {}
+        self.last_rows = (0, 0)  # the last call's rows (token visits) sent and received
 
     def _argument_problem(self, backend):
         """What is wrong with this rank's arguments (a message), or None."""
@@ -277,7 +278,10 @@ class ExpertParallelMoE(nn.Module):
             self._exchange_counts(None)  # tells the other ranks, so none waits for this one
             raise err
         if self.world == 1:
-            return self.moe(x, router_logits, router_weights)
+            self.last_rows = (x.numel() // self.hidden,) * 2
+            out = self.moe(x, router_logits, router_weights)
+            self._stage("compute", start)
+            return out
         with torch.no_grad():
             return self._forward(x, router_logits, router_weights, start)
 
@@ -306,6 +310,7 @@ class ExpertParallelMoE(nn.Module):
         tokens = pairs[:, 1]
         start = self._stage("plan", start)
         send_counts, recv_counts = self._exchange_counts(mask.sum(dim=0))
+        self.last_rows = (sum(send_counts), sum(recv_counts))
         start = self._stage("counts", start)
 
         parts = [x, router_logits] + ([] if router_weights is None else [router_weights])

@@ -322,3 +322,4 @@ def test_benchmark_smoke(tmp_path):
     assert [(r["preset"], r["tokens_per_rank"]) for r in got] == [
         ("qwen3-30b-a3b", 0), ("qwen3-30b-a3b", 3), ("deepseek-v3", 0), ("deepseek-v3", 3)]
     assert all(r["layer_us"] > 0 and r["world_size"] == 2 for r in got)
+    assert all(1 <= r["ranks_per_token"] <= 2 for r in got if r["tokens_per_rank"])
