@@ -250,6 +250,25 @@ def test_three_ranks(seed):
     _spawn(_cases_three, 3, seed)
 
 
+def _deterministic_run(rank, world, seed):
+    """One deterministic call per rank, its output saved for the parent to compare across runs."""
+    seed, path = seed
+    split = even_split(E, world)
+    shard, _ = _pair(seed, split, rank, format="int4", normalize=True)
+    x, logits = _inputs(seed, rank, [5, 12, 1][rank], ties="near")
+    torch.save(ExpertParallelMoE(shard)(x, logits), f"{path}.{rank}")
+
+
+def test_deterministic_across_runs(seed, tmp_path):
+    runs = []
+    for n in range(2):
+        path = str(tmp_path / f"run{n}")
+        _spawn(_deterministic_run, 3, (seed, path))
+        runs.append([torch.load(f"{path}.{r}") for r in range(3)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert [y.shape[0] for y in runs[0]] == [5, 12, 1]
+
+
 def test_even_split_and_arguments():
     assert even_split(8, 3) == [(0, 3), (3, 3), (6, 2)]
     assert even_split(5, 5) == [(i, 1) for i in range(5)]
