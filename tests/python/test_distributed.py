@@ -216,6 +216,13 @@ def _cases_methods(rank, world, seed):
     ep = ExpertParallelMoE(shard, mode="fast")
     x, logits = _inputs(seed, rank, [6, 2][rank], dtype=torch.bfloat16)
     _check_against_whole(ep, whole, x, logits, BF16_BUDGET, oracle=False)
+    # Mixed dtypes in one packed row: bf16 x, f32 logits and router weights.
+    g = torch.Generator().manual_seed(seed % 2**62 + rank)
+    logits32, rw = torch.randn(x.shape[0], E, generator=g), torch.rand(x.shape[0], E, generator=g)
+    y = ep(x, logits32, rw)
+    ref = whole(x, logits32, rw)
+    assert rel(y.float().numpy(), ref.float().numpy()) < BF16_BUDGET
+    assert rel(y.float().numpy(), whole(x, logits32).float().numpy()) > 0.01  # rw mattered
 
 
 def _cases_two_all(rank, world, seed):
