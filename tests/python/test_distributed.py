@@ -32,7 +32,7 @@ from test_python_api import rel  # noqa: E402
 mp = torch.multiprocessing
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 
-H, I, E = 64, 32, 8
+H, I, E = 128, 64, 8  # the shapes of the operator's tests (test_python_api.py), GPU ones included
 F32_BUDGET, BF16_BUDGET = 1e-5, 2e-2  # the op's own tests' budgets (test_torch_op.py)
 
 
@@ -77,7 +77,7 @@ def _pair(seed, split, rank, backend="cpu", **kw):
     """(this rank's shard, the whole layer as a QMoE module) from the same weights."""
     w1, w2 = _weights(seed, kw.pop("experts", E))
     kw.setdefault("format", "int8")
-    kw.setdefault("block_size", 32)
+    kw.setdefault("block_size", 64)
     kw.setdefault("top_k", 2)
     first, count = split[rank]
     shard = shard_from_float(w1, w2, first=first, count=count, backend=backend, **kw)
@@ -283,8 +283,8 @@ def test_even_split_and_arguments():
         even_split(2, 3)
     w1, w2 = _weights(0)
     with pytest.raises(ValueError, match="experts \\[6, 10\\) do not fit"):
-        shard_from_float(w1, w2, first=6, count=4, top_k=2, format="int8", block_size=32)
-    shard = shard_from_float(w1, w2, first=2, count=3, top_k=2, format="int8", block_size=32)
+        shard_from_float(w1, w2, first=6, count=4, top_k=2, format="int8", block_size=64)
+    shard = shard_from_float(w1, w2, first=2, count=3, top_k=2, format="int8", block_size=64)
     assert (shard.spec.first_expert, shard.spec.weight_experts, shard.spec.num_experts) == (2, 3, 8)
     if not dist.is_initialized():
         with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
