@@ -274,9 +274,9 @@ class ExpertParallelMoE(nn.Module):
                 raise RuntimeError("ExpertParallelMoE: no gradient (qmoe runs inference only); "
                                    "call it under torch.no_grad() or detach the inputs")
             _ops._check(x, router_logits, self.moe.handle, router_weights)
-        except (ValueError, TypeError, RuntimeError) as err:
+        except (ValueError, TypeError, RuntimeError):
             self._exchange_counts(None)  # tells the other ranks, so none waits for this one
-            raise err
+            raise
         if self.world == 1:
             self.last_rows = (x.numel() // self.hidden,) * 2
             out = self.moe(x, router_logits, router_weights)
@@ -293,7 +293,7 @@ class ExpertParallelMoE(nn.Module):
             send = torch.full((self.world,), -1, dtype=torch.int64, device=self.device)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)
-        both = torch.stack([send, recv]).tolist()  # the one host synchronization of a call
+        both = torch.stack([send, recv]).tolist()  # on the host: the splits are host lists
         bad = [r for r, c in enumerate(both[1]) if c < 0]
         if bad and not refused:
             raise RuntimeError(f"ExpertParallelMoE: rank(s) {bad} refused their input (see the "
