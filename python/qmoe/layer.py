@@ -88,21 +88,28 @@ class Layer:
                    zero_points=False, fc2_format=None, routing="softmax_topk", normalize=False,
                    activation="swiglu", glu="concatenated", dtype="f32", biases=None,
                    router_correction_bias=None, backend="cpu", device=0, num_threads=0,
-                   max_dequant_bytes=0, tune_file="", **routing_fields):
+                   max_dequant_bytes=0, tune_file="", num_experts=None, first_expert=0,
+                   **routing_fields):
         """Quantizes fp32 expert weights and prepares them.
 
         fc1 [E, F*I, H] (F = 2 for a fused gated activation, laid out as `glu` says), fc2 [E, H, I],
-        fc3 [E, I, H] with glu="separate_fc3". biases: optional {"fc1": [E, N], ...}."""
+        fc3 [E, I, H] with glu="separate_fc3". biases: optional {"fc1": [E, N], ...}.
+        A shard of local experts: num_experts = the router's columns and first_expert the index of
+        the first expert the weights (and biases) hold; the router correction bias stays over all
+        experts (docs/semantics.md)."""
         fc1_np, _ = host_tensor("fc1", fc1)
         fc2_np, _ = host_tensor("fc2", fc2)
         e, n1, h = fc1_np.shape
         inter = fc2_np.shape[2]
         biases = biases or {}
-        spec = make_spec(h, inter, e, top_k=top_k, format=format, block_size=block_size,
+        total = e if num_experts is None else int(num_experts)
+        local = 0 if (total == e and first_expert == 0) else e
+        spec = make_spec(h, inter, total, top_k=top_k, format=format, block_size=block_size,
                          zero_points=zero_points, fc2_format=fc2_format, routing=routing,
                          normalize=normalize, activation=activation,
                          glu=glu, dtype=dtype, fc1_bias="fc1" in biases,
-                         fc2_bias="fc2" in biases, fc3_bias="fc3" in biases, **routing_fields)
+                         fc2_bias="fc2" in biases, fc3_bias="fc3" in biases,
+                         first_expert=first_expert, local_experts=local, **routing_fields)
         tensors = {}
         fcs = [("fc1", fc1_np, spec.fc1), ("fc2", fc2_np, spec.fc2)]
         if fc3 is not None:

@@ -57,13 +57,16 @@ def fc_format(format="int4", block_size=None, zero_points=False, scale_dtype=Non
 def make_spec(hidden, inter, num_experts, *, top_k, format="int4", block_size=None,
               zero_points=False, fc2_format=None, routing="softmax_topk", normalize=False,
               num_shared=0, activation="swiglu", glu="concatenated", dtype="f32",
-              fc1_bias=False, fc2_bias=False, fc3_bias=False, **routing_fields):
+              fc1_bias=False, fc2_bias=False, fc3_bias=False, first_expert=0, local_experts=0,
+              **routing_fields):
     """A LayerSpec from keywords. `format` (a name or an FcFormat) applies to every FC unless
-    fc2_format says otherwise; routing_fields sets further RoutingSpec fields (n_group,
+    fc2_format says otherwise; first_expert / local_experts make a shard of local experts
+    (docs/semantics.md); routing_fields sets further RoutingSpec fields (n_group,
     topk_group, routed_scaling_factor, sparse_mixer_eps, ties, combine) or ActivationSpec fields
     (alpha, beta, limit, limit_after_activation)."""
     s = LayerSpec()
     s.hidden, s.inter, s.num_experts = int(hidden), int(inter), int(num_experts)
+    s.first_expert, s.local_experts = int(first_expert), int(local_experts)
     fc = format if isinstance(format, FcFormat) else fc_format(format, block_size, zero_points)
     s.fc1 = fc
     s.fc3 = fc
