@@ -4,7 +4,7 @@
 // shard, the shards' sum against the whole layer (oracle and CUDA), on every dispatch path the
 // layer offers (generic with each GEMM, decode forms, fused); a shard its tokens never route to
 // writes exact zeros; graph replays equal eager calls bit for bit; the fused kernel's grid size
-// changes no bit.
+// and the decode kernels' tiles per block and weight rings change no bit.
 //
 // Every shard's weights are views into one whole layer's tensors (make_shard, layer_factory.h).
 #include <gtest/gtest.h>
@@ -299,6 +299,20 @@ TEST(GpuShards, GraphReplayEqualsEagerBitwise) {
       check_graph_replay(sh, layer.get(), tokens, seed + static_cast<uint64_t>(tokens), 2);
       if (::testing::Test::HasFatalFailure()) return;
     }
+  }
+}
+
+TEST(GpuShards, DecodeFormsTilesAndRings) {
+  QMOE_REQUIRE_GPU();
+  // On a shard, every decode form within budget, and tiles per block and both weight rings the
+  // same bits (the decode kernels' scheduling changes no bit).
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kNvFp4}) {
+    TestLayer whole;
+    uint64_t seed = 0;
+    make_whole(small_spec(f, 256, 128, 16, 4), DType::kBF16, &whole, &seed);
+    SCOPED_TRACE(layer_name(whole.spec));
+    check_forms_tiles_and_rings(make_shard(whole, 4, 9), seed);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
