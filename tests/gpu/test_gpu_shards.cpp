@@ -44,9 +44,9 @@ void prepare_gpu(const TestLayer& tl, const PrepareOptions& opt, int64_t tokens,
 
 // The whole layer and its shards [bounds[r], bounds[r + 1]) on the GPU with `opt` (its dispatch,
 // if any, checked to be taken): each shard within the budget of its oracle partial and of the CPU
-// backend's; the shards' sum within the budget of the whole layer's oracle output and twice it of
-// the whole layer's CUDA output. With 8 or more tokens (and `spread`, random routing) at least two
-// shards must get routes, so the sum is no single shard's output.
+// backend's (a quarter more); the shards' sum within the budget of the whole layer's oracle output
+// and twice it of the whole layer's CUDA output. With 8 or more tokens (and `spread`, random
+// routing) at least two shards must get routes, so the sum is no single shard's output.
 void check_shards(const TestLayer& whole, const TestInputs& ti, const std::vector<int64_t>& bounds,
                   const PrepareOptions& opt, bool spread = true) {
   const int64_t tokens = tokens_of(ti.in);
@@ -78,7 +78,9 @@ void check_shards(const TestLayer& whole, const TestInputs& ti, const std::vecto
     std::vector<double> cpu;
     cpu_run(sh, ti, &cpu);
     if (::testing::Test::HasFatalFailure()) return;
-    EXPECT_LE(relative_norm_error(part.out_f64.data(), cpu.data(), cpu.size()), budget)
+    // The CPU backend's partial is itself off the oracle by its output's rounding (u / sqrt(3)
+    // RMS, about a ninth of the bf16 and f16 budgets): a quarter more covers it.
+    EXPECT_LE(relative_norm_error(part.out_f64.data(), cpu.data(), cpu.size()), 1.25 * budget)
         << "against the CPU backend's partial";
     bool any = false;
     for (size_t i = 0; i < sum.size(); ++i) {
