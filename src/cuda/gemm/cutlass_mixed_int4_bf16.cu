@@ -1,4 +1,0 @@
-// The mixed-input grouped GEMM, int4 codes, bf16 activations (cutlass_mixed_kernel.cuh).
-#include "cuda/gemm/cutlass_mixed_kernel.cuh"
-
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt4, true, cutlass::bfloat16_t)
