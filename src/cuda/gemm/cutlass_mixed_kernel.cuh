@@ -103,6 +103,18 @@ struct ScaleAndZeroMainloop : Base {
   }
 };
 
+// The tile of an instance by its N (the group's rows): 128 x 128 x 64 with the grouped GEMM's
+// epilogue, or 128 x 32 x 64 (cutlass_mixed_narrow.cuh, included only by the narrow instances'
+// translation units). Each epilogue is built outside any template (see cutlass_grouped_kernel.cuh).
+template <int kTileN>
+struct MixedTile;
+template <>
+struct MixedTile<128> {
+  using Shape = GroupTileShape;
+  using Epilogue = GroupEpilogue;
+  static constexpr int kEpilogueSmem = kGroupEpilogueSmem;
+};
+
 // Code type, scale type and zero term of each kind (cutlass_mixed.h's table); Element is the
 // activation type.
 template <MixedCodes kCodes, typename Element>
@@ -124,9 +136,10 @@ struct MixedOperand<MixedCodes::kE4m3, Element> {
   using Tuple = cute::tuple<cutlass::float_e4m3_t, float>;
 };
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 struct MixedGemm {
   using Operand = MixedOperand<kCodes, Element>;
+  using Tile = MixedTile<kTileN>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutA = cutlass::layout::RowMajor;         // codes [n, k]: K-contiguous along M
@@ -136,8 +149,8 @@ struct MixedGemm {
   static constexpr int kAlignB = 16 / sizeof(Element);
   using Collective = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Operand::Tuple, LayoutA*,
-      kAlignA, Element, LayoutB*, kAlignB, float, GroupTileShape, GroupClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kGroupEpilogueSmem>,
+      kAlignA, Element, LayoutB*, kAlignB, float, typename Tile::Shape, GroupClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<Tile::kEpilogueSmem>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   static constexpr bool kZero = mixed_has_zeros(kCodes);
   using Mainloop =
@@ -147,7 +160,8 @@ struct MixedGemm {
                            : Mainloop::ConversionMode::ConvertAndScale),
                 "codes times scales, plus the zero term where the kind has one");
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, GroupEpilogue>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, typename Tile::Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
@@ -266,15 +280,15 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileN>>(max_groups, sm_count).total;
 }
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element>;
+  using G = MixedGemm<kCodes, Element, kTileN>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -297,16 +311,16 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind and dtype.
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, Element)                                \
-  namespace qmoe::cuda::cutlass_detail {                                                   \
-  template <>                                                                              \
-  size_t mixed_workspace_bytes<kCodes, kBf16>(int64_t max_groups, int sm_count) {          \
-    return mixed_workspace_bytes_for<kCodes, Element>(max_groups, sm_count);               \
-  }                                                                                        \
-  template <>                                                                              \
-  Status mixed_launch<kCodes, kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
-                                     cudaStream_t stream) {                                \
-    return mixed_launch_for<kCodes, Element>(args, sm_count, workspace, stream);           \
-  }                                                                                        \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype and tile.
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileN, Element)                          \
+  namespace qmoe::cuda::cutlass_detail {                                                     \
+  template <>                                                                                \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count) {    \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileN>(max_groups, sm_count);         \
+  }                                                                                          \
+  template <>                                                                                \
+  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,        \
+                                             void* workspace, cudaStream_t stream) {         \
+    return mixed_launch_for<kCodes, Element, kTileN>(args, sm_count, workspace, stream);     \
+  }                                                                                          \
   }

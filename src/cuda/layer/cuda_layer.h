@@ -93,7 +93,8 @@ class CudaLayer final : public PreparedLayer {
         dequant_cap_(dequant_cap),
         pdl_(options.pdl),
         decode_options_(options.decode),
-        fused_grid_ctas_(options.fused_grid_ctas) {
+        fused_grid_ctas_(options.fused_grid_ctas),
+        mixed_tile_(options.mixed_tile) {
     cdt_ = spec.act_dtype;
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
@@ -229,6 +230,7 @@ class CudaLayer final : public PreparedLayer {
   DispatchTable dispatch_;
   bool cutlass_ = false;  // set_cutlass()
   bool mixed_ = false;    // set_cutlass()
+  int mixed_tile_ = 0;    // PrepareOptions::mixed_tile
   MixedFc mixed1_, mixed2_, mixed3_;
   int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;

@@ -218,6 +218,12 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.sched.n_touched = n_touched;
     m.sched.offsets = maps.expert_offsets;
     m.max_groups = static_cast<int>(std::min<int64_t>(spec_.weight_experts(), routes));
+    // Few rows per expert: the narrow tile, so the wgmma is not mostly padding
+    // (cutlass_mixed_narrow.cuh). The host knows the average, routes / E, which a shard's held
+    // experts share with the whole layer's.
+    const bool narrow = mixed_tile_ == 0 ? routes <= kMixedNarrowRoutes * spec_.num_experts
+                                         : mixed_tile_ == 32;
+    m.tile_n = narrow && mixed_has_narrow_tile(mx.kind, cdt_) ? 32 : 128;
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
   }
   const int s = static_cast<int>(l.slots_in_scratch);
