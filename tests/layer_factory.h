@@ -110,6 +110,36 @@ inline LayerSpec small_spec(WeightFormat f, int64_t hidden = 256, int64_t inter 
   return s;
 }
 
+// Local experts: the shard of `whole` holding experts [first, first + count) (LayerSpec::
+// first_expert, local_experts). Its weights are views into whole's tensors, which must outlive it:
+// every weight tensor has the experts as its leading dimension, so the shard's experts are one
+// contiguous slice. Only spec and weights are set (the buffers stay whole's).
+inline TensorView slice_experts(TensorView v, int64_t first, int64_t count) {
+  if (!v.present()) return v;
+  const size_t per_expert = v.bytes() / static_cast<size_t>(v.dims[0]);
+  v.data = static_cast<const uint8_t*>(v.data) + first * per_expert;
+  v.dims[0] = count;
+  return v;
+}
+
+inline FcWeights slice_fc(const FcWeights& w, int64_t first, int64_t count) {
+  return {slice_experts(w.weight, first, count), slice_experts(w.scales, first, count),
+          slice_experts(w.bias, first, count), slice_experts(w.zero_points, first, count),
+          slice_experts(w.global_scale, first, count)};
+}
+
+inline TestLayer make_shard(const TestLayer& whole, int64_t first, int64_t count) {
+  TestLayer s;
+  s.spec = whole.spec;
+  s.spec.first_expert = first;
+  s.spec.local_experts = count;
+  s.weights.fc1 = slice_fc(whole.weights.fc1, first, count);
+  s.weights.fc2 = slice_fc(whole.weights.fc2, first, count);
+  if (whole.spec.has_fc3()) s.weights.fc3 = slice_fc(whole.weights.fc3, first, count);
+  s.weights.router_bias = whole.weights.router_bias;  // routing is over all E: not sliced
+  return s;
+}
+
 // A view of `shape` (any rank up to kMaxRank) on `data`, which may be null (an empty tensor).
 template <typename View, typename Ptr>
 View shaped_view(Ptr data, DType t, const std::vector<int64_t>& shape) {

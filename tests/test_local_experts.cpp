@@ -3,8 +3,7 @@
 // up to the whole layer (CPU backend and oracle), a fixed sharding is bitwise reproducible across
 // thread counts, and bad ranges are refused naming the field.
 //
-// Every shard's weights are views into one whole layer's tensors: each weight tensor has the
-// experts as its leading dimension, so experts [first, first + L) are one contiguous slice.
+// Every shard's weights are views into one whole layer's tensors (make_shard, layer_factory.h).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -17,37 +16,6 @@
 
 namespace qmoe::test {
 namespace {
-
-TensorView slice_experts(TensorView v, int64_t first, int64_t count) {
-  if (!v.present()) return v;
-  const size_t per_expert = v.bytes() / static_cast<size_t>(v.dims[0]);
-  v.data = static_cast<const uint8_t*>(v.data) + first * per_expert;
-  v.dims[0] = count;
-  return v;
-}
-
-FcWeights slice_fc(const FcWeights& w, int64_t first, int64_t count) {
-  return {slice_experts(w.weight, first, count), slice_experts(w.scales, first, count),
-          slice_experts(w.bias, first, count), slice_experts(w.zero_points, first, count),
-          slice_experts(w.global_scale, first, count)};
-}
-
-struct Shard {
-  LayerSpec spec;
-  LayerWeights weights;
-};
-
-// The shard holding experts [first, first + count) of the whole layer.
-Shard make_shard(const TestLayer& whole, int64_t first, int64_t count) {
-  Shard s{whole.spec, {}};
-  s.spec.first_expert = first;
-  s.spec.local_experts = count;
-  s.weights.fc1 = slice_fc(whole.weights.fc1, first, count);
-  s.weights.fc2 = slice_fc(whole.weights.fc2, first, count);
-  if (whole.spec.has_fc3()) s.weights.fc3 = slice_fc(whole.weights.fc3, first, count);
-  s.weights.router_bias = whole.weights.router_bias;  // routing is over all E: not sliced
-  return s;
-}
 
 // Runs the CPU backend; out receives the output as floats (act dtype f32 in these tests).
 void run_cpu(const LayerSpec& spec, const LayerWeights& w, const RunInputs& in, int threads,
@@ -84,7 +52,7 @@ void check_shards_sum(const LayerSpec& spec, const std::vector<int64_t>& bounds,
   std::vector<double> sum_cpu(n, 0.0), sum_ref(n, 0.0);
   int nonzero_shards = 0;
   for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-    const Shard sh = make_shard(whole, bounds[r], bounds[r + 1] - bounds[r]);
+    const TestLayer sh = make_shard(whole, bounds[r], bounds[r + 1] - bounds[r]);
     std::vector<float> part;
     run_cpu(sh.spec, sh.weights, ti.in, 2, &part);
     std::vector<double> part_ref;
@@ -169,7 +137,7 @@ TEST(LocalExperts, FixedShardingIsBitwiseReproducibleAcrossThreadCounts) {
   const std::vector<int64_t> bounds = {0, 3, 8};
   std::vector<float> sum1(33 * spec.hidden, 0.0f), sum3(33 * spec.hidden, 0.0f);
   for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-    const Shard sh = make_shard(whole, bounds[r], bounds[r + 1] - bounds[r]);
+    const TestLayer sh = make_shard(whole, bounds[r], bounds[r + 1] - bounds[r]);
     std::vector<float> a, b;
     run_cpu(sh.spec, sh.weights, ti.in, 1, &a);
     run_cpu(sh.spec, sh.weights, ti.in, 3, &b);
@@ -184,7 +152,7 @@ TEST(LocalExperts, ZeroTokensAndUntouchedShards) {
   const LayerSpec spec = small_spec(WeightFormat::kInt4);
   TestLayer whole;
   make_layer(spec, seed, &whole);
-  const Shard sh = make_shard(whole, 6, 2);
+  const TestLayer sh = make_shard(whole, 6, 2);
   std::unique_ptr<PreparedLayer> layer;
   ASSERT_TRUE(prepare_layer(BackendKind::kCpu, sh.spec, sh.weights, {}, &layer).is_ok());
   // Zero tokens, null pointers.
@@ -219,8 +187,9 @@ TEST(LocalExperts, BadRangesAreRefusedNamingTheField) {
     EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
     std::unique_ptr<PreparedLayer> layer;
     EXPECT_FALSE(prepare_layer(BackendKind::kCpu, s, w, {}, &layer).is_ok()) << needle;
+    EXPECT_FALSE(prepare_layer(BackendKind::kCuda, s, w, {}, &layer).is_ok()) << needle;
   };
-  Shard sh = make_shard(whole, 2, 4);
+  TestLayer sh = make_shard(whole, 2, 4);
   ASSERT_TRUE(check_layer(sh.spec, sh.weights).is_ok());
   LayerSpec s = sh.spec;
   s.local_experts = 9;
@@ -241,9 +210,6 @@ TEST(LocalExperts, BadRangesAreRefusedNamingTheField) {
   s = whole.spec;
   s.local_experts = 4;  // the whole layer's weights where 4 experts are expected
   expect(s, whole.weights, "fc1_experts_weights");
-  // The CUDA backend refuses sharded layers (and a CPU-only build refuses CUDA altogether).
-  std::unique_ptr<PreparedLayer> layer;
-  EXPECT_FALSE(prepare_layer(BackendKind::kCuda, sh.spec, sh.weights, {}, &layer).is_ok());
 }
 
 class LocalExpertsFile : public TempDirTest {};
@@ -254,7 +220,7 @@ TEST_F(LocalExpertsFile, LayerFileCarriesTheRange) {
   spec.routing.n_group = 2;
   TestLayer whole;
   make_layer(spec, fresh_seed(), &whole);
-  const Shard sh = make_shard(whole, 3, 4);
+  const TestLayer sh = make_shard(whole, 3, 4);
   const std::string p = path("shard.safetensors");
   Status st = save_layer_file(p, sh.spec, sh.weights);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
@@ -282,7 +248,7 @@ TEST(LocalExperts, OrtImportTakesEFromTheRouter) {
   make_layer(small_spec(WeightFormat::kInt4), fresh_seed(), &whole);
   TestInputs ti;
   make_inputs(whole.spec, 3, 5, false, &ti);
-  const Shard sh = make_shard(whole, 4, 2);
+  const TestLayer sh = make_shard(whole, 4, 2);
   TensorView in[kNumOrtInputs];
   in[kOrtInput] = ti.in.input;
   in[kOrtRouterProbs] = ti.in.router_logits;   // [3, 8]

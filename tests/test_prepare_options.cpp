@@ -19,7 +19,7 @@ const char* const kVariables[] = {
     "QMOE_TUNE_FILE",         "QMOE_GEMM",        "QMOE_DISPATCH",
     "QMOE_CUDA_PATH",         "QMOE_PDL",         "QMOE_DECODE_ROWS",
     "QMOE_DECODE_TPB",        "QMOE_DECODE_RING", "QMOE_DECODE_PREFETCH",
-    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID"};
+    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE"};
 
 // Each test starts from an environment without them (restored afterwards).
 class PrepareOptionsTest : public ::testing::Test {
@@ -66,10 +66,11 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EnvOverride a("QMOE_TUNE_FILE", "/tmp/t.json"), b("QMOE_GEMM", "mma"),
       c("QMOE_DISPATCH", "decode/2"), d("QMOE_PDL", "0"), e("QMOE_DECODE_ROWS", "3"),
       f("QMOE_DECODE_TPB", "8"), g("QMOE_DECODE_RING", "2"), h("QMOE_DECODE_PREFETCH", "0"),
-      i("QMOE_DECODE_MIN_BLOCKS", "0"), j("QMOE_FUSED_GRID", "5");
+      i("QMOE_DECODE_MIN_BLOCKS", "0"), j("QMOE_FUSED_GRID", "5"), k("QMOE_MIXED_TILE", "32");
   PrepareOptions out;
   ASSERT_TRUE(resolve({}, &out).is_ok());
   EXPECT_EQ(out.fused_grid_ctas, 5);
+  EXPECT_EQ(out.mixed_tile, 32);
   EXPECT_EQ(out.tune_file, "/tmp/t.json");
   EXPECT_EQ(out.gemm, "mma");
   EXPECT_EQ(out.dispatch, "decode/2");
@@ -84,7 +85,9 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   mine.pdl = false;
   mine.decode = DecodeOptions{5, 4, 1, 2, 2};  // rows, tiles, ring, prefetch, min blocks
   mine.fused_grid_ctas = 3;
+  mine.mixed_tile = 128;
   ASSERT_TRUE(resolve(mine, &out).is_ok());
+  EXPECT_EQ(out.mixed_tile, 128);
   EXPECT_EQ(out.tune_file, "mine.json");
   EXPECT_EQ(out.gemm, "cutlass");
   EXPECT_EQ(out.dispatch, "generic");
@@ -136,7 +139,8 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
         Case{"QMOE_DISPATCH", "decode/3", "decode/cc or fused"},
-        Case{"QMOE_FUSED_GRID", "-1", "CTA count"}}) {
+        Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "64", "32 or 128"},
+        Case{"QMOE_MIXED_TILE", "-32", "32 or 128"}}) {
     EnvOverride o(c.var, c.value);
     PrepareOptions out;
     out.decode.rows = 77;  // untouched on error
@@ -167,6 +171,7 @@ TEST_F(PrepareOptionsTest, BadFieldsAreNamed) {
            Case{[](PrepareOptions* o) { o->gemm = "fast"; }, "gemm"},
            Case{[](PrepareOptions* o) { o->dispatch = "decode"; }, "dispatch"},
            Case{[](PrepareOptions* o) { o->fused_grid_ctas = -2; }, "fused_grid_ctas"},
+           Case{[](PrepareOptions* o) { o->mixed_tile = 64; }, "mixed_tile"},
        }) {
     PrepareOptions in, out;
     c.set(&in);

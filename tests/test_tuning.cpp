@@ -84,6 +84,14 @@ TEST(Tuning, KeyNamesDeviceShapeAndFormats) {
   t.act_dtype = s.act_dtype == DType::kBF16 ? DType::kF16 : DType::kBF16;
   EXPECT_NE(tune_key(t, "NVIDIA H200"), k);
   EXPECT_NE(tune_key(s, "NVIDIA H100"), k);
+  // Shards (local experts) get keys of their own, apart from the whole layer and from each other.
+  t = s;
+  t.local_experts = 8;
+  const std::string first_half = tune_key(t, "NVIDIA H200");
+  EXPECT_NE(first_half, k);
+  EXPECT_NE(first_half.find("local 0+8"), std::string::npos) << first_half;
+  t.first_expert = 8;
+  EXPECT_NE(tune_key(t, "NVIDIA H200"), first_half);
 }
 
 }  // namespace

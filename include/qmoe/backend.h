@@ -72,6 +72,10 @@ struct PrepareOptions {
   // CUDA: the fused kernel runs on at most this many CTAs (tests of its grid independence); 0 as
   // many as the device holds. QMOE_FUSED_GRID.
   int fused_grid_ctas = 0;
+  // CUDA: the mixed-input GEMM's tile rows: 0 chooses per call (the 32-row tile while the call
+  // averages at most 32 routes per expert, where the kind has it), 32 or 128 take that tile
+  // wherever it exists (A/B runs). QMOE_MIXED_TILE.
+  int mixed_tile = 0;
 };
 
 // The one place the environment enters the options: `options` with each QMOE_* variable that is
@@ -83,7 +87,7 @@ struct PrepareOptions {
 //   QMOE_DISPATCH  -> dispatch          QMOE_DECODE_RING       -> decode.ring
 //   (QMOE_CUDA_PATH=generic, older)     QMOE_DECODE_PREFETCH   -> decode.prefetch
 //   QMOE_PDL       -> pdl (0 or 1)      QMOE_DECODE_MIN_BLOCKS -> decode.min_blocks
-//   QMOE_FUSED_GRID -> fused_grid_ctas
+//   QMOE_FUSED_GRID -> fused_grid_ctas  QMOE_MIXED_TILE        -> mixed_tile
 Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* out);
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).

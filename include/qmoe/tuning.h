@@ -24,7 +24,8 @@ struct TunedRow {
 };
 
 // The key a layer's rows are stored under: the device, then everything in the spec that changes
-// the kernels' cost (formats, sizes, dtype, activation layout, routes per token).
+// the kernels' cost (formats, sizes, dtype, activation layout, routes per token, a shard's local
+// experts).
 std::string tune_key(const LayerSpec& spec, const std::string& device);
 
 // Reads the rows stored under `key`. A missing file or key is not an error (*found = false); a

@@ -35,9 +35,13 @@ Status read_file(const std::string& path, json* doc, bool* exists) {
 
 std::string tune_key(const LayerSpec& s, const std::string& device) {
   std::ostringstream k;
-  k << device << " | H " << s.hidden << " I " << s.inter << " E " << s.num_experts << " slots "
-    << s.slots() << " | " << dtype_name(s.act_dtype) << " | fc1 " << s.fc1.to_string() << " fc2 "
-    << s.fc2.to_string();
+  k << device << " | H " << s.hidden << " I " << s.inter << " E " << s.num_experts;
+  // A shard (local experts) times differently from the whole layer: its calls touch only its L
+  // experts, and the shard holding the shared experts runs them for every token. Unsharded keys
+  // stay as they were, so existing tune files still apply.
+  if (s.sharded()) k << " local " << s.first_expert << "+" << s.weight_experts();
+  k << " slots " << s.slots() << " | " << dtype_name(s.act_dtype) << " | fc1 " << s.fc1.to_string()
+    << " fc2 " << s.fc2.to_string();
   if (s.has_fc3()) k << " fc3 " << s.fc3.to_string();
   k << " | " << activation_name(s.activation.kind);
   if (s.activation.gated()) k << " glu " << static_cast<int>(s.activation.glu);

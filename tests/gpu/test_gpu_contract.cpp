@@ -163,17 +163,6 @@ TEST(GpuContract, UnsupportedAndInvalidLayersAreRefusedAtPrepare) {
   EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
   EXPECT_NE(st.message().find("num_experts"), std::string::npos) << st.message();
 
-  // Local experts (a shard of 4 of 8 experts) are CPU-only for now.
-  TestLayer shard;
-  make_layer(small_spec(WeightFormat::kInt4, 256, 128, 4, 2), fresh_seed(), &shard);
-  shard.spec.num_experts = 8;
-  shard.spec.local_experts = 4;
-  shard.spec.first_expert = 2;
-  ASSERT_TRUE(check_layer(shard.spec, shard.weights).is_ok());
-  st = prepare_layer(BackendKind::kCuda, shard.spec, shard.weights, {}, &layer);
-  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.to_string();
-  EXPECT_NE(st.message().find("first_expert/local_experts"), std::string::npos) << st.message();
-
   TestLayer ok;
   make_layer(small_spec(WeightFormat::kInt4), fresh_seed(), &ok);
   PrepareOptions opt;

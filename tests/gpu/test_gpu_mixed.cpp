@@ -45,11 +45,11 @@ cuda::MixedCodes kind_of(const LayerSpec& s, const FcFormat& f, int64_t n, int64
 // Runs one layer and inputs through both GEMM choices; both within the budget, the mixed-input
 // error at most twice the dequantize path's.
 // On the generic path (dispatch "generic"), where the GEMM choice matters.
-void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens) {
+void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens, int tile = 0) {
   SCOPED_TRACE(std::string(dtype_name(s.act_dtype)) + " " + s.fc1.to_string() + " / " +
                s.fc2.to_string() + ", H " + std::to_string(s.hidden) + ", I " +
                std::to_string(s.inter) + ", E " + std::to_string(s.num_experts) + ", " +
-               std::to_string(tokens) + " tokens");
+               std::to_string(tokens) + " tokens, tile " + std::to_string(tile));
   const uint64_t seed = fresh_seed();
   TestLayer tl;
   make_layer(s, seed, &tl);
@@ -57,7 +57,9 @@ void check_mixed_against_dequant(const LayerSpec& s, int64_t tokens) {
   make_inputs(tl.spec, tokens, seed, false, &ti);
   GpuRun mixed, dequant;
   const PrepareOptions generic = with_dispatch("generic");
-  gpu_run(tl, ti, &mixed, with_gemm("cutlass", generic));
+  PrepareOptions tiled = with_gemm("cutlass", generic);
+  tiled.mixed_tile = tile;
+  gpu_run(tl, ti, &mixed, tiled);
   if (::testing::Test::HasFatalFailure()) return;
   gpu_run(tl, ti, &dequant, with_gemm("cutlass-dequant", generic));
   if (::testing::Test::HasFatalFailure()) return;
@@ -130,6 +132,41 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
       check_mixed_against_dequant(f3, 129);
     }
   }
+}
+
+// The narrow (32-row) tile and the wide one, each forced, on the kinds that have both (bf16), and
+// the automatic choice on both sides of its threshold; f16 has only the wide tile, which a forced
+// narrow choice falls back to. 100 tokens x 4 routes over 16 experts average 25 rows (narrow), 1 to
+// 3 groups of 32 rows each and a ragged last one; 300 tokens average 75 rows (wide).
+TEST(GpuMixedLayer, NarrowAndWideTiles) {
+  QMOE_REQUIRE_GPU();
+  using cuda::MixedCodes;
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kBF16));
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
+  const LayerSpec specs[] = {
+      int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
+      spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
+      spec_of(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
+      int4_spec(DType::kF16, 256, 128, 16, 4, 128, DType::kF32)};
+  for (const LayerSpec& s : specs) {
+    for (int tile : {32, 128}) {
+      check_mixed_against_dequant(s, 100, tile);
+      check_mixed_against_dequant(s, 333, tile);
+    }
+    check_mixed_against_dequant(s, 100);  // automatic: narrow where it exists
+  }
+  // The narrow tile's output does not depend on the wide tile's existence: graph replay and
+  // poison as for the wide one.
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(specs[0], seed, &tl);
+  PrepareOptions o = with_gemm("cutlass", with_dispatch("generic"));
+  o.mixed_tile = 32;
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, o, &layer).is_ok());
+  check_graph_replay(tl, layer.get(), 101, seed, 2);
 }
 
 // FC2 in blocks of 32 (below the K tile) runs through the dequantize pass while FC1 runs

@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor_check.h"
@@ -498,7 +499,9 @@ TEST(DeviceRouting, GeneralPathEqualsFusedPathForFewTokens) {
 // The plan (touched experts ascending, then -1 to entry E - 1; their number; the exclusive
 // prefix of their tiles of 128 routes) as the fused kernel builds it and as launch_plan builds it
 // after the general path, bitwise against the host's from the host's counts. The outputs start
-// poisoned, so an entry neither writes fails.
+// poisoned, so an entry neither writes fails. Also for a layer's local experts [first, first + L):
+// the plan of those alone, by local index (plan_first / plan_experts; launch_plan from counts +
+// first).
 TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -511,46 +514,54 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
       const Problem p = make_problem(s, t, DType::kF32, false, Values::kGaussian, rng());
       Maps want;
       ASSERT_TRUE(host_route(p, &want));
-      std::vector<int32_t> touched(static_cast<size_t>(experts), -1), tile_start;
-      int32_t n_touched = 0, tiles = 0;
-      for (int64_t e = 0; e < experts; ++e) {
-        const int32_t c = want.counts[static_cast<size_t>(e)];
-        if (c == 0) continue;
-        touched[static_cast<size_t>(n_touched++)] = static_cast<int32_t>(e);
+      for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, experts},
+                                         {experts / 4, experts / 2},
+                                         {experts - 3, 3}}) {
+        std::vector<int32_t> touched(static_cast<size_t>(count), -1), tile_start;
+        int32_t n_touched = 0, tiles = 0;
+        for (int64_t e = 0; e < count; ++e) {
+          const int32_t c = want.counts[static_cast<size_t>(first + e)];
+          if (c == 0) continue;
+          touched[static_cast<size_t>(n_touched++)] = static_cast<int32_t>(e);
+          tile_start.push_back(tiles);
+          tiles += (c + kTileM - 1) / kTileM;
+        }
         tile_start.push_back(tiles);
-        tiles += (c + kTileM - 1) / kTileM;
-      }
-      tile_start.push_back(tiles);
-      for (RoutingPath path : {RoutingPath::kFused, RoutingPath::kGeneral}) {
-        SCOPED_TRACE(p.describe() + (path == RoutingPath::kFused ? ", fused" : ", general") +
-                     ", seed " + std::to_string(seed));
-        DeviceProblem d;
-        ASSERT_TRUE(d.init(p, path));
-        GpuBuffer dt, dn, ds;
-        ASSERT_TRUE(dt.upload(std::vector<int32_t>(static_cast<size_t>(experts), 0x7F7F7F7F)));
-        ASSERT_TRUE(dn.upload(std::vector<int32_t>{0x7F7F7F7F}));
-        ASSERT_TRUE(ds.upload(std::vector<int32_t>(static_cast<size_t>(experts) + 1, 0x7F7F7F7F)));
-        if (path == RoutingPath::kFused) {
-          d.args.plan_touched = dt.as<int32_t>();
-          d.args.plan_n_touched = dn.as<int32_t>();
-          d.args.plan_tile_start = ds.as<int32_t>();
-          d.args.plan_tile_m = kTileM;
+        for (RoutingPath path : {RoutingPath::kFused, RoutingPath::kGeneral}) {
+          SCOPED_TRACE(p.describe() + (path == RoutingPath::kFused ? ", fused" : ", general") +
+                       ", seed " + std::to_string(seed) + ", plan [" + std::to_string(first) +
+                       ", +" + std::to_string(count) + ")");
+          DeviceProblem d;
+          ASSERT_TRUE(d.init(p, path));
+          GpuBuffer dt, dn, ds;
+          ASSERT_TRUE(dt.upload(std::vector<int32_t>(static_cast<size_t>(count), 0x7F7F7F7F)));
+          ASSERT_TRUE(dn.upload(std::vector<int32_t>{0x7F7F7F7F}));
+          ASSERT_TRUE(ds.upload(std::vector<int32_t>(static_cast<size_t>(count) + 1, 0x7F7F7F7F)));
+          if (path == RoutingPath::kFused) {
+            d.args.plan_touched = dt.as<int32_t>();
+            d.args.plan_n_touched = dn.as<int32_t>();
+            d.args.plan_tile_start = ds.as<int32_t>();
+            d.args.plan_tile_m = kTileM;
+            d.args.plan_first = static_cast<int>(first);
+            d.args.plan_experts = static_cast<int>(count);
+          }
+          ASSERT_TRUE(
+              cuda::launch_routing_path(d.args, path, d.temp.get(), d.temp_bytes, nullptr).is_ok());
+          if (path == RoutingPath::kGeneral) {
+            ASSERT_TRUE(cuda::launch_plan(d.args.maps.expert_counts + first, count,
+                                          dt.as<int32_t>(), dn.as<int32_t>(), ds.as<int32_t>(),
+                                          nullptr)
+                            .is_ok());
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          std::vector<int32_t> got_touched, got_n, got_start;
+          ASSERT_TRUE(copy_back(dt.as<int32_t>(), count, &got_touched));
+          ASSERT_TRUE(copy_back(dn.as<int32_t>(), 1, &got_n));
+          ASSERT_TRUE(copy_back(ds.as<int32_t>(), n_touched + 1, &got_start));
+          EXPECT_EQ(got_n[0], n_touched);
+          EXPECT_TRUE(same_bits("touched", got_touched, touched));
+          EXPECT_TRUE(same_bits("tile_start", got_start, tile_start));
         }
-        ASSERT_TRUE(
-            cuda::launch_routing_path(d.args, path, d.temp.get(), d.temp_bytes, nullptr).is_ok());
-        if (path == RoutingPath::kGeneral) {
-          ASSERT_TRUE(cuda::launch_plan(d.args.maps.expert_counts, experts, dt.as<int32_t>(),
-                                        dn.as<int32_t>(), ds.as<int32_t>(), nullptr)
-                          .is_ok());
-        }
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::vector<int32_t> got_touched, got_n, got_start;
-        ASSERT_TRUE(copy_back(dt.as<int32_t>(), experts, &got_touched));
-        ASSERT_TRUE(copy_back(dn.as<int32_t>(), 1, &got_n));
-        ASSERT_TRUE(copy_back(ds.as<int32_t>(), n_touched + 1, &got_start));
-        EXPECT_EQ(got_n[0], n_touched);
-        EXPECT_TRUE(same_bits("touched", got_touched, touched));
-        EXPECT_TRUE(same_bits("tile_start", got_start, tile_start));
       }
     }
   }
@@ -673,6 +684,12 @@ TEST(DeviceRouting, BadArgumentsAreRefusedWithoutLaunching) {
     add("routing.ties", [](Bad* b) { b->args.routing.ties = static_cast<TieBreak>(7); });
     add("routing.method", [](Bad* b) { b->args.routing.method = static_cast<RoutingMethod>(9); });
     add("tokens", [](Bad* b) { b->args.tokens = -1; });
+    add("args.plan_first", [](Bad* b) { b->args.plan_first = -1; });
+    add("args.plan_first", [](Bad* b) { b->args.plan_experts = b->args.num_experts + 1; });
+    add("args.plan_first", [](Bad* b) {  // a range past E
+      b->args.plan_first = 60;
+      b->args.plan_experts = 8;
+    });
     if (tokens > cuda::kFusedMaxTokens) {
       add("temp", [](Bad* b) { b->temp = nullptr; });
       add("temp", [](Bad* b) { b->temp_bytes -= 1; });

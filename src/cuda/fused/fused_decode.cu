@@ -113,7 +113,10 @@ bool fused_decode_supports(const FusedShape& sh, DType act_dtype) {
 int fused_decode_units(const FusedShape& sh, int tokens) {
   const int ck = chunk_k(sh.fc2);
   const int64_t kmax = sh.fc2.chunks * ck;
-  const int64_t touched = std::min<int64_t>(sh.experts, static_cast<int64_t>(tokens) * sh.slots);
+  // Experts a call touches: at most its routes; a shard's held experts get about L / E of them.
+  const int64_t held = sh.local_experts > 0 ? sh.local_experts : sh.experts;
+  const int64_t routes = static_cast<int64_t>(tokens) * sh.slots;
+  const int64_t touched = std::min<int64_t>(held, (routes * held + sh.experts - 1) / sh.experts);
   int u = ck;
   while (2 * u <= kFusedMaxUnits && 2 * u <= kmax &&
          touched * ((sh.inter + 2 * u - 1) / (2 * u)) >= kFusedTargetItems &&

@@ -11,7 +11,8 @@
 //                    FC1's result never leaves the CTA and FC2 waits for nobody, so no counters
 //   grid.sync()      (cooperative groups: the barrier's state is the driver's, not the workspace)
 //   combine          out[t, c] = sum over slots j (slot order) of w_j (sum over s (slice order) of
-//                    partial[s][t slots + j][c] + b2[e_j, c]); the CTAs share the columns
+//                    partial[s][t slots + j][c] + b2[e_j, c]); the CTAs share the columns. Local
+//                    experts: only the held experts are touched, other shards' slots are skipped
 //
 // Partial sums, in the workspace (fused_decode_workspace_bytes):
 //     partial [slices][T * slots][H] fp32     route id r = t * slots + j
@@ -36,11 +37,11 @@ constexpr int kFusedDecodeMaxTokens = 16;  // routes per expert <= 16: two mma c
 
 struct FusedFc {
   MmaPackShape shape;
-  const uint32_t* packed = nullptr;  // [E, words_per_expert] (mma_pack.h)
+  const uint32_t* packed = nullptr;  // [L, words_per_expert] (mma_pack.h), L local experts
   const uint8_t* scales = nullptr;   // tile order, in scale_dtype
   DType scale_dtype = DType::kF32;
   const uint8_t* zero_points = nullptr;  // tile order, a byte each, or nullptr
-  const void* bias = nullptr;            // FC1: [E, fc1 rows]; FC2: [E, H]; or nullptr
+  const void* bias = nullptr;            // FC1: [L, fc1 rows]; FC2: [L, H]; or nullptr
   DType bias_dtype = DType::kF32;
 };
 
@@ -48,8 +49,11 @@ struct FusedDecodeArgs {
   // Routing (the inputs of launch_routing(); maps are built in shared memory only).
   RoutingSpec routing;
   int experts = 0;  // E, shared experts included
-  int slots = 0;    // top_k + num_shared
-  int tokens = 0;   // T, 1..kFusedDecodeMaxTokens
+  // Local experts: the weights hold [first_expert, first_expert + local_experts) of the E (0: all);
+  // routes to other experts add nothing.
+  int first_expert = 0, local_experts = 0;
+  int slots = 0;   // top_k + num_shared
+  int tokens = 0;  // T, 1..kFusedDecodeMaxTokens
   const void* logits = nullptr;
   DType logits_dtype = DType::kF32;
   const void* router_weights = nullptr;
@@ -88,6 +92,7 @@ struct FusedShape {
   MmaPackShape fc1, fc2;
   bool zp1 = false, zp2 = false;  // zero points
   int experts = 0, slots = 0;
+  int local_experts = 0;  // the experts the weights hold (0: all E)
   int64_t hidden = 0, inter = 0;
 };
 

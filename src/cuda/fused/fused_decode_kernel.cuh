@@ -60,6 +60,12 @@ struct Maps {
   int32_t n_touched;
 };
 
+// Whether router expert e is held here (local experts: [first_expert, first_expert + L)).
+__device__ __forceinline__ bool holds_expert(const FusedDecodeArgs& a, int e) {
+  return e >= a.first_expert &&
+         e < a.first_expert + (a.local_experts > 0 ? a.local_experts : a.experts);
+}
+
 // Routes the call's tokens (warp w takes tokens w, w + kFusedWarps, ...) and builds the maps.
 // Not inlined: one copy per translation unit, whatever the width.
 static __device__ __noinline__ void route_all(const FusedDecodeArgs& a, float* scratch, Maps& m) {
@@ -104,12 +110,15 @@ static __device__ __noinline__ void route_all(const FusedDecodeArgs& a, float* s
     __syncwarp();
   }
   __syncthreads();
+  // Local experts: the touched list holds the held experts only (by their router index); the
+  // offsets and perm cover every expert's routes.
   if (warp == 0) {  // touched list and offsets: one pass over E, 32 experts a step
     int nt = 0, base = 0;
     for (int e0 = 0; e0 < a.experts; e0 += 32) {
       const int e = e0 + lane;
       const int c = e < a.experts ? __popcll(m.mask[e]) : 0;
-      const unsigned flags = __ballot_sync(0xFFFFFFFFu, c > 0);
+      const bool held = holds_expert(a, e);
+      const unsigned flags = __ballot_sync(0xFFFFFFFFu, c > 0 && held);
       int inc = c;
 #pragma unroll
       for (int o = 1; o < 32; o *= 2) {
@@ -117,7 +126,7 @@ static __device__ __noinline__ void route_all(const FusedDecodeArgs& a, float* s
         if (lane >= o) inc += y;
       }
       if (c > 0) {
-        m.touched[nt + __popc(flags & ((1u << lane) - 1u))] = e;
+        if (held) m.touched[nt + __popc(flags & ((1u << lane) - 1u))] = e;
         m.offset[e] = base + inc - c;
       }
       nt += __popc(flags);
@@ -412,6 +421,7 @@ static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Fuse
     const bool col = c < a.hidden;
     for (int j = warp; j < a.slots; j += kFusedWarps) {
       const int r = tk * a.slots + j;
+      if (!holds_expert(a, m.ids[r])) continue;  // another shard's: no partial sums, skipped
       const float* p = a.partial + static_cast<int64_t>(r) * a.hidden + (col ? c : 0);
       float y = 0.0f;
       for (int s0 = 0; s0 < geo.slices; s0 += 8) {
@@ -426,14 +436,16 @@ static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Fuse
       }
       if (a.fc2.bias && col) {
         y = y + load_scalar(a.fc2.bias, a.fc2.bias_dtype,
-                            static_cast<int64_t>(m.ids[r]) * a.hidden + c);
+                            static_cast<int64_t>(m.ids[r] - a.first_expert) * a.hidden + c);
       }
       red[j * 32 + lane] = a.scale_input ? y : m.weights[r] * y;
     }
     __syncthreads();
     if (warp == 0 && col) {
       float sum = 0.0f;
-      for (int j = 0; j < a.slots; ++j) sum = sum + red[j * 32 + lane];
+      for (int j = 0; j < a.slots; ++j) {
+        if (holds_expert(a, m.ids[tk * a.slots + j])) sum = sum + red[j * 32 + lane];
+      }
       store_float(a.out, a.out_dtype, static_cast<int64_t>(tk) * a.hidden + c, sum);
     }
     __syncthreads();
@@ -505,7 +517,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int item = static_cast<int>(blockIdx.x); item < n_items;
        item += static_cast<int>(gridDim.x)) {
     const int u = item / geo.slices, s = item - u * geo.slices;
-    const int e = m.touched[u];
+    const int e = m.touched[u];         // router index: the maps
+    const int we = e - a.first_expert;  // index in the weight tensors
     const int off = m.offset[e];
     const int cnt = __popcll(m.mask[e]);
     const int j0 = s * U;
@@ -513,8 +526,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int m1_end = min(m1 + U / upt1, static_cast<int>(s1.tiles));
     const int c2 = j0 / kChunkK;
     const int nc2 = min(U / kChunkK, static_cast<int>(s2.chunks) - c2);
-    const uint32_t* w1 = a.fc1.packed + e * s1.words_per_expert();
-    const uint32_t* w2 = a.fc2.packed + e * s2.words_per_expert();
+    const uint32_t* w1 = a.fc1.packed + we * s1.words_per_expert();
+    const uint32_t* w2 = a.fc2.packed + we * s2.words_per_expert();
     __syncthreads();  // the previous item's readers of the staged rows are done
 
     // FC2's slice (whole chunks at a stride) comes into L2 while the item stages and runs FC1.
@@ -560,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       reinterpret_cast<uint4*>(acts)[i] = make_uint4(0u, 0u, 0u, 0u);
     }
     {
-      const int64_t first1 = (e * s1.tiles + m1) * 16 * geo.nbp1;
+      const int64_t first1 = (we * s1.tiles + m1) * 16 * geo.nbp1;
       stage_scales(a.fc1, (m1_end - m1) * 16 * geo.nbp1, sc1, zs1,
                    [&](int i) { return first1 + i; });
       // FC2: the slice's nbs2 blocks of every row, from block b2; the last slice may pass K's
@@ -568,7 +581,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int nbp2 = static_cast<int>(s2.scale_blocks);
       const int b2 = s2.block_size ? j0 / s2.block_size : 0;
       const int nbs2 = geo.nbs2;
-      const int64_t first2 = e * s2.tiles * 16 * nbp2 + b2;
+      const int64_t first2 = we * s2.tiles * 16 * nbp2 + b2;
       stage_scales(a.fc2, static_cast<int>(s2.tiles) * 16 * nbs2, sc2, zs2, [&](int i) {
         const int row = i / nbs2, b = i - row * nbs2;
         return b2 + b < nbp2 ? first2 + static_cast<int64_t>(row) * nbp2 + b : int64_t{-1};
@@ -591,7 +604,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const float scale = a.scale_input ? m.weights[m.perm[off + r]] : 1.0f;
             auto value = [&](float dot, int64_t lr) {
               const float b =
-                  a.fc1.bias ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, e * fc1_rows + lr) : 0.0f;
+                  a.fc1.bias ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, we * fc1_rows + lr) : 0.0f;
               return scale * dot + b;
             };
             uint16_t* row = acts + r * geo.lda;

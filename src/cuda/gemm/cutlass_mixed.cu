@@ -2,6 +2,8 @@
 // copy, its workspace, and the dispatch to the instances. No CUTLASS header here.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -177,6 +179,10 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");
+  if (a.tile_n != 128 && !(a.tile_n == 32 && mixed_has_narrow_tile(a.codes_kind, a.dtype))) {
+    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 where " +
+                         mixed_codes_name(a.codes_kind) + " has the narrow tile)");
+  }
   if (mixed_codes_for(f, a.dtype, a.n, a.k, why) != a.codes_kind) return false;
   if (mixed_has_zeros(a.codes_kind) && (a.zeros == nullptr || !aligned16(a.zeros))) {
     return fail(why, "zeros: expected a 16-byte aligned pointer");
@@ -190,15 +196,28 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   return true;
 }
 
+bool mixed_has_narrow_tile(MixedCodes c, DType dtype) {
+  const bool bf16 = dtype == DType::kBF16;
+#define QMOE_MIXED_NARROW(kCodes, kBf16, kTileN) \
+  if (kTileN == 32 && c == kCodes && bf16 == kBf16 && dtype != DType::kF32) return true;
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_NARROW)
+#undef QMOE_MIXED_NARROW
+  return false;
+}
+
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count) {
   if (max_groups <= 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) return 0;
   const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_BYTES(kCodes, kBf16) \
-  if (c == kCodes && bf16 == kBf16)     \
-    return cutlass_detail::mixed_workspace_bytes<kCodes, kBf16>(max_groups, sm_count);
+  // Either of the kind's tiles may run a call: the larger of their needs.
+  size_t bytes = 0;
+#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN)                                                 \
+  if (c == kCodes && bf16 == kBf16) {                                                           \
+    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN>(      \
+                                max_groups, sm_count));                                         \
+  }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_BYTES)
 #undef QMOE_MIXED_BYTES
-  return 0;
+  return bytes;
 }
 
 Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
@@ -228,13 +247,16 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   const bool bf16 = args.dtype == DType::kBF16;
-#define QMOE_MIXED_LAUNCH(kCodes, kBf16)  \
-  if (args.codes_kind == kCodes && bf16 == kBf16) \
-    return cutlass_detail::mixed_launch<kCodes, kBf16>(args, sm_count, workspace, stream);
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN)                                   \
+  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN) {       \
+    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN>(args, sm_count, workspace, \
+                                                               stream);            \
+  }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH
   return Status::internal("launch_mixed_grouped_gemm: no instance for codes_kind " +
-                          std::string(mixed_codes_name(args.codes_kind)));
+                          std::string(mixed_codes_name(args.codes_kind)) + ", tile_n " +
+                          std::to_string(args.tile_n));
 }
 
 }  // namespace qmoe::cuda

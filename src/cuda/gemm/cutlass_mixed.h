@@ -78,7 +78,16 @@ struct MixedGemmArgs {
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
+  int tile_n = 128;                // the tile's rows: 128, or 32 (mixed_has_narrow_tile)
 };
+
+// The automatic tile choice takes the narrow tile while a call averages at most this many routes
+// per held expert (PrepareOptions::mixed_tile = 0).
+constexpr int64_t kMixedNarrowRoutes = 32;
+
+// Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kUint8,
+// kE4m3); every kind has the 128-row one.
+bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
 
 // The kind that runs an FC of this format, activation dtype and [n, k] shape, or kNone (with the
 // reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, bf16/f16
@@ -103,9 +112,10 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
 // pointers); `why` names the first that cannot. Host-only.
 bool mixed_gemm_can_implement(const MixedGemmArgs& args, std::string* why = nullptr);
 
-// Workspace bytes of one launch over up to max_groups groups on sm_count multiprocessors: the
-// per-group shape, pointer and stride arrays plus CUTLASS's TMA descriptors. 0 for a dtype or kind
-// without a kernel or max_groups <= 0. Exact, and nondecreasing in max_groups.
+// Workspace bytes of one launch over up to max_groups groups on sm_count multiprocessors, with
+// either of the kind's tiles: the per-group shape, pointer and stride arrays plus CUTLASS's TMA
+// descriptors. 0 for a dtype or kind without a kernel or max_groups <= 0. Exact, and
+// nondecreasing in max_groups.
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count);
 
 // Launches the setup kernel and the GEMM on `stream`; `workspace` holds at least

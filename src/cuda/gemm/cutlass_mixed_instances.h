@@ -1,6 +1,6 @@
-// The mixed-input instances behind cutlass_mixed.h, one translation unit per code kind and
-// activation dtype (cutlass_mixed_<kind>_<dtype>.cu) so that each compiles once, in parallel, and
-// only they include CUTLASS. kBf16: bf16 activations, else f16.
+// The mixed-input instances behind cutlass_mixed.h, one translation unit per code kind, activation
+// dtype and tile (cutlass_mixed_<kind>_<dtype>[_n32].cu) so that each compiles once, in parallel,
+// and only they include CUTLASS. kBf16: bf16 activations, else f16; kTileN: the tile's rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,31 +13,37 @@
 
 namespace qmoe::cuda::cutlass_detail {
 
-template <MixedCodes kCodes, bool kBf16>
+template <MixedCodes kCodes, bool kBf16, int kTileN>
 size_t mixed_workspace_bytes(int64_t max_groups, int sm_count);
 
 // Arguments already validated (mixed_gemm_can_implement) and the workspace size checked.
-template <MixedCodes kCodes, bool kBf16>
+template <MixedCodes kCodes, bool kBf16, int kTileN>
 Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
 
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
-// declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list.
-#define QMOE_MIXED_INSTANCES(X)        \
-  X(MixedCodes::kInt4, true)           \
-  X(MixedCodes::kInt4, false)          \
-  X(MixedCodes::kInt4Zero, true)       \
-  X(MixedCodes::kInt4Zero, false)      \
-  X(MixedCodes::kUint8, true)          \
-  X(MixedCodes::kUint8, false)         \
-  X(MixedCodes::kE4m3, true)           \
-  X(MixedCodes::kE4m3, false)
+// declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
+// narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only: each
+// instance costs 1-4 minutes of a 2-core CI build (docs/cuda-backend.md); the others run the
+// 128-row tile at every size.
+#define QMOE_MIXED_INSTANCES(X)     \
+  X(MixedCodes::kInt4, true, 128)     \
+  X(MixedCodes::kInt4, false, 128)    \
+  X(MixedCodes::kInt4Zero, true, 128) \
+  X(MixedCodes::kInt4Zero, false, 128) \
+  X(MixedCodes::kUint8, true, 128)    \
+  X(MixedCodes::kUint8, false, 128)   \
+  X(MixedCodes::kE4m3, true, 128)     \
+  X(MixedCodes::kE4m3, false, 128)    \
+  X(MixedCodes::kInt4, true, 32)      \
+  X(MixedCodes::kUint8, true, 32)     \
+  X(MixedCodes::kE4m3, true, 32)
 
-#define QMOE_MIXED_DECLARE(kCodes, kBf16)                                                  \
+#define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN)                                          \
   template <>                                                                              \
-  size_t mixed_workspace_bytes<kCodes, kBf16>(int64_t max_groups, int sm_count);           \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count);   \
   template <>                                                                              \
-  Status mixed_launch<kCodes, kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
-                                     cudaStream_t stream);
+  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,      \
+                                             void* workspace, cudaStream_t stream);
 QMOE_MIXED_INSTANCES(QMOE_MIXED_DECLARE)
 #undef QMOE_MIXED_DECLARE
 

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
@@ -36,6 +37,83 @@
 namespace qmoe::cuda::cutlass_detail {
 
 static_assert(cute::size<2>(GroupTileShape{}) == kMixedTileK, "cutlass_mixed.h's K tile");
+
+// CUTLASS 4.2's ptr-array mixed-input collective with a zero tensor (ConvertAndScaleWithZero)
+// keeps only the zero's TMA descriptor in its per-group descriptor updates, never the scale's:
+// the scale load then runs on a descriptor that was never brought into shared memory, fixed up or
+// fenced (an illegal instruction on the first group). This subclass adds the scale's descriptor
+// to each of the four steps (bring to shared memory, rewrite address and extents per group, fence
+// out, fence in) and leaves everything else to the collective. The kernel calls these through
+// its mainloop type, so hiding the base's names is enough. Kinds without a zero use the
+// collective as it is.
+template <class Base>
+struct ScaleAndZeroMainloop : Base {
+  using typename Base::Params;
+  using typename Base::TensorMapStorage;
+  using ElementScale = typename Base::NonVoidElementScale;
+
+  CUTLASS_DEVICE auto tensormaps_init(Params const& p, TensorMapStorage& smem, int32_t sm_count,
+                                      int32_t sm_idx) {
+    auto maps = Base::tensormaps_init(p, smem, sm_count, sm_idx);  // A, B, zero
+    auto from = cute::make_tensor(p.tma_load_scale.get_tma_descriptor(), cute::Int<1>{},
+                                  cute::Int<1>{});
+    auto to = cute::make_tensor(cute::make_smem_ptr(&smem.smem_tensormap_scale), cute::Int<1>{},
+                                cute::Int<1>{});
+    if (cute::elect_one_sync()) {
+      cute::copy(cute::recast<cute::uint128_t>(from), cute::recast<cute::uint128_t>(to));
+    }
+    __syncwarp();
+    return maps;
+  }
+
+  template <class... Maps, class ProblemShapeMNKL>
+  CUTLASS_DEVICE void tensormaps_perform_update(TensorMapStorage& smem, Params const& p,
+                                                cute::tuple<Maps...> const& maps,
+                                                ProblemShapeMNKL shape, int32_t next) {
+    Base::tensormaps_perform_update(smem, p, maps, shape, next);  // A, B, zero
+    if (cute::elect_one_sync()) {
+      cute::tma_descriptor_replace_addr_in_shared_mem(smem.smem_tensormap_scale, p.ptr_S[next]);
+      // The scale tensor [M, ceil(K / chunk)] with the group's stride, as the zero's (the same
+      // stride dS serves both); TMA takes byte strides.
+      const uint32_t m = cute::get<0>(shape), k = cute::get<2>(shape);
+      cute::array<uint32_t, 5> extent = {1, 1, 1, 1, 1};
+      cute::array<uint64_t, 5> stride = {0, 0, 0, 0, 0};
+      ElementScale const* none = nullptr;
+      auto scale = cute::make_tensor(
+          cutlass::gemm::collective::detail::get_logical_ptr(none),
+          cute::make_shape(m, cute::ceil_div(k, p.chunk_size), cute::Int<1>{}), p.dS[next]);
+      cute::detail::fill_tma_gmem_shape_stride(p.tma_load_scale, scale, extent, stride);
+      for (uint64_t& s : stride) s = s * cute::sizeof_bits_v<ElementScale> / 8;
+      cute::tma_descriptor_replace_dims_strides_in_shared_mem(smem.smem_tensormap_scale, extent,
+                                                              stride);
+    }
+  }
+
+  template <class... Maps>
+  CUTLASS_DEVICE void tensormaps_cp_fence_release(TensorMapStorage& smem,
+                                                  cute::tuple<Maps...> const& maps) {
+    Base::tensormaps_cp_fence_release(smem, maps);  // waits for the rewrites; A, B, zero
+    cute::tma_descriptor_cp_fence_release(cute::get<2>(maps), smem.smem_tensormap_scale);
+  }
+
+  template <class... Maps>
+  CUTLASS_DEVICE void tensormaps_fence_acquire(cute::tuple<Maps...> const& maps) {
+    Base::tensormaps_fence_acquire(maps);
+    cute::tma_descriptor_fence_acquire(cute::get<2>(maps));
+  }
+};
+
+// The tile of an instance by its N (the group's rows): 128 x 128 x 64 with the grouped GEMM's
+// epilogue, or 128 x 32 x 64 (cutlass_mixed_narrow.cuh, included only by the narrow instances'
+// translation units). Each epilogue is built outside any template (see cutlass_grouped_kernel.cuh).
+template <int kTileN>
+struct MixedTile;
+template <>
+struct MixedTile<128> {
+  using Shape = GroupTileShape;
+  using Epilogue = GroupEpilogue;
+  static constexpr int kEpilogueSmem = kGroupEpilogueSmem;
+};
 
 // Code type, scale type and zero term of each kind (cutlass_mixed.h's table); Element is the
 // activation type.
@@ -58,9 +136,10 @@ struct MixedOperand<MixedCodes::kE4m3, Element> {
   using Tuple = cute::tuple<cutlass::float_e4m3_t, float>;
 };
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 struct MixedGemm {
   using Operand = MixedOperand<kCodes, Element>;
+  using Tile = MixedTile<kTileN>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutA = cutlass::layout::RowMajor;         // codes [n, k]: K-contiguous along M
@@ -68,18 +147,21 @@ struct MixedGemm {
   static constexpr int kBits = mixed_code_bits(kCodes);
   static constexpr int kAlignA = 128 / kBits;  // TMA: 16-byte rows of codes
   static constexpr int kAlignB = 16 / sizeof(Element);
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using Collective = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Operand::Tuple, LayoutA*,
-      kAlignA, Element, LayoutB*, kAlignB, float, GroupTileShape, GroupClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kGroupEpilogueSmem>,
+      kAlignA, Element, LayoutB*, kAlignB, float, typename Tile::Shape, GroupClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<Tile::kEpilogueSmem>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   static constexpr bool kZero = mixed_has_zeros(kCodes);
+  using Mainloop =
+      std::conditional_t<kZero, ScaleAndZeroMainloop<Collective>, Collective>;
   static_assert(Mainloop::KernelConversionMode ==
                     (kZero ? Mainloop::ConversionMode::ConvertAndScaleWithZero
                            : Mainloop::ConversionMode::ConvertAndScale),
                 "codes times scales, plus the zero term where the kind has one");
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, GroupEpilogue>;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, typename Tile::Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
@@ -198,15 +280,15 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileN>>(max_groups, sm_count).total;
 }
 
-template <MixedCodes kCodes, typename Element>
+template <MixedCodes kCodes, typename Element, int kTileN>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element>;
+  using G = MixedGemm<kCodes, Element, kTileN>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -229,16 +311,16 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind and dtype.
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, Element)                                \
-  namespace qmoe::cuda::cutlass_detail {                                                   \
-  template <>                                                                              \
-  size_t mixed_workspace_bytes<kCodes, kBf16>(int64_t max_groups, int sm_count) {          \
-    return mixed_workspace_bytes_for<kCodes, Element>(max_groups, sm_count);               \
-  }                                                                                        \
-  template <>                                                                              \
-  Status mixed_launch<kCodes, kBf16>(const MixedGemmArgs& args, int sm_count, void* workspace, \
-                                     cudaStream_t stream) {                                \
-    return mixed_launch_for<kCodes, Element>(args, sm_count, workspace, stream);           \
-  }                                                                                        \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype and tile.
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileN, Element)                          \
+  namespace qmoe::cuda::cutlass_detail {                                                     \
+  template <>                                                                                \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count) {    \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileN>(max_groups, sm_count);         \
+  }                                                                                          \
+  template <>                                                                                \
+  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,        \
+                                             void* workspace, cudaStream_t stream) {         \
+    return mixed_launch_for<kCodes, Element, kTileN>(args, sm_count, workspace, stream);     \
+  }                                                                                          \
   }

@@ -9,27 +9,31 @@
 
 namespace qmoe::cuda {
 
-// Column c of one token: sum over its slots j, in slot order, in fp32, of w_j * (y[pos_j, c] +
-// b2[e_j, c]) (without w_j for kScaleInput). pos, expert and w are the token's slots. y is read
-// through L2 (ld.global.cg), so a kernel may combine what its other blocks wrote.
+// Column c of one token: sum over its held slots j (expert in [expert_begin, expert_end)), in slot
+// order, in fp32, of w_j * (y[pos_j, c] + b2[e_j - expert_begin, c]) (without w_j for
+// kScaleInput); another shard's slots are skipped, as the CPU backend skips them. pos, expert and
+// w are the token's slots. y is read through L2 (ld.global.cg), so a kernel may combine what its
+// other blocks wrote.
 __device__ __forceinline__ float combine_column(const FinalizeArgs& a, const int32_t* pos,
                                                 const int32_t* expert, const float* w, int64_t c) {
   float acc = 0.0f;
   for (int j0 = 0; j0 < a.slots; j0 += 4) {
     float v[4];
+    bool held[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {  // four loads in flight, then the adds in order
       const int j = j0 + u;
-      v[u] = j < a.slots ? __ldcg(a.y + static_cast<int64_t>(pos[j]) * a.ldy + c) : 0.0f;
+      held[u] = j < a.slots && expert[j] >= a.expert_begin && expert[j] < a.expert_end;
+      v[u] = held[u] ? __ldcg(a.y + static_cast<int64_t>(pos[j]) * a.ldy + c) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int j = j0 + u;
-      if (j < a.slots) {
+      if (held[u]) {
         float x = v[u];
         if (a.fc2_bias) {
-          x = x +
-              load_scalar(a.fc2_bias, a.bias_dtype, static_cast<int64_t>(expert[j]) * a.hidden + c);
+          const int64_t e = expert[j] - a.expert_begin;
+          x = x + load_scalar(a.fc2_bias, a.bias_dtype, e * a.hidden + c);
         }
         acc = a.scale_input ? acc + x : acc + w[j] * x;
       }

@@ -14,6 +14,11 @@
 //                        experts into the scratch, grouped GEMM [FC1, FC3] -> activation -> per
 //                        wave [FC2]) -> finalize (the combine); take_deferred_error()
 //
+// Local experts (LayerSpec::first_expert, local_experts): the weights hold L of the E experts.
+// Routing and the maps cover all E; the plan and every FC kernel see the held experts only, by
+// local index (counts and offsets from entry first_expert on), and the combine skips the other
+// shards' slots in slot order, as the CPU backend does.
+//
 // Every buffer of a call lives in the caller's workspace; every launch goes to the caller's
 // stream; nothing waits for the device.
 #pragma once
@@ -88,7 +93,8 @@ class CudaLayer final : public PreparedLayer {
         dequant_cap_(dequant_cap),
         pdl_(options.pdl),
         decode_options_(options.decode),
-        fused_grid_ctas_(options.fused_grid_ctas) {
+        fused_grid_ctas_(options.fused_grid_ctas),
+        mixed_tile_(options.mixed_tile) {
     cdt_ = spec.act_dtype;
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
@@ -170,6 +176,8 @@ class CudaLayer final : public PreparedLayer {
   // Whether the decode path takes this layer (sets pack1_ and pack2_).
   bool plan_decode();
   Status pack_for_decode(const LayerWeights& w);
+  // `maps` is the held experts' view (run()): counts and offsets by local index, the per-route
+  // arrays the whole layer's.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                     int route_groups, cudaStream_t stream, RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
@@ -222,6 +230,7 @@ class CudaLayer final : public PreparedLayer {
   DispatchTable dispatch_;
   bool cutlass_ = false;  // set_cutlass()
   bool mixed_ = false;    // set_cutlass()
+  int mixed_tile_ = 0;    // PrepareOptions::mixed_tile
   MixedFc mixed1_, mixed2_, mixed3_;
   int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;

@@ -42,7 +42,7 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
     // The kernels read K-packed rows; repack ORT's N-packed layout once, exactly.
     std::vector<uint8_t> src(w.weight.bytes()), dst(w.weight.bytes());
     QMOE_CUDA_TRY(cudaMemcpy(src.data(), w.weight.data, src.size(), cudaMemcpyDefault));
-    fp4_repack(Fp4Layout::kNPacked, src.data(), spec_.num_experts, n, k, dst.data());
+    fp4_repack(Fp4Layout::kNPacked, src.data(), spec_.weight_experts(), n, k, dst.data());
     QMOE_RETURN_IF_ERROR(
         upload(TensorView(dst.data(), DType::kU8, {static_cast<int64_t>(dst.size())}), &p));
     out->format.fp4_layout = Fp4Layout::kKPacked;
@@ -115,7 +115,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, const Dev
   QMOE_RETURN_IF_ERROR(to_host(w.zero_points, &zero_points));
   QMOE_RETURN_IF_ERROR(to_host(w.global_scale, &global));
   MixedCopy copy;
-  mixed_prepare(c, f, cdt_, spec_.num_experts, raw.n, raw.k, codes.data(), scales.data(),
+  mixed_prepare(c, f, cdt_, spec_.weight_experts(), raw.n, raw.k, codes.data(), scales.data(),
                 zero_points.data(), reinterpret_cast<const float*>(global.data()), &copy);
   auto bytes = [](const void* p, size_t n) {
     return TensorView(p, DType::kU8, {static_cast<int64_t>(n)});
@@ -173,7 +173,7 @@ bool CudaLayer::plan_decode() {
 Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   if (!decode_planned_) return Status::ok();
   QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
-  const int64_t E = spec_.num_experts;
+  const int64_t E = spec_.weight_experts();  // the experts the weight tensors hold
   auto to_host = [](const TensorView& v, std::vector<uint8_t>* host) -> Status {
     host->resize(v.bytes());
     QMOE_CUDA_TRY(cudaMemcpy(host->data(), v.data, host->size(), cudaMemcpyDefault));
@@ -294,6 +294,7 @@ Status CudaLayer::plan_fused() {
   f.zp1 = tiled_zp1_ != nullptr;
   f.zp2 = tiled_zp2_ != nullptr;
   f.experts = static_cast<int>(spec_.num_experts);
+  f.local_experts = static_cast<int>(spec_.weight_experts());
   f.slots = spec_.slots();
   f.hidden = spec_.hidden;
   f.inter = spec_.inter;
@@ -308,6 +309,8 @@ Status CudaLayer::plan_fused() {
   FusedDecodeArgs& a = fused_args_;
   a.routing = spec_.routing;
   a.experts = f.experts;
+  a.first_expert = static_cast<int>(spec_.first_expert);
+  a.local_experts = static_cast<int>(spec_.weight_experts());
   a.slots = f.slots;
   a.router_bias = router_bias_;
   auto fc = [](const MmaPackShape& shape, const uint32_t* packed, const uint8_t* scales,
@@ -335,6 +338,9 @@ Status CudaLayer::plan_fused() {
 }
 
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
+  // The analytic window compares the mean routes per expert, T slots / E, with a cap. A shard's
+  // held experts get the same mean (about T slots L / E routes over L experts), so E stays; its
+  // tune rows are its own (tune_key names the local experts).
   DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed(),
                       fused_max_tokens_);
   table.force(dispatch_.forced());
@@ -361,11 +367,6 @@ GemmChoice gemm_choice(const std::string& gemm) {
 
 // What the GPU path cannot run, checked before anything is uploaded.
 Status check_cuda_support(const LayerSpec& spec) {
-  if (spec.sharded() || spec.first_expert != 0) {
-    return Status::unsupported(
-        "first_expert/local_experts: the CUDA backend runs only layers that "
-        "hold all num_experts experts (local experts: CPU backend only)");
-  }
   if (spec.num_experts > kGeneralMaxExperts) {
     return Status::unsupported("num_experts: the CUDA backend routes up to " +
                                std::to_string(kGeneralMaxExperts) + " experts, got " +

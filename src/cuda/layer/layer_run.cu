@@ -114,7 +114,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
   d.offsets = maps.expert_offsets;
   d.max_groups =
-      static_cast<int>(std::min<int64_t>(spec_.num_experts, maps.tokens * spec_.slots()));
+      static_cast<int>(std::min<int64_t>(spec_.weight_experts(), maps.tokens * spec_.slots()));
   d.permuted_route = maps.permuted_route;
   d.weights = maps.weights;
   d.slots = spec_.slots();
@@ -217,7 +217,13 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.sched.touched = touched;
     m.sched.n_touched = n_touched;
     m.sched.offsets = maps.expert_offsets;
-    m.max_groups = static_cast<int>(std::min<int64_t>(spec_.num_experts, routes));
+    m.max_groups = static_cast<int>(std::min<int64_t>(spec_.weight_experts(), routes));
+    // Few rows per expert: the narrow tile, so the wgmma is not mostly padding
+    // (cutlass_mixed_narrow.cuh). The host knows the average, routes / E, which a shard's held
+    // experts share with the whole layer's.
+    const bool narrow = mixed_tile_ == 0 ? routes <= kMixedNarrowRoutes * spec_.num_experts
+                                         : mixed_tile_ == 32;
+    m.tile_n = narrow && mixed_has_narrow_tile(mx.kind, cdt_) ? 32 : 128;
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
   }
   const int s = static_cast<int>(l.slots_in_scratch);
@@ -329,6 +335,10 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
   ra.pdl = pdl_;
+  // Local experts: routing runs over all E, the plan over the held experts only (local indices).
+  const int64_t first = spec_.first_expert, held = spec_.weight_experts();
+  ra.plan_first = static_cast<int>(first);
+  ra.plan_experts = static_cast<int>(held);
   // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
   const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
@@ -343,9 +353,17 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
   if (!fused) {
     QMOE_RETURN_IF_ERROR(
-        launch_plan(maps.expert_counts, spec_.num_experts, touched, n_touched, tile_start, stream));
+        launch_plan(maps.expert_counts + first, held, touched, n_touched, tile_start, stream));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
+  // What the FCs see: the held experts' counts and offsets, by local index. The held range's
+  // routes sit contiguously at positions [offsets[first], offsets[first + L]) (the maps are
+  // sorted by expert), so the decode kernels, the dequantize pass and the grouped GEMMs run an
+  // L-expert layer unchanged; positions of other shards' routes are never written.
+  RouteMapsView local = maps;
+  local.experts = held;
+  local.expert_counts += first;
+  local.expert_offsets += first;
 
   const bool decode =
       choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
@@ -358,6 +376,8 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.route_position = maps.route_position;
   fa.expert_ids = maps.expert_ids;
   fa.weights = maps.weights;
+  fa.expert_begin = static_cast<int32_t>(first);
+  fa.expert_end = static_cast<int32_t>(first + held);
   fa.scale_input = scale_input;
   fa.tokens = tokens;
   fa.hidden = spec_.hidden;
@@ -366,9 +386,9 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out_dtype = out.dtype;
   fa.pdl = pdl_;
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, maps, choice.route_groups, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, choice.route_groups, stream, profile));
   } else {
-    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, maps, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile));
   }
   QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
@@ -418,6 +438,8 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   aa.expert_ids = maps.expert_ids;
   aa.weights = maps.weights;
   aa.routes = routes;
+  aa.expert_begin = static_cast<int32_t>(spec_.first_expert);
+  aa.expert_end = static_cast<int32_t>(spec_.first_expert + spec_.weight_experts());
   aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;
   aa.out_dtype = cdt_;

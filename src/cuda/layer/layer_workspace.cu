@@ -6,9 +6,10 @@
 namespace qmoe::cuda {
 
 // Byte offsets of one call's buffers in the workspace. With R = T * slots, A() rounding up to
-// 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32:
-//   maps        A(route_maps_bytes(T, slots, E))
-//   plan        A(4 E) + A(4) + A(4 (E + 1))          touched, n_touched, tile_start
+// 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32, E the router's
+// experts and L the experts the layer holds (LayerSpec::weight_experts(); L = E unless sharded):
+//   maps        A(route_maps_bytes(T, slots, E))      routing runs over all E
+//   plan        A(4 L) + A(4) + A(4 (L + 1))          touched, n_touched, tile_start (held only)
 //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
 //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
 //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
@@ -17,16 +18,19 @@ namespace qmoe::cuda {
 //                                                     descriptors (layers on CUTLASS only)
 //   mixed       A(max over the mixed-input FCs of     the mixed-input GEMM's (layers with a
 //               mixed_gemm_workspace_bytes(kind,      mixed-input FC only; FCs of one layer
-//               min(E, R)))                           may differ in kind, e.g. FC2 per channel)
+//               min(L, R)))                           may differ in kind, e.g. FC2 per channel)
 //   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
 //               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
 //                                                     maximum keeps the total monotone in T
-// S = max(1, min(E, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
-// slots than it can touch experts, so decode shapes get a small scratch. Where every FC runs
+// S = max(1, min(L, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
+// slots than it can touch experts, so decode shapes get a small scratch. A shard's R rows of xa
+// and hy keep every route's position (the maps are the whole layer's); other shards' rows go
+// unwritten. Where every FC runs
 // on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
 Status CudaLayer::layout(int64_t t, Layout* l) const {
   const int slots = spec_.slots();
   const int64_t E = spec_.num_experts;
+  const int64_t L = spec_.weight_experts();
   const int64_t r = t * slots;
   size_t off = 0;
   auto take = [&off](size_t bytes) {
@@ -35,9 +39,9 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
     return at;
   };
   l->maps = take(route_maps_bytes(t, slots, E));
-  l->touched = take(4 * E);
+  l->touched = take(4 * L);
   l->n_touched = take(4);
-  l->tile_start = take(4 * (E + 1));
+  l->tile_start = take(4 * (L + 1));
   size_t temp = 0;
   QMOE_RETURN_IF_ERROR(general_routing_temp_bytes(t, slots, E, &temp));
   l->route_temp_bytes = temp;
@@ -48,7 +52,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->h3 = l->hy + 4 * r * n1p_;
   const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;
   const int64_t by_cap = static_cast<int64_t>(dequant_cap_ / static_cast<size_t>(per_slot));
-  const int64_t reach = std::min<int64_t>(E, r);
+  const int64_t reach = std::min<int64_t>(L, r);
   l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
   l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
   const bool dequant = !all_mixed();

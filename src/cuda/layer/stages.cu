@@ -85,7 +85,10 @@ __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
 __global__ void activation_kernel(ActivationArgs a) {
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
-  const int64_t e = a.expert_ids[r];
+  const int32_t id = a.expert_ids[r];
+  // Another shard's route: FC1 left its row unwritten and the combine skips it.
+  if (id < a.expert_begin || id >= a.expert_end) return;
+  const int64_t e = id - a.expert_begin;  // the bias row
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
   const float* h = a.h + p * a.ldh;
   const float* h3 = a.h3 ? a.h3 + p * a.ldh3 : nullptr;

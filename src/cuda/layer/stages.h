@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/dequant/device_fc.h"
@@ -36,8 +37,8 @@ struct ActivationArgs {
   int64_t ldh = 0;
   const float* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
   int64_t ldh3 = 0;
-  const void* fc1_bias = nullptr;  // [E, fc1 rows] in bias_dtype, or nullptr
-  const void* fc3_bias = nullptr;  // [E, I], or nullptr
+  const void* fc1_bias = nullptr;  // [L, fc1 rows] in bias_dtype, or nullptr
+  const void* fc3_bias = nullptr;  // [L, I], or nullptr
   DType bias_dtype = DType::kF32;
   int64_t fc1_rows = 0;
   bool scale_input = false;  // CombineMode::kScaleInput: the routing weight scales FC1/FC3 outputs
@@ -45,6 +46,9 @@ struct ActivationArgs {
   const int32_t* expert_ids = nullptr;
   const float* weights = nullptr;
   int64_t routes = 0;
+  // Local experts: routes to experts outside [expert_begin, expert_end) are another shard's, their
+  // rows are skipped; the biases hold the range's experts (index e - expert_begin).
+  int32_t expert_begin = 0, expert_end = INT32_MAX;
   void* out = nullptr;  // [R, ld] in out_dtype, zero padded from I to ld
   int64_t ld = 0;
   DType out_dtype = DType::kBF16;
@@ -56,11 +60,14 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
 struct FinalizeArgs {
   const float* y = nullptr;  // FC2 output [R, ldy] by route position
   int64_t ldy = 0;
-  const void* fc2_bias = nullptr;  // [E, H] in bias_dtype, or nullptr
+  const void* fc2_bias = nullptr;  // [L, H] in bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
   const int32_t* route_position = nullptr;
   const int32_t* expert_ids = nullptr;
   const float* weights = nullptr;
+  // Local experts: the slots whose expert is outside [expert_begin, expert_end) are another
+  // shard's and add nothing (their y rows are never written); bias row e - expert_begin.
+  int32_t expert_begin = 0, expert_end = INT32_MAX;
   bool scale_input = false;
   int64_t tokens = 0, hidden = 0;
   int slots = 0;
@@ -69,8 +76,9 @@ struct FinalizeArgs {
   bool pdl = false;  // programmatic dependent launch: slots are read before waiting for FC2
 };
 
-// out[t, c] = sum over slots j, in slot order, in fp32 of w_j * (y[pos(t, j), c] + b2[e_j, c]),
-// (without w_j for kScaleInput), cast to out_dtype. Deterministic: no atomics.
+// out[t, c] = sum over the held slots j, in slot order, in fp32 of w_j * (y[pos(t, j), c] +
+// b2[e_j, c]), (without w_j for kScaleInput), cast to out_dtype (+0 where no slot is held).
+// Deterministic: no atomics.
 Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream);
 
 }  // namespace qmoe::cuda

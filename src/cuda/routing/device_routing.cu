@@ -66,6 +66,12 @@ Status check_args(const DeviceRoutingArgs& a) {
     return Status::invalid("args.router_bias: required by grouped_topk routing (device f32 [" +
                            i_str(a.num_experts - r.num_shared) + "]), got null");
   }
+  const int plan_experts = a.plan_experts > 0 ? a.plan_experts : a.num_experts;
+  if (a.plan_first < 0 || a.plan_experts < 0 || a.plan_first + plan_experts > a.num_experts) {
+    return Status::invalid("args.plan_first/plan_experts: expected a range inside [0, " +
+                           i_str(a.num_experts) + "), got first " + i_str(a.plan_first) +
+                           ", count " + i_str(a.plan_experts));
+  }
   if (a.error == nullptr) {
     return Status::invalid("args.error: null; expected a device int32[2] error word");
   }

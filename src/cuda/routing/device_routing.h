@@ -57,6 +57,11 @@ struct DeviceRoutingArgs {
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
   int plan_tile_m = 128;
+  // The plan's experts: [plan_first, plan_first + plan_experts) of the E (0: all E). A layer
+  // holding local experts plans its own only, numbered from 0 (touched entries are e -
+  // plan_first, the list runs to entry plan_experts - 1); the maps still cover all E routes.
+  int plan_first = 0;
+  int plan_experts = 0;
   // Fused path: launch with programmatic dependent launch (pdl.cuh). The kernel waits for the
   // stream's previous kernel before it reads or writes anything, and lets the next kernel (FC1,
   // which waits for it in turn) launch at once, so that FC1's blocks are resident and ready when

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int routing_warps, int32_t* counts,
                          int32_t* offsets, int32_t* permuted, int32_t* position,
                          int32_t* plan_touched, int32_t* plan_n_touched, int32_t* plan_tile_start,
-                         int plan_tile_m) {
+                         int plan_tile_m, int plan_first, int plan_experts) {
   extern __shared__ float rows[];  // [routing_warps][routing_warp_floats(E, slots)]
   __shared__ uint32_t s_warp_scan[kScanWarps + 1];
   __shared__ unsigned long long s_mask[kFusedMaxExperts];
@@ -102,10 +102,13 @@ __global__ void __launch_bounds__(kFusedThreads)
   __syncthreads();  // masks and ids complete
 
   const int32_t c = tid < num_e ? __popcll(s_mask[tid]) : 0;
-  const uint32_t tiles =
-      plan_touched != nullptr ? static_cast<uint32_t>((c + plan_tile_m - 1) / plan_tile_m) : 0u;
-  const uint32_t packed =
-      c > 0 ? static_cast<uint32_t>(c) | (1u << kTouchedShift) | (tiles << kTilesShift) : 0u;
+  // The plan counts only its experts [plan_first, plan_first + plan_experts) (local experts);
+  // the offsets count every expert's routes.
+  const int plan_e = tid - plan_first;
+  const bool planned = plan_touched != nullptr && plan_e >= 0 && plan_e < plan_experts;
+  const uint32_t tiles = planned ? static_cast<uint32_t>((c + plan_tile_m - 1) / plan_tile_m) : 0u;
+  const uint32_t packed = static_cast<uint32_t>(c) |
+                          ((planned && c > 0 ? 1u : 0u) << kTouchedShift) | (tiles << kTilesShift);
   uint32_t total = 0;
   const uint32_t before = block_exclusive_scan(packed, warp, lane, s_warp_scan, &total);
   const int32_t o = static_cast<int32_t>(before & ((1u << kTouchedShift) - 1));
@@ -118,12 +121,13 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (tid == 0) offsets[num_e] = routes;
   if (plan_touched != nullptr) {
     const uint32_t touched_mask = (1u << (kTilesShift - kTouchedShift)) - 1;
-    const uint32_t i = (before >> kTouchedShift) & touched_mask;  // touched experts before
-    if (c > 0) {
-      plan_touched[i] = tid;
+    // Planned touched experts before this one; plan_e - i planned untouched ones.
+    const uint32_t i = (before >> kTouchedShift) & touched_mask;
+    if (planned && c > 0) {
+      plan_touched[i] = plan_e;
       plan_tile_start[i] = static_cast<int32_t>(before >> kTilesShift);
-    } else if (tid < num_e) {  // the untouched fill the list from its end with -1 (stages.h)
-      plan_touched[num_e - 1 - (tid - static_cast<int>(i))] = -1;
+    } else if (planned) {  // the untouched fill the list from its end with -1 (stages.h)
+      plan_touched[plan_experts - 1 - (plan_e - static_cast<int>(i))] = -1;
     }
     if (tid == 0) {
       const uint32_t n_touched = (total >> kTouchedShift) & touched_mask;
@@ -168,7 +172,8 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
     QMOE_CUDA_TRY(launch_maybe_pdl(
         kernel, dim3(1), dim3(kFusedThreads), smem, stream, args.pdl, token_routing(args), tokens,
         routing_warps, m.expert_counts, m.expert_offsets, m.permuted_route, m.route_position,
-        args.plan_touched, args.plan_n_touched, args.plan_tile_start, args.plan_tile_m));
+        args.plan_touched, args.plan_n_touched, args.plan_tile_start, args.plan_tile_m,
+        args.plan_first, args.plan_experts > 0 ? args.plan_experts : args.num_experts));
     QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
     return Status::ok();
   });
