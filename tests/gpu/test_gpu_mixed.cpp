@@ -136,8 +136,9 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
 
 // The narrow (32-row) tile and the wide one, each forced, on the kinds that have both (bf16), and
 // the automatic choice on both sides of its threshold; f16 has only the wide tile, which a forced
-// narrow choice falls back to. 100 tokens x 4 routes over 16 experts average 25 rows (narrow), 1 to
-// 3 groups of 32 rows each and a ragged last one; 300 tokens average 75 rows (wide).
+// narrow choice falls back to. 100 tokens x 4 routes over 16 experts average 25 rows (one or two
+// 32-row tiles, the last ragged), 333 average 83 rows; the automatic choice takes the narrow
+// tile at 60 tokens (15 rows on average) and the wide one at 100.
 TEST(GpuMixedLayer, NarrowAndWideTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
@@ -155,7 +156,8 @@ TEST(GpuMixedLayer, NarrowAndWideTiles) {
       check_mixed_against_dequant(s, 100, tile);
       check_mixed_against_dequant(s, 333, tile);
     }
-    check_mixed_against_dequant(s, 100);  // automatic: narrow where it exists
+    check_mixed_against_dequant(s, 60);   // automatic: narrow where it exists
+    check_mixed_against_dequant(s, 100);  // automatic: wide
   }
   // The narrow tile's output does not depend on the wide tile's existence: graph replay and
   // poison as for the wide one.

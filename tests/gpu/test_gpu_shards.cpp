@@ -182,6 +182,7 @@ TEST(GpuShards, GenericPathGemms) {
   check_shards(whole, ti, {0, 4, 10, 16}, waves);
 
   LayerSpec s = small_spec(WeightFormat::kInt8, 64, 32, 12, 3);
+  s.fc1.block_size = s.fc2.block_size = 32;  // a block must divide K (32 and 64)
   s.has_fc2_bias = true;
   TestLayer f32;
   make_layer(s, seed + 1, &f32);
@@ -263,8 +264,8 @@ TEST(GpuShards, ShardWithoutRoutesWritesZeros) {
   const TestLayer idle = make_shard(whole, 8, 8);
   for (int64_t tokens : {1, 5, 16, 100}) {
     TestInputs ti;
-    make_inputs(s, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
-    route_to_first_experts(s, &ti);
+    make_inputs(whole.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
+    route_to_first_experts(whole.spec, &ti);
     for (const std::string& choice : layer->dispatch_candidates(tokens)) {
       SCOPED_TRACE(choice + ", " + std::to_string(tokens) + " tokens");
       std::unique_ptr<PreparedLayer> shard;
@@ -329,7 +330,7 @@ TEST(GpuShards, FusedGridSizeChangesNoBit) {
   const TestLayer sh = make_shard(whole, 3, 6);
   for (int64_t tokens : {2, 13}) {
     TestInputs ti;
-    make_inputs(s, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
+    make_inputs(whole.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
     std::vector<uint8_t> first;
     for (int grid : {0, 1, 3, 7}) {
       PrepareOptions o = with_dispatch("fused");

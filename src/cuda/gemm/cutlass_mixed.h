@@ -82,8 +82,10 @@ struct MixedGemmArgs {
 };
 
 // The automatic tile choice takes the narrow tile while a call averages at most this many routes
-// per held expert (PrepareOptions::mixed_tile = 0).
-constexpr int64_t kMixedNarrowRoutes = 32;
+// per expert (PrepareOptions::mixed_tile = 0). Measured on qwen3-30b-a3b INT4, generic path
+// (bench/results/2026-12-02-h200-tiles.md): narrow / wide 287 / 381 us at 8 routes, 301 / 384 at
+// 16, 429 / 409 at 32, 698 / 471 at 64.
+constexpr int64_t kMixedNarrowRoutes = 16;
 
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kUint8,
 // kE4m3); every kind has the 128-row one.

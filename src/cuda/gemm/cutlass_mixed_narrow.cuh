@@ -1,5 +1,5 @@
 // The narrow tile of the mixed-input GEMM, 128 x 32 x 64, for calls whose experts hold few rows
-// (an average of at most 32 routes per expert: 128..512 tokens of a 128-expert top-8 layer). The
+// (an average of at most 16 routes per expert: up to 256 tokens of a 128-expert top-8 layer). The
 // 128-row tile pads a group of 8 rows to 128, so at 128 tokens 94% of every wgmma was padding and
 // the kernel, not the weights' bytes, set the time; 32 rows keep the wgmma m64n32k16 busy on real
 // rows while each weight tile is still read once per group. Included only by the translation
