@@ -341,7 +341,7 @@ TEST(GpuShards, FusedGridSizeChangesNoBit) {
       GpuRun r;
       gpu_run(sh, ti, &r, {}, 0xFF, true, layer.get());
       if (::testing::Test::HasFatalFailure()) return;
-      EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << grid << " CTAs";
+      EXPECT_LE(r.error, gpu_budget(whole.spec.act_dtype)) << grid << " CTAs";
       if (first.empty()) first = r.out;
       EXPECT_EQ(r.out, first) << grid << " CTAs, " << tokens << " tokens";
     }
