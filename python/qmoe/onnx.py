@@ -147,7 +147,17 @@ def _as_f32(value, what, where):
                            f"widened from f32, f16 or bf16 only")
 
 
-def _const(consts, name, what, where, by):
+def _const(producer, consts, name, what, where, by):
+    """A router constant: an initializer or Constant, or the 2-D Transpose of one (exporters
+    that do not fold constants write MatMul(x, Transpose(W)))."""
+    node = producer.get(name)
+    if name not in consts and node is not None and node.op_type == "Transpose" \
+            and node.input[0] in consts:
+        from onnx import helper
+        arr, dtype = consts[node.input[0]]
+        perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"]
+        if arr.ndim == 2 and (not perm or list(perm[0]) == [1, 0]):
+            return np.ascontiguousarray(arr.T), dtype
     if name not in consts:
         raise OnnxInteropError(f"{where}: router {what} {name!r} (of {by}) is not an initializer "
                                f"or Constant, so the pack cannot hold it")
@@ -188,7 +198,7 @@ def _router(producer, consts, qnode, spec, where):
     """(weight [E, H] f32, bias [E] f32 or None) of the router that computes a QMoE node's
     router_probs from its input x, as one of
 
-        MatMul(x, B [H, E])                   (+ Add of a constant bias)   W = B^T
+        MatMul(x, B [H, E] or Transpose(W))   (+ Add of a constant bias)   W = B^T
         Gemm(x, B, C?; transB, alpha, beta)   (+ Add when C is absent)     W = alpha * op(B),
                                                                            bias = beta * C
     where op(B) = B (transB = 1, B [E, H]) or B^T (transB = 0, B [H, E]). Cast nodes on the
@@ -214,18 +224,18 @@ def _router(producer, consts, qnode, spec, where):
             f"--layer-files)")
     by = f"{node.op_type} {node.name!r}"
     if node.op_type == "MatMul":
-        b = _as_f32(_const(consts, node.input[1], "weight", where, by), "weight", where)
+        b = _as_f32(_const(producer, consts, node.input[1], "weight", where, by), "weight", where)
         weight, bias, want = (b.T if b.ndim == 2 else b), None, [h, e]
     elif node.op_type == "Gemm":
         alpha, beta, trans_b = _gemm_attrs(node, where)
-        b = _as_f32(_const(consts, node.input[1], "weight", where, by), "weight", where)
+        b = _as_f32(_const(producer, consts, node.input[1], "weight", where, by), "weight", where)
         weight, want = (b if trans_b else b.T), ([e, h] if trans_b else [h, e])
         if alpha != 1.0 and b.ndim == 2:
             with np.errstate(over="ignore"):  # an overflow is refused below, naming the node
                 weight = weight * np.float32(alpha)
         bias = None
         if len(node.input) > 2 and node.input[2] and beta != 0.0:
-            c = _as_f32(_const(consts, node.input[2], "bias", where, by), "bias", where)
+            c = _as_f32(_const(producer, consts, node.input[2], "bias", where, by), "bias", where)
             bias = _row_bias(c, e, f"bias C of {by}", where)
             if beta != 1.0:
                 with np.errstate(over="ignore"):

@@ -1,7 +1,8 @@
 """qmoe.onnx.extract to a pack: the router weight (and bias) behind a QMoE node's router_probs, in
 the forms exporters write it.
 
-    MatMul(x, W^T) (+ Add b)      torch.matmul / a Linear traced as MatMul + Add
+    MatMul(x, W^T) (+ Add b)      torch.matmul / a Linear traced as MatMul + Add (W^T a
+                                  constant, or a Transpose of W where constants are not folded)
     Gemm(x, W, b, transB=1)       torch.nn.Linear as torch.onnx exports it
     Gemm(x, W^T, b, transB=0)     other exporters; alpha / beta scale the product and the bias
 
@@ -81,6 +82,13 @@ def _matmul_add(w, b, bias_first=False, bias_shape=None):
     return nodes, consts
 
 
+def _matmul_transpose(w):
+    """MatMul(x, Transpose(W)): a Linear exported without constant folding."""
+    return ([helper.make_node("Transpose", ["router.W"], ["router.W_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["input", "router.W_t"], ["router_probs"], name="router")],
+            {"router.W": w})
+
+
 def _pack_layer(pack, tmp_path, index=0):
     """(layer file of pack layer `index`, router_weight, router_bias or None)."""
     tensors, meta = _safetensors.read(pack)
@@ -132,6 +140,7 @@ def _router_params(rng):
 FORMS = [
     ("matmul", lambda w, b: _matmul_add(w, None), False, 1.0, 1.0),
     ("matmul_add", lambda w, b: _matmul_add(w, b), True, 1.0, 1.0),
+    ("matmul_transpose", lambda w, b: _matmul_transpose(w), False, 1.0, 1.0),
     ("matmul_add_bias_first_1xE", lambda w, b: _matmul_add(w, b, True, (1, E)), True, 1.0, 1.0),
     ("gemm_transB1", lambda w, b: _gemm(w, b), True, 1.0, 1.0),
     ("gemm_transB0", lambda w, b: _gemm(w, b, trans_b=0), True, 1.0, 1.0),
