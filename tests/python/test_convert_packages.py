@@ -4,8 +4,9 @@ compared bit for bit with the package's.
 
 - compressed-tensors (PyPI `compressed-tensors`, which needs torch and transformers): scales and
   zero points from calculate_qparams, codes from PackedQuantizationCompressor.compress
-  (pack_to_int32), config.json's quantization_config from QuantizationConfig; dequantized by
-  PackedQuantizationCompressor.decompress.
+  (pack_to_int32) for pack-quantized int4/int8 and FloatQuantizationCompressor for
+  float-quantized FP8 blocks, config.json's quantization_config from QuantizationConfig;
+  dequantized by the same compressors' decompress.
 - DeepSeek-style FP8 with 128 x 128 (here 32 x 32) blocks, `weight_scale_inv`: quantized by
   transformers' Fp8Quantize (integrations/finegrained_fp8.py, the save path of
   FineGrainedFP8Config), dequantized by its Fp8Dequantize (the load path with dequantize=True).
@@ -47,8 +48,46 @@ def _tagged(t):
 
 
 # ---------------------------------------------------------------------------------------------
-# compressed-tensors pack-quantized
+# compressed-tensors: pack-quantized int4/int8, float-quantized FP8 blocks
 # ---------------------------------------------------------------------------------------------
+
+def _ct_checkpoint(rng, compressor, args, fmt, wdtype, ranges):
+    """A one-layer Qwen3-MoE checkpoint written by compressed-tensors: each projection's bf16 /
+    f16 weight gets its scales from calculate_qparams over ranges(w) (the min and max of each
+    group or block) and is compressed by `compressor`. Returns (cfg, tensors, ref, native):
+    ref as quantized_model's, dequantized by the package with its scales widened to f32 (its
+    formula's exact value: an integer below 2^8 or an e4m3 value times a bf16/f16 scale fits
+    f32), native the package's own dequantization in the scale dtype with that exact value."""
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    native = []
+
+    def proj(r, n, k, _):
+        w = torch.from_numpy(r.standard_normal((n, k)) / np.sqrt(k)).to(getattr(torch, wdtype))
+        scale, zp = calculate_qparams(*ranges(w), args)
+        sd = compressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp},
+                                 scheme)
+        assert sd["weight_scale"].dtype == w.dtype
+        exact = compressor.decompress(dict(sd, weight_scale=sd["weight_scale"].float()),
+                                      scheme)["weight"]
+        assert exact.dtype == torch.float32
+        native.append((compressor.decompress(sd, scheme)["weight"], exact))
+        return ({"." + key: _tagged(v) for key, v in sd.items()},
+                exact.numpy().astype(np.float64))
+
+    qcfg = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt,
+                              quantization_status="compressed",
+                              ignore=["lm_head", "re:.*mlp.gate$"])
+    quant = json.loads(json.dumps(qcfg.to_dict(), default=str))  # as config.json holds it
+    return quantized_model(qwen_config(layers=1), rng, proj, quant) + (native,)
+
+
+def _check_native(native):
+    """The package's own output, in the scale dtype, is the exact value rounded once."""
+    for theirs, exact in native:
+        assert torch.equal(theirs, exact.to(theirs.dtype))
+
 
 @pytest.mark.parametrize("bits,group,sym,wdtype", [
     (4, 32, False, "bfloat16"),
@@ -59,41 +98,51 @@ def test_compressed_tensors_package_checkpoint_converts_bit_exact(cli, tmp_path,
                                                                   sym, wdtype):
     ct_q = pytest.importorskip("compressed_tensors.quantization")
     ct_pack = pytest.importorskip("compressed_tensors.compressors.pack_quantized.base")
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams
-    compressor = ct_pack.PackedQuantizationCompressor
     args = ct_q.QuantizationArgs(num_bits=bits, type="int", symmetric=sym,
                                  strategy="group" if group else "channel", group_size=group)
-    scheme = ct_q.QuantizationScheme(targets=["Linear"], weights=args)
-    native = []  # (the package's own dequantization in the scale dtype, the exact one)
 
-    def proj(r, n, k, _):
-        w = torch.from_numpy(r.standard_normal((n, k)) / np.sqrt(k)).to(getattr(torch, wdtype))
-        g = w.reshape(n, k // (group or k), group or k)
-        scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
-        sd = compressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp},
-                                 scheme)
-        # The package multiplies in the scale's dtype (a rounding product); the same scales
-        # widened to f32 give its formula's exact value, which the pack must hold.
-        exact = compressor.decompress(dict(sd, weight_scale=sd["weight_scale"].float()),
-                                      scheme)["weight"]
-        native.append((compressor.decompress(sd, scheme)["weight"], exact))
-        assert exact.dtype == torch.float32 and sd["weight_scale"].dtype == w.dtype
-        return ({"." + key: _tagged(v) for key, v in sd.items()},
-                exact.numpy().astype(np.float64))
+    def ranges(w):
+        g = w.reshape(w.shape[0], -1, group or w.shape[1])
+        return g.amin(-1), g.amax(-1)
 
-    qcfg = ct_q.QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized",
-                                   quantization_status="compressed",
-                                   ignore=["lm_head", "re:.*mlp.gate$"])
-    qcfg = json.loads(json.dumps(qcfg.to_dict(), default=str))  # as a checkpoint's config.json
-    cfg, tensors, ref = quantized_model(qwen_config(layers=1), rng, proj, qcfg)
+    cfg, tensors, ref, native = _ct_checkpoint(rng, ct_pack.PackedQuantizationCompressor, args,
+                                               "pack-quantized", wdtype, ranges)
     want = "BF16" if wdtype == "bfloat16" else "F16"
     t, meta = check_exact(cli, tmp_path, rng, cfg, tensors, ref, "compressed-tensors", not sym,
                           want)
     assert int(meta["layers.0.expert_weight_bits"]) == bits
     assert int(meta["layers.0.block_size"]) == (group or 0)
-    # The package's own output, in the scale dtype, is the exact value rounded once.
-    for theirs, exact in native:
-        assert torch.equal(theirs, exact.to(theirs.dtype))
+    _check_native(native)
+
+
+def _fp8_pack(t, meta, b):
+    """(gate, up, down) of pack layer 0, f64 [E, n, k]: fp8_block, FC1 stacked [gate; up]."""
+    assert meta["layers.0.swiglu_fusion"] == "2" and int(meta["layers.0.block_size"]) == b
+    fc1 = fp8_fc(t, 0, 1, 2 * I, H, b)
+    return fc1[:, :I], fc1[:, I:], fp8_fc(t, 0, 2, H, I, b)
+
+
+def test_compressed_tensors_fp8_block_package_checkpoint_converts_bit_exact(cli, tmp_path, rng):
+    """float-quantized FP8 with block scales, as the package's FloatQuantizationCompressor
+    writes it: bf16 weights give bf16 block scales."""
+    ct_q = pytest.importorskip("compressed_tensors.quantization")
+    ct_fp = pytest.importorskip("compressed_tensors.compressors.naive_quantized.base")
+    b = 32
+    args = ct_q.QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="block",
+                                 block_structure=[b, b])
+
+    def ranges(w):
+        blocks = w.reshape(w.shape[0] // b, b, w.shape[1] // b, b)
+        return blocks.amin((1, 3)), blocks.amax((1, 3))
+
+    cfg, tensors, ref, native = _ct_checkpoint(rng, ct_fp.FloatQuantizationCompressor, args,
+                                               "float-quantized", "bfloat16", ranges)
+    out, t, meta = convert_exact(cli, tmp_path, cfg, tensors, "compressed-tensors")
+    for mine, theirs in zip(_fp8_pack(t, meta, b), ref[0][1:]):
+        assert np.array_equal(mine, theirs)
+    _check_native(native)
+    x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
+    assert rel_norm(run_model(cli, tmp_path, out, 0, x), hf_block(cfg, x, *ref[0])) <= 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,12 +172,9 @@ def test_fp8_block_checkpoint_from_transformers_converts_bit_exact(cli, tmp_path
     quant = json.loads(json.dumps(qcfg.to_dict(), default=str))
     cfg, tensors, ref = quantized_model(qwen_config(layers=1), rng, proj, quant)
     out, t, meta = convert_exact(cli, tmp_path, cfg, tensors, "fp8")
-    assert meta["layers.0.swiglu_fusion"] == "2" and int(meta["layers.0.block_size"]) == b
-    fc1, fc2 = fp8_fc(t, 0, 1, 2 * I, H, b), fp8_fc(t, 0, 2, H, I, b)
-    _, gate, up, down = ref[0]
     # An e4m3 value times an f32 scale rounds in f32: the package's result is the pack's exact
     # dequantization rounded once.
-    for mine, theirs in ((fc1[:, :I], gate), (fc1[:, I:], up), (fc2, down)):
+    for mine, theirs in zip(_fp8_pack(t, meta, b), ref[0][1:]):
         assert np.array_equal(mine.astype(np.float32).astype(np.float64), theirs)
     # The pack keeps the codes and scales: the package dequantizes them to the same bits.
     p = "layers.0."
