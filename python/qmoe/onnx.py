@@ -11,10 +11,11 @@ its attributes exactly the layer file's ORT keys (docs/layer-file.md), so both d
 bytes; the tensors round-trip bit for bit. Every node is validated by qmoe's own ORT import
 (spec_from_ort) before anything is written, and files are written to a temporary name and renamed.
 
-A pack also needs each layer's router weight. In the graph qmoe looks for it where exporters put
-it and where export() puts it:
+A pack also needs each layer's router weight (and bias). In the graph qmoe looks for it where
+exporters put it and where export() puts it (details in _router):
 
     input [T, H] --MatMul(B = W^T, [H, E])--(Add bias [E])--> router_probs [T, E] --> QMoE
+    input [T, H] --Gemm(B = W [E, H] transB=1 | W^T [H, E] transB=0; C = bias)--> router_probs
 
 Needs the `onnx` package (onnxruntime only to run the result)."""
 
@@ -133,28 +134,135 @@ def _spec(attrs, tensors, semantics, where):
         raise OnnxInteropError(f"{where}: {e}") from None
 
 
-def _router(producer, consts, probs, where):
-    """(weight [E, H] f32, bias [E] or None) of the MatMul (+ Add) that computes router_probs."""
-    node, bias = producer.get(probs), None
+def _as_f32(value, what, where):
+    """A router constant as f32, widened exactly from f16 / bf16 (the pack holds f32)."""
+    arr, dtype = value
+    if dtype == "f32":
+        return arr
+    if dtype == "f16":
+        return arr.astype(np.float32)
+    if dtype == "bf16":  # bf16 bits are the high half of the f32 bits
+        return (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    raise OnnxInteropError(f"{where}: router {what} is {dtype}; the pack's router holds f32, "
+                           f"widened from f32, f16 or bf16 only")
+
+
+def _const(producer, consts, name, what, where, by):
+    """A router constant: an initializer or Constant, or the 2-D Transpose of one (exporters
+    that do not fold constants write MatMul(x, Transpose(W)))."""
+    node = producer.get(name)
+    if name not in consts and node is not None and node.op_type == "Transpose" \
+            and node.input[0] in consts:
+        from onnx import helper
+        arr, dtype = consts[node.input[0]]
+        perm = [helper.get_attribute_value(a) for a in node.attribute if a.name == "perm"]
+        if arr.ndim == 2 and (not perm or list(perm[0]) == [1, 0]):
+            return np.ascontiguousarray(arr.T), dtype
+    if name not in consts:
+        raise OnnxInteropError(f"{where}: router {what} {name!r} (of {by}) is not an initializer "
+                               f"or Constant, so the pack cannot hold it")
+    return consts[name]
+
+
+def _row_bias(c, e, what, where):
+    """A bias that broadcasts along the tokens as [E]: shapes [], [1], [E], [1, 1] or [1, E].
+    Any other shape differs from token to token (or is no [T, E] broadcast), which a pack's
+    router_bias [E] cannot hold."""
+    if c.ndim > 2 or (c.ndim == 2 and c.shape[0] != 1) or (c.ndim and c.shape[-1] not in (1, e)):
+        raise OnnxInteropError(f"{where}: router {what} has shape {list(c.shape)}; the pack's "
+                               f"router_bias holds one value per expert ([E] = [{e}], [1, {e}] "
+                               f"or a scalar), added to every token's logits")
+    return np.ascontiguousarray(np.broadcast_to(c.reshape(-1) if c.ndim else c, (e,)),
+                                np.float32)
+
+
+def _through_casts(producer, name):
+    """The tensor a chain of Cast nodes starts from."""
+    node = producer.get(name)
+    while node is not None and node.op_type == "Cast":
+        name = node.input[0]
+        node = producer.get(name)
+    return name
+
+
+def _gemm_attrs(node, where):
+    from onnx import helper
+    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    if a.get("transA", 0):
+        raise OnnxInteropError(f"{where}: router Gemm {node.name!r} has transA = 1; qmoe reads a "
+                               f"router Gemm whose A is the layer input [T, H] (transA = 0)")
+    return float(a.get("alpha", 1.0)), float(a.get("beta", 1.0)), bool(a.get("transB", 0))
+
+
+def _router(producer, consts, qnode, spec, where):
+    """(weight [E, H] f32, bias [E] f32 or None) of the router that computes a QMoE node's
+    router_probs from its input x, as one of
+
+        MatMul(x, B [H, E] or Transpose(W))   (+ Add of a constant bias)   W = B^T
+        Gemm(x, B, C?; transB, alpha, beta)   (+ Add when C is absent)     W = alpha * op(B),
+                                                                           bias = beta * C
+    where op(B) = B (transB = 1, B [E, H]) or B^T (transB = 0, B [H, E]). Cast nodes on the
+    logits and on x are looked through (the layer rounds the logits to its activation type, as a
+    cast does). alpha * B and beta * C are rounded to f32 once: exact when alpha (beta) is a
+    power of two, 1 included; ORT's Gemm scales the product instead, which can differ in the
+    last bit of a logit. A bias is f32 [E], broadcast over the tokens (_row_bias)."""
+    x, probs = qnode.input[0], qnode.input[1]
+    e, h = spec.num_experts, spec.hidden
+    node, add_bias = producer.get(_through_casts(producer, probs)), None
     if node is not None and node.op_type == "Add":
         const = [i for i in node.input if i in consts]
         other = [i for i in node.input if i not in consts]
         if len(const) == 1 and len(other) == 1:
-            bias = consts[const[0]]
+            add_bias = _as_f32(consts[const[0]], "bias", where)
             node = producer.get(other[0])
-    if node is None or node.op_type != "MatMul" or node.input[1] not in consts:
+    forms = ("a MatMul with a constant weight (+ Add of a constant bias) or a Gemm with a "
+             "constant B")
+    if node is None:
         raise OnnxInteropError(
-            f"{where}: router_probs {probs!r} is not computed by a MatMul with a constant weight "
-            f"(+ Add of a constant bias), so the pack's router_weight cannot be found; extract "
-            f"layer files instead (layer_files=True, --layer-files)")
-    w = consts[node.input[1]]
-    if w[1] != "f32" or w[0].ndim != 2:
-        raise OnnxInteropError(f"{where}: router weight {node.input[1]!r} must be f32 [H, E], got "
-                               f"{w[1]} {list(w[0].shape)}")
-    if bias is not None and (bias[1] != "f32" or bias[0].shape != (w[0].shape[1],)):
-        raise OnnxInteropError(f"{where}: router bias must be f32 [{w[0].shape[1]}], got "
-                               f"{bias[1]} {list(bias[0].shape)}")
-    return (np.ascontiguousarray(w[0].T), "f32"), bias
+            f"{where}: router_probs {probs!r} is not computed by {forms}, so the pack's "
+            f"router_weight cannot be found; extract layer files instead (layer_files=True, "
+            f"--layer-files)")
+    by = f"{node.op_type} {node.name!r}"
+    if node.op_type == "MatMul":
+        b = _as_f32(_const(producer, consts, node.input[1], "weight", where, by), "weight", where)
+        weight, bias, want = (b.T if b.ndim == 2 else b), None, [h, e]
+    elif node.op_type == "Gemm":
+        alpha, beta, trans_b = _gemm_attrs(node, where)
+        b = _as_f32(_const(producer, consts, node.input[1], "weight", where, by), "weight", where)
+        weight, want = (b if trans_b else b.T), ([e, h] if trans_b else [h, e])
+        if alpha != 1.0 and b.ndim == 2:
+            with np.errstate(over="ignore"):  # an overflow is refused below, naming the node
+                weight = weight * np.float32(alpha)
+        bias = None
+        if len(node.input) > 2 and node.input[2] and beta != 0.0:
+            c = _as_f32(_const(producer, consts, node.input[2], "bias", where, by), "bias", where)
+            bias = _row_bias(c, e, f"bias C of {by}", where)
+            if beta != 1.0:
+                with np.errstate(over="ignore"):
+                    bias = bias * np.float32(beta)
+            if add_bias is not None:
+                raise OnnxInteropError(
+                    f"{where}: router {by} has a bias C and is followed by an Add of another; "
+                    f"the pack's router_bias holds one bias (their f32 sum rounds differently)")
+    else:
+        raise OnnxInteropError(
+            f"{where}: router_probs {probs!r} is computed by {by}, not by {forms}, so the pack's "
+            f"router_weight cannot be found; extract layer files instead (layer_files=True, "
+            f"--layer-files)")
+    if b.ndim != 2 or list(b.shape) != want:
+        raise OnnxInteropError(f"{where}: router weight {node.input[1]!r} of {by} has shape "
+                               f"{list(b.shape)}, expected {want} (H = {h}, E = {e})")
+    if add_bias is not None:
+        bias = _row_bias(add_bias, e, "bias (the Add's constant)", where)
+    if _through_casts(producer, node.input[0]) != _through_casts(producer, x):
+        raise OnnxInteropError(f"{where}: router {by} reads {node.input[0]!r}, not the layer's "
+                               f"input {x!r}; the pack computes the logits from the layer input")
+    for what, v in (("weight", weight), ("bias", bias)):
+        if v is not None and not np.isfinite(v).all():
+            raise OnnxInteropError(f"{where}: router {what} of {by} has values that are not "
+                                   f"finite (after alpha / beta)")
+    return ((np.ascontiguousarray(weight, np.float32), "f32"),
+            None if bias is None else (bias, "f32"))
 
 
 def read_nodes(model, semantics="cuda", routers=False):
@@ -212,8 +320,8 @@ def read_nodes(model, semantics="cuda", routers=False):
         if routers:
             if len(n.input) < 2 or not n.input[1]:
                 raise OnnxInteropError(f"{where}: router_probs (input 1) is missing")
-            item["router_weight"], item["router_bias"] = _router(producer, consts, n.input[1],
-                                                                 where)
+            item["router_weight"], item["router_bias"] = _router(producer, consts, n,
+                                                                 item["spec"], where)
         out.append(item)
     return sorted(out, key=lambda d: d["index"])
 

@@ -208,6 +208,16 @@ def convert_ok(cli, src, out, frm, *flags):
     return r
 
 
+def convert_exact(cli, tmp_path, cfg, tensors, frm):
+    """Writes the checkpoint, converts it, checks that the summary says exact (nothing
+    requantized); returns (pack path, its tensors, its metadata)."""
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, frm)
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
+    return (out,) + read_safetensors(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading a pack and the numpy reference of the Hugging Face block
 # ---------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import json
 import numpy as np
 import pytest
 
-from ortqmoe import bf16, bf16_to_f32, read_safetensors, rel_norm, run_cli
-from test_convert import (E, H, I, K_TOP, _expect_failure, convert_ok, qwen_config, run_model,
-                          write_checkpoint)
+from ortqmoe import bf16, bf16_to_f32, rel_norm, run_cli
+from test_convert import (E, H, I, K_TOP, _expect_failure, convert_exact, qwen_config,
+                          run_model, write_checkpoint)
 
 # E2M1 code -> value (bit 3 the sign), as transformers' FP4_VALUES.
 FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -89,11 +89,7 @@ def gpt_oss_block(cfg, x, router, router_bias, fc1, b1, fc2, b2):
 def test_gpt_oss_mxfp4_converts_bit_exact(cli, tmp_path, rng, limit):
     cfg = gpt_oss_config(limit=limit)
     tensors, ref = gpt_oss_model(cfg, rng)
-    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
-    out = tmp_path / "pack.safetensors"
-    r = convert_ok(cli, tmp_path / "ckpt", out, "mxfp4")
-    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
-    t, meta = read_safetensors(out)
+    out, t, meta = convert_exact(cli, tmp_path, cfg, tensors, "mxfp4")
     assert meta["qmoe.layers"] == "0,1"
     for layer, (router, rbias, fc1, b1, fc2, b2) in ref.items():
         p = f"layers.{layer}."

@@ -15,13 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from ortqmoe import BF16, QNBIT_ENV, build_model, make_layer, rel_norm, run_ort
+from ortqmoe import BF16, QNBIT_ENV, build_model, import_qmoe, make_layer, rel_norm, run_ort
 
-if os.environ.get("QMOE_REQUIRE_PYTHON"):
-    import qmoe
-else:
-    qmoe = pytest.importorskip("qmoe",
-                               reason="qmoe Python module not built (PYTHONPATH=build/python)")
+qmoe = import_qmoe()
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
