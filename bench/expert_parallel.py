@@ -58,6 +58,8 @@ def parse():
     p.add_argument("--tokens", default="1,64,4096", help="tokens per rank")
     p.add_argument("--shape", default="full", choices=["full", "tiny"])
     p.add_argument("--mode", default="deterministic", choices=["deterministic", "fast"])
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="cuda: NCCL, one GPU per rank; cpu: gloo (auto: cuda where available)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-baseline", action="store_true")
@@ -185,7 +187,7 @@ def bench_preset(args, preset, ctx):
 def main():
     args = parse()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
-    device = init_from_env()
+    device = init_from_env(args.backend)
     use_cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
     rows = []

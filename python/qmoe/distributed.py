@@ -59,6 +59,10 @@ def init_from_env(backend="auto"):
                                      and _qmoe.backend_available(_qmoe.Backend.cuda))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
+        if not 0 <= local_rank < torch.cuda.device_count():
+            raise ValueError(f"init_from_env: LOCAL_RANK {local_rank} has no GPU (this machine has "
+                             f"{torch.cuda.device_count()}); start at most that many ranks per "
+                             f"node, or pass backend='cpu' for gloo on the CPU")
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if use_cuda else "gloo")
     return torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")

@@ -348,8 +348,8 @@ def test_example():
 def test_benchmark_smoke(tmp_path):
     rows = tmp_path / "rows.json"
     _start(_run_script, 2, (2, _free_port(), "bench/expert_parallel.py",
-                            ["--shape", "tiny", "--tokens", "0,3", "--iters", "1", "--warmup", "1",
-                             "--json", str(rows)]))
+                            ["--backend", "cpu", "--shape", "tiny", "--tokens", "0,3", "--iters",
+                             "1", "--warmup", "1", "--json", str(rows)]))
     got = json.loads(rows.read_text())
     assert [(r["preset"], r["tokens_per_rank"]) for r in got] == [
         ("qwen3-30b-a3b", 0), ("qwen3-30b-a3b", 3), ("deepseek-v3", 0), ("deepseek-v3", 3)]
