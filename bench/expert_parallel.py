@@ -27,7 +27,6 @@ NCCL and the CUDA backend (one GPU per rank) when CUDA is available, gloo and th
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -186,7 +185,6 @@ def bench_preset(args, preset, ctx):
 
 def main():
     args = parse()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
     device = init_from_env(args.backend)
     use_cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()

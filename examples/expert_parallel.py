@@ -13,7 +13,6 @@ backend otherwise or with --backend cpu. --shape 2048,768,128,8 gives Qwen3-30B-
 Exits 1 if an output is off by more than the budget (fp32 1e-5, bf16 2e-2)."""
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -41,7 +40,6 @@ def parse():
 
 def main():
     args = parse()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
     device = init_from_env(args.backend)
     use_cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -52,13 +52,15 @@ def init_from_env(backend="auto"):
     """Initializes the default process group from torchrun's environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL and GPU LOCAL_RANK (made current) for backend
     "cuda", or for "auto" where CUDA and qmoe's CUDA backend are available; gloo and the CPU
-    otherwise. Returns the device this rank's layer and tensors belong on."""
+    otherwise. With NCCL, NVLink multicast stays off (NCCL_NVLS_ENABLE=0) unless the environment
+    sets it. Returns the device this rank's layer and tensors belong on."""
     if backend not in ("auto", "cuda", "cpu"):
         raise ValueError(f"backend: expected auto, cuda or cpu, got {backend!r}")
     use_cuda = backend == "cuda" or (backend == "auto" and torch.cuda.is_available()
                                      and _qmoe.backend_available(_qmoe.Backend.cuda))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off unless asked for
         if not 0 <= local_rank < torch.cuda.device_count():
             raise ValueError(f"init_from_env: LOCAL_RANK {local_rank} has no GPU (this machine has "
                              f"{torch.cuda.device_count()}); start at most that many ranks per "
