@@ -312,12 +312,7 @@ def _cases_gpu(rank, world, seed):
                          and qmoe.backend_available(qmoe.Backend.cuda)),
                     reason="needs two CUDA devices and a CUDA build of qmoe")
 def test_two_gpus_nccl(seed):
-    try:  # main's CUDA backend refused layers of local experts at first (docs/semantics.md)
-        _pair(seed, even_split(E, 2), 0, backend="cuda", format="int4", dtype="bf16")
-    except qmoe.Error as e:
-        if "first_expert/local_experts" not in str(e):
-            raise
-        pytest.skip(f"the CUDA backend does not prepare layers of local experts here: {e}")
+    _pair(seed, even_split(E, 2), 0, backend="cuda", format="int4", dtype="bf16")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
     _spawn(_cases_gpu, 2, seed, backend="nccl")
 
