@@ -87,6 +87,43 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+def _routing_of(config):
+    e = next(getattr(config, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
+             if getattr(config, n, None))
+    return e, config.num_experts_per_tok
+
+
+def untied_rel(got_model, ref_model, ids):
+    """rel() of the two models' logits over the tokens whose router logits, as the reference
+    computes them, do not tie at the top-k boundary (the k-th and (k+1)-th largest equal). In
+    bf16 such exact ties happen (a logit near 5 has a step of 1/32): qmoe takes the lower expert
+    index, torch's topk promises no order, so the two may route that token to different experts,
+    a legitimate difference. The routers are found as the Linear layers with E outputs; at least
+    half the tokens must remain."""
+    e, k = _routing_of(ref_model.config)
+    seen = []
+
+    def hook(m, inp, out):
+        seen.append(torch.nn.functional.linear(inp[0], m.weight, m.bias).reshape(-1, e))
+
+    hooks = [m.register_forward_hook(hook) for m in ref_model.modules()
+             if isinstance(m, torch.nn.Linear) and m.out_features == e]
+    try:
+        want = ref_model(ids).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    keep = torch.ones(ids.numel(), dtype=torch.bool, device=ids.device)
+    for logits in seen:
+        top = logits.float().topk(min(k + 1, e), dim=-1).values
+        if top.shape[-1] > k:
+            keep &= top[:, k - 1] != top[:, k]
+    assert int(keep.sum()) * 2 >= ids.numel(), f"{int((~keep).sum())} of {ids.numel()} tied"
+    got = got_model(ids).logits
+    v = want.shape[-1]
+    return rel(got.reshape(-1, v)[keep], want.reshape(-1, v)[keep])
+
+
 @pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "olmoe"])
 @pytest.mark.parametrize("fmt,block", [("int8", 64), ("int4", 32)])
 @torch.no_grad()
@@ -109,7 +146,7 @@ def test_tiny_qwen3_moe_cpu_bf16(seed, fmt, block):
     ref = dequantize_experts(model, fmt, block)
     assert len(qt.replace_moe_blocks(model, format=fmt, block_size=block)) == 1
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(seed % 2**31))
-    assert rel(model(ids).logits, ref(ids).logits) < BUDGET[torch.bfloat16]
+    assert untied_rel(model, ref, ids) < BUDGET[torch.bfloat16]
 
 
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA device and a CUDA build of qmoe")
@@ -121,9 +158,7 @@ def test_tiny_qwen3_moe_gpu_bf16(seed, fmt, block):
     ref = dequantize_experts(model, fmt, block)
     replaced = qt.replace_moe_blocks(model, format=fmt, block_size=block)
     ids = torch.randint(0, 256, (1, 16), device="cuda")
-    got = model(ids).logits
-    want = ref(ids).logits
-    assert rel(got, want) < BUDGET[torch.bfloat16]
+    assert untied_rel(model, ref, ids) < BUDGET[torch.bfloat16]
     # One decode step compiles without graph breaks (fullgraph=True raises on one). Compiled and
     # eager layers before the MoE block round differently in bf16, which may flip a near-tie in
     # routing, so the whole step is compared loosely and the block itself closely.
