@@ -48,19 +48,23 @@
 
 namespace qmoe::cuda::cutlass_detail {
 
-// The epilogue does not depend on the operand type. It is defined outside the template: GCC
-// fails to instantiate CUTLASS's epilogue builder in a dependent context.
+// The epilogue does not depend on the operand type. It is named outside the template: GCC
+// fails to instantiate CUTLASS's epilogue builder in a dependent context, so each tile's
+// epilogue is an alias with concrete arguments at namespace scope (GroupEpilogue here, the
+// mixed-input narrow tile's in cutlass_mixed_narrow.cuh).
 using GroupTileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
 using GroupClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using GroupLayoutD = cutlass::layout::ColumnMajor;  // C rows [rows, ldc]: M (features) contiguous
 constexpr int kGroupAlignD = 16 / sizeof(float);
-// D = 1 * accumulators; no C operand is read (ElementC void).
-using GroupEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, GroupTileShape, GroupClusterShape,
+// D = 1 * accumulators on a tile; no C operand is read (ElementC void).
+template <typename TileShape>
+using GroupEpilogueFor = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, GroupClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
     kGroupAlignD, float, GroupLayoutD*, kGroupAlignD,
     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
     cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
+using GroupEpilogue = GroupEpilogueFor<GroupTileShape>;
 // The mainloop's stages get the shared memory the epilogue leaves (a non-dependent constant: the
 // host compiler rejects the sizeof inside the template below).
 constexpr int kGroupEpilogueSmem = static_cast<int>(sizeof(GroupEpilogue::SharedStorage));

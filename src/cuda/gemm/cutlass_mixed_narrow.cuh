@@ -12,12 +12,7 @@ namespace qmoe::cuda::cutlass_detail {
 
 using NarrowTileShape = cute::Shape<cute::_128, cute::_32, cute::_64>;
 // The grouped GEMM's epilogue (fp32 column-major D, no C), on the narrow tile.
-using NarrowEpilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, NarrowTileShape, GroupClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
-    kGroupAlignD, float, GroupLayoutD*, kGroupAlignD,
-    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
+using NarrowEpilogue = GroupEpilogueFor<NarrowTileShape>;
 constexpr int kNarrowEpilogueSmem = static_cast<int>(sizeof(NarrowEpilogue::SharedStorage));
 
 template <>
