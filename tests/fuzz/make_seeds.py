@@ -3,6 +3,8 @@ every weight format and routing family the layer file describes, plus a few safe
 other shapes (no tensors, metadata only, odd dtypes). Deterministic; rerun it after a change to the
 layer file format and commit the result."""
 
+import json
+import struct
 import sys
 from pathlib import Path
 
@@ -40,6 +42,13 @@ def main():
                       {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
                        "b": np.arange(5, dtype=np.uint8), "c": np.zeros((0, 4), np.int64),
                        "d": np.ones(3, np.float16)})
+    # An empty tensor whose offsets fall inside another tensor's range: valid (it occupies no
+    # bytes), and a case the ordinary writer never produces.
+    text = json.dumps({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                       "b": {"dtype": "U8", "shape": [0], "data_offsets": [4, 4]}}).encode()
+    text += b" " * (-len(text) % 8)
+    (headers / "empty_inside_other.safetensors").write_bytes(
+        struct.pack("<Q", len(text)) + text + bytes(8))
     for f in sorted(layers.iterdir())[:3]:
         (headers / f.name).write_bytes(f.read_bytes())
     print(f"{len(list(layers.iterdir()))} layer files, {len(list(headers.iterdir()))} headers")
