@@ -202,8 +202,10 @@ def _router(producer, consts, qnode, spec, where):
         Gemm(x, B, C?; transB, alpha, beta)   (+ Add when C is absent)     W = alpha * op(B),
                                                                            bias = beta * C
     where op(B) = B (transB = 1, B [E, H]) or B^T (transB = 0, B [H, E]). Cast nodes on the
-    logits and on x are looked through (the layer rounds the logits to its activation type, as a
-    cast does). alpha * B and beta * C are rounded to f32 once: exact when alpha (beta) is a
+    logits, between the product and the Add, and on x are looked through (the layer rounds the
+    logits to its activation type, as a cast does; a Cast between the product and the Add
+    rounds the product before the bias is added, the pack's router after, so such a model's
+    logits may differ from the pack's in the last bit of the cast's type). alpha * B and beta * C are rounded to f32 once: exact when alpha (beta) is a
     power of two, 1 included; ORT's Gemm scales the product instead, which can differ in the
     last bit of a logit. A bias is f32 [E], broadcast over the tokens (_row_bias)."""
     x, probs = qnode.input[0], qnode.input[1]
@@ -214,7 +216,7 @@ def _router(producer, consts, qnode, spec, where):
         other = [i for i in node.input if i not in consts]
         if len(const) == 1 and len(other) == 1:
             add_bias = _as_f32(consts[const[0]], "bias", where)
-            node = producer.get(other[0])
+            node = producer.get(_through_casts(producer, other[0]))
     forms = ("a MatMul with a constant weight (+ Add of a constant bias) or a Gemm with a "
              "constant B")
     if node is None:

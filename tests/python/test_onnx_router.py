@@ -204,6 +204,26 @@ def test_gemm_scalar_c_and_casts(rng, tmp_path, record_max):
                        record_max)
 
 
+def test_matmul_cast_add_cast(rng, tmp_path, record_max):
+    """An f16 model whose router widens the product before adding an f32 bias and narrows the
+    sum again: MatMul (f16) -> Cast (f32) -> Add (f32 bias) -> Cast (f16)."""
+    layer = _layer(rng, np.float16)
+    w, b = _router_params(rng)
+    w16 = w.astype(np.float16)
+    consts = {"router.W_t": np.ascontiguousarray(w16.T), "router.b": b}
+    nodes = [helper.make_node("MatMul", ["input", "router.W_t"], ["p16"], name="router"),
+             helper.make_node("Cast", ["p16"], ["p32"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["p32", "router.b"], ["l32"], name="router_bias"),
+             helper.make_node("Cast", ["l32"], ["router_probs"], to=TensorProto.FLOAT16)]
+    model = _routed(layer, nodes, consts, act_dtype=np.float16)
+    pack = tmp_path / "pack.safetensors"
+    qonnx.extract(model, pack, semantics="cpu")
+    _, pw, pb = _pack_layer(pack, tmp_path)
+    assert np.array_equal(pw, w16.astype(np.float32)) and pb.tobytes() == b.tobytes()
+    x = rng.standard_normal((T, H)).astype(np.float16)
+    _check_against_ort(model, pack, x, tmp_path, record_max, TOL_F16, "f16 cast chain")
+
+
 def test_f16_router_widened_exactly(rng, tmp_path, record_max):
     """An f16 model's router weight and bias become the pack's f32 exactly."""
     layer = _layer(rng, np.float16)
