@@ -180,6 +180,7 @@ TEST(CpuBackend, RoutingMethods) {
     s.routing.method = RoutingMethod::kTopKSigmoid;
     s.routing.combine = CombineMode::kScaleInput;
     s.routing.num_shared = 1;
+    s.routing.shared_weight = SharedWeight::kOne;
     check_layer_case(s, 9);
   }
   {
@@ -201,6 +202,32 @@ TEST(CpuBackend, ShapesAndTokenCounts) {
     check_layer_case(s, 4);
   }
   check_layer_case(small_spec(WeightFormat::kFp8Block, 200, 72, 4, 2), 3);  // partial 128-blocks
+}
+
+// A shared expert of weight 1 adds exactly what a sigmoid-weighted one adds when its logit is so
+// large that the sigmoid rounds to 1 (30: exp(-30) is far below half an ulp of 1), whatever the
+// weight-1 layer's own shared logits are.
+TEST(CpuBackend, SharedWeightOneEqualsSaturatedSigmoid) {
+  const uint64_t seed = fresh_seed();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 10, 3);
+    s.act_dtype = dt;
+    s.routing.num_shared = 2;
+    TestLayer sigmoid_layer, one_layer;
+    make_layer(s, seed, &sigmoid_layer);
+    s.routing.shared_weight = SharedWeight::kOne;
+    make_layer(s, seed, &one_layer);  // the same weights
+    TestInputs ti;
+    make_inputs(s, 7, seed, false, &ti);
+    RunResult one, sigmoid;
+    run_and_check(one_layer, ti, 2, &one);
+    EXPECT_LE(one.error, budget(dt));
+    for (int64_t t = 0; t < 7; ++t) {
+      for (int64_t e = 8; e < 10; ++e) store_float(ti.logits.data(), dt, t * 10 + e, 30.0f);
+    }
+    run_and_check(sigmoid_layer, ti, 2, &sigmoid);
+    EXPECT_EQ(one.out, sigmoid.out) << dtype_name(dt);
+  }
 }
 
 TEST(CpuBackend, ThreeDimensionalInput) {

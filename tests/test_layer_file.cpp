@@ -66,6 +66,7 @@ void expect_same_spec(const LayerSpec& a, const LayerSpec& b) {
   EXPECT_EQ(r.normalize, q.normalize);
   EXPECT_EQ(r.ties, q.ties);
   EXPECT_EQ(r.num_shared, q.num_shared);
+  EXPECT_EQ(r.shared_weight, q.shared_weight);
   EXPECT_EQ(r.sparse_mixer_eps, q.sparse_mixer_eps);
   EXPECT_EQ(r.n_group, q.n_group);
   EXPECT_EQ(r.topk_group, q.topk_group);
@@ -170,6 +171,7 @@ LayerSpec llama4_like() {
   LayerSpec s = test::small_spec(WeightFormat::kInt3, 256, 128, 9, 1);
   s.fc1.block_size = s.fc2.block_size = 64;
   s.routing.num_shared = 1;
+  s.routing.shared_weight = SharedWeight::kOne;
   s.routing.method = RoutingMethod::kTopKSigmoid;
   s.routing.normalize = false;
   s.routing.combine = CombineMode::kScaleInput;
@@ -250,6 +252,17 @@ TEST_F(LayerFileTest, BadQmoeValueIsNamed) {
   const Status s = load_layer_file(p, &l);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("qmoe.tie_break: expected lower or higher, got 'left'"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST_F(LayerFileTest, BadSharedWeightIsNamed) {
+  const std::string p = rewrite(saved_small_layer(),
+                                [](auto*, auto* meta) { (*meta)["qmoe.shared_weight"] = "unit"; });
+  LoadedLayer l;
+  const Status s = load_layer_file(p, &l);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("qmoe.shared_weight: expected sigmoid or one, got 'unit'"),
             std::string::npos)
       << s.message();
 }

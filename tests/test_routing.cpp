@@ -244,7 +244,7 @@ Ref reference(const RoutingSpec& r, const std::vector<double>& x_all,
   }
   for (int i = 0; i < r.num_shared; ++i) {
     out.ids.push_back(n + i);
-    out.w.push_back(sigmoid_ref(x_all[n + i]));
+    out.w.push_back(r.shared_weight == SharedWeight::kOne ? 1.0 : sigmoid_ref(x_all[n + i]));
   }
   return out;
 }
@@ -770,6 +770,36 @@ TEST(Routing, SharedExpertsAreAlwaysOnWithSigmoidWeight) {
   }
 }
 
+// The weight-1 rule (DeepSeek-V3, Llama-4): the shared slots weigh exactly 1 whatever their
+// logits (which are read by nothing else), and the routed slots are bitwise those of the sigmoid
+// rule.
+TEST(Routing, SharedExpertsWithWeightOne) {
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t e = 10, tokens = 23;
+  for (RoutingMethod m :
+       {RoutingMethod::kSoftmaxTopK, RoutingMethod::kTopKSoftmax, RoutingMethod::kTopKSigmoid}) {
+    SCOPED_TRACE(routing_method_name(m));
+    const LayerSpec sigmoid_spec = make_spec(m, e, 3, true, 2);
+    LayerSpec spec = sigmoid_spec;
+    spec.routing.shared_weight = SharedWeight::kOne;
+    std::vector<float> logits = spaced_logits(tokens, e, rng, 0.37f);
+    for (int64_t t = 0; t < tokens; ++t) {
+      logits[t * e + 8] = -40.0f + 3.0f * t;  // sigmoid from 4e-18 to ~1
+      logits[t * e + 9] = 0.5f * t;
+    }
+    const Routed got = run_route(spec, f32_view(logits, tokens, e));
+    const Routed sig = run_route(sigmoid_spec, f32_view(logits, tokens, e));
+    expect_matches_reference(spec, logits, got);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int j = 0; j < 5; ++j) EXPECT_EQ(got.ids[t * 5 + j], sig.ids[t * 5 + j]);
+      for (int j = 0; j < 3; ++j)
+        EXPECT_EQ(num::f32_bits(got.w[t * 5 + j]), num::f32_bits(sig.w[t * 5 + j]));
+      EXPECT_EQ(got.w[t * 5 + 3], 1.0f);
+      EXPECT_EQ(got.w[t * 5 + 4], 1.0f);
+    }
+  }
+}
+
 TEST(Routing, RouterWeightsAreGathered) {
   std::mt19937_64 rng(fresh_seed());
   const int64_t e = 32, tokens = 19;
@@ -1005,6 +1035,9 @@ TEST(Routing, InvalidInputsNameTheArgument) {
   spec_error(s, "routing.num_shared", "num_shared negative");
   s.routing.num_shared = 8;
   spec_error(s, "routing.num_shared", "num_shared = E");
+  s = base;
+  s.routing.shared_weight = static_cast<SharedWeight>(7);
+  spec_error(s, "routing.shared_weight", "unknown shared weight rule");
   s = base;
   s.num_experts = 0;
   expect_error(run_route(s, TensorView(logits.data(), DType::kF32, {tokens, 0})), "num_experts",

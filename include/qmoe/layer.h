@@ -53,6 +53,12 @@ enum class RoutingMethod : uint8_t {
 
 enum class TieBreak : uint8_t { kLowerIndex, kHigherIndex };
 
+// How a shared expert's output is weighted.
+enum class SharedWeight : uint8_t {
+  kSigmoid,  // sigmoid(its router logit): ORT's rule, Qwen2-MoE's shared_expert_gate
+  kOne,      // exactly 1, its router column unread: DeepSeek-V3, Llama-4
+};
+
 // How routing weights are applied.
 enum class CombineMode : uint8_t {
   kScaleOutput,  // y = sum_j w_j * Expert_j(x)             (every model but Llama-4)
@@ -65,9 +71,10 @@ struct RoutingSpec {
   bool normalize = false;  // renormalize the k weights to sum 1 (skipped when the sum <= 1e-6)
   TieBreak ties = TieBreak::kLowerIndex;
   // Shared experts: the last num_shared experts (and router columns) are always on, each with
-  // weight sigmoid(logit), outside the normalization; top-k runs over the first E - num_shared
-  // columns.
+  // the weight shared_weight says, outside the normalization; top-k runs over the first
+  // E - num_shared columns.
   int num_shared = 0;
+  SharedWeight shared_weight = SharedWeight::kSigmoid;
   float sparse_mixer_eps = 0.01f;      // kSparseMixer jitter epsilon
   int n_group = 1;                     // kGroupedTopK
   int topk_group = 1;                  // kGroupedTopK
@@ -79,6 +86,8 @@ const char* activation_name(Activation a);
 bool parse_activation(const std::string& s, Activation* out);
 const char* routing_method_name(RoutingMethod m);
 bool parse_routing_method(const std::string& s, RoutingMethod* out);
+const char* shared_weight_name(SharedWeight w);  // "sigmoid" or "one"
+bool parse_shared_weight(const std::string& s, SharedWeight* out);
 
 struct LayerSpec {
   int64_t hidden = 0;       // H

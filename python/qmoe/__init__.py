@@ -11,8 +11,8 @@ from ._qmoe import Error, backend_available, built_with_cuda, quantization_error
 from ._qmoe import default_fc_format, layer_file_metadata  # noqa: F401
 from .layer import Layer, dequantize_fc, quantize_fc, save_layer_file  # noqa: F401
 from .spec import (Activation, Backend, CombineMode, DType, FcFormat, Fp4Layout,  # noqa: F401
-                   GluLayout, LayerSpec, OrtSemantics, RoutingMethod, TieBreak, WeightFormat,
-                   as_enum, fc_format, make_spec)
+                   GluLayout, LayerSpec, OrtSemantics, RoutingMethod, SharedWeight, TieBreak,
+                   WeightFormat, as_enum, fc_format, make_spec)
 from ._qmoe import ActivationSpec, RoutingSpec  # noqa: F401
 
 __version__ = "0.1.0"

@@ -5,7 +5,8 @@ C++ structs, bound field by field; this module only adds keyword constructors.""
 
 from . import _qmoe
 from ._qmoe import (Activation, Backend, DType, FcFormat, GluLayout, LayerSpec,  # noqa: F401
-                    RoutingMethod, TieBreak, CombineMode, Fp4Layout, OrtSemantics, WeightFormat)
+                    RoutingMethod, SharedWeight, TieBreak, CombineMode, Fp4Layout, OrtSemantics,
+                    WeightFormat)
 
 
 def as_enum(enum, value, what):
@@ -62,7 +63,8 @@ def make_spec(hidden, inter, num_experts, *, top_k, format="int4", block_size=No
     """A LayerSpec from keywords. `format` (a name or an FcFormat) applies to every FC unless
     fc2_format says otherwise; first_expert / local_experts make a shard of local experts
     (docs/semantics.md); routing_fields sets further RoutingSpec fields (n_group,
-    topk_group, routed_scaling_factor, sparse_mixer_eps, ties, combine) or ActivationSpec fields
+    topk_group, routed_scaling_factor, sparse_mixer_eps, ties, combine, shared_weight) or
+    ActivationSpec fields
     (alpha, beta, limit, limit_after_activation)."""
     s = LayerSpec()
     s.hidden, s.inter, s.num_experts = int(hidden), int(inter), int(num_experts)
@@ -90,6 +92,8 @@ def make_spec(hidden, inter, num_experts, *, top_k, format="int4", block_size=No
             value = as_enum(TieBreak, value, "ties")
         elif key == "combine":
             value = as_enum(CombineMode, value, "combine")
+        elif key == "shared_weight":
+            value = as_enum(SharedWeight, value, "shared_weight")
         setattr(r, key, value)
     s.has_fc1_bias, s.has_fc2_bias, s.has_fc3_bias = bool(fc1_bias), bool(fc2_bias), bool(fc3_bias)
     s.act_dtype = as_dtype(dtype)
@@ -106,6 +110,7 @@ def describe(spec):
         "activation": a.kind.name, "glu": a.glu.name if a.gated else None,
         "routing": r.method.name, "top_k": r.top_k, "normalize": r.normalize,
         "num_shared": r.num_shared,
+        "shared_weight": r.shared_weight.name if r.num_shared else None,
         "fc1": repr(spec.fc1), "fc2": repr(spec.fc2),
         "fc3": repr(spec.fc3) if spec.has_fc3 else None,
     }

@@ -57,6 +57,10 @@ void bind_enums(nb::module_& m) {
       .value("lower", qmoe::TieBreak::kLowerIndex)
       .value("higher", qmoe::TieBreak::kHigherIndex);
 
+  nb::enum_<qmoe::SharedWeight>(m, "SharedWeight")
+      .value("sigmoid", qmoe::SharedWeight::kSigmoid)
+      .value("one", qmoe::SharedWeight::kOne);
+
   nb::enum_<qmoe::CombineMode>(m, "CombineMode")
       .value("scale_output", qmoe::CombineMode::kScaleOutput)
       .value("scale_input", qmoe::CombineMode::kScaleInput);
@@ -103,6 +107,7 @@ void bind_structs(nb::module_& m) {
       .def_rw("normalize", &qmoe::RoutingSpec::normalize)
       .def_rw("ties", &qmoe::RoutingSpec::ties)
       .def_rw("num_shared", &qmoe::RoutingSpec::num_shared)
+      .def_rw("shared_weight", &qmoe::RoutingSpec::shared_weight)
       .def_rw("sparse_mixer_eps", &qmoe::RoutingSpec::sparse_mixer_eps)
       .def_rw("n_group", &qmoe::RoutingSpec::n_group)
       .def_rw("topk_group", &qmoe::RoutingSpec::topk_group)

@@ -34,6 +34,10 @@ constexpr NamedEnum kRoutingMethods[] = {
     {static_cast<int>(RoutingMethod::kGroupedTopK), "grouped_topk"},
     {static_cast<int>(RoutingMethod::kTopKSigmoid), "topk_sigmoid"},
 };
+constexpr NamedEnum kSharedWeights[] = {
+    {static_cast<int>(SharedWeight::kSigmoid), "sigmoid"},
+    {static_cast<int>(SharedWeight::kOne), "one"},
+};
 
 template <size_t N>
 const char* enum_name(const NamedEnum (&table)[N], int v) {
@@ -198,6 +202,10 @@ bool parse_activation(const std::string& s, Activation* out) {
 const char* routing_method_name(RoutingMethod m) { return enum_name(kRoutingMethods, int(m)); }
 bool parse_routing_method(const std::string& s, RoutingMethod* out) {
   return enum_parse(kRoutingMethods, s, out);
+}
+const char* shared_weight_name(SharedWeight w) { return enum_name(kSharedWeights, int(w)); }
+bool parse_shared_weight(const std::string& s, SharedWeight* out) {
+  return enum_parse(kSharedWeights, s, out);
 }
 
 Status check_spec(const LayerSpec& s) {

@@ -13,7 +13,7 @@ namespace {
 constexpr const char* kKnownKeys =
     "qmoe.format_version, qmoe.ort_semantics, qmoe.routing_method, qmoe.n_group, "
     "qmoe.topk_group, qmoe.routed_scaling_factor, qmoe.sparse_mixer_eps, qmoe.tie_break, "
-    "qmoe.combine, qmoe.fp4_layout, qmoe.num_experts, qmoe.first_expert";
+    "qmoe.combine, qmoe.shared_weight, qmoe.fp4_layout, qmoe.num_experts, qmoe.first_expert";
 
 std::string float_string(float v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -124,6 +124,10 @@ Status parse_layer_extensions(const std::map<std::string, std::string>& metadata
       QMOE_RETURN_IF_ERROR(parse_choice(key, v, "output", CombineMode::kScaleOutput, "input",
                                         CombineMode::kScaleInput, &e.combine));
       e.has_combine = true;
+    } else if (key == "qmoe.shared_weight") {
+      QMOE_RETURN_IF_ERROR(parse_choice(key, v, "sigmoid", SharedWeight::kSigmoid, "one",
+                                        SharedWeight::kOne, &e.shared_weight));
+      e.has_shared_weight = true;
     } else if (key == "qmoe.fp4_layout") {
       QMOE_RETURN_IF_ERROR(parse_choice(key, v, "n_packed", Fp4Layout::kNPacked, "k_packed",
                                         Fp4Layout::kKPacked, &e.fp4_layout));
@@ -151,6 +155,7 @@ void apply_layer_extensions(const LayerFileExtensions& e, LayerSpec* spec) {
   if (e.has_eps) r.sparse_mixer_eps = e.sparse_mixer_eps;
   if (e.has_ties) r.ties = e.ties;
   if (e.has_combine) r.combine = e.combine;
+  if (e.has_shared_weight) r.shared_weight = e.shared_weight;
   if (e.has_num_experts && e.num_experts != spec->num_experts) {
     spec->local_experts = spec->num_experts;
     spec->num_experts = e.num_experts;
@@ -198,6 +203,7 @@ std::map<std::string, std::string> layer_extension_keys(const LayerSpec& s) {
   m["qmoe.routing_method"] = routing_method_name(r.method);
   m["qmoe.tie_break"] = r.ties == TieBreak::kLowerIndex ? "lower" : "higher";
   m["qmoe.combine"] = r.combine == CombineMode::kScaleOutput ? "output" : "input";
+  if (r.num_shared > 0) m["qmoe.shared_weight"] = shared_weight_name(r.shared_weight);
   if (r.method == RoutingMethod::kGroupedTopK) {
     m["qmoe.n_group"] = std::to_string(r.n_group);
     m["qmoe.topk_group"] = std::to_string(r.topk_group);

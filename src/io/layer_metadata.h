@@ -20,11 +20,13 @@ struct LayerFileExtensions {
   OrtSemantics semantics = OrtSemantics::kCuda;
   bool has_method = false, has_n_group = false, has_topk_group = false, has_scaling = false;
   bool has_eps = false, has_ties = false, has_combine = false, has_fp4_layout = false;
+  bool has_shared_weight = false;
   RoutingMethod method = RoutingMethod::kSoftmaxTopK;
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f, sparse_mixer_eps = 0.01f;
   TieBreak ties = TieBreak::kLowerIndex;
   CombineMode combine = CombineMode::kScaleOutput;
+  SharedWeight shared_weight = SharedWeight::kSigmoid;
   Fp4Layout fp4_layout = Fp4Layout::kNPacked;
   // Local experts: the router's expert count and the first held expert (0 when absent).
   bool has_num_experts = false;

@@ -135,6 +135,7 @@ TEST(GpuLayer, RoutingMethods) {
         s.routing.method = RoutingMethod::kTopKSigmoid;
         s.routing.combine = CombineMode::kScaleInput;
         s.routing.num_shared = 1;
+        s.routing.shared_weight = SharedWeight::kOne;
         check_gpu_case(s, tokens);
       }
       {

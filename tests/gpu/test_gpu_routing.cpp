@@ -59,7 +59,8 @@ struct Problem {
     const RoutingSpec& r = spec.routing;
     std::ostringstream s;
     s << routing_method_name(r.method) << " E=" << spec.num_experts << " T=" << tokens
-      << " k=" << r.top_k << " shared=" << r.num_shared
+      << " k=" << r.top_k << " shared=" << r.num_shared << "/"
+      << shared_weight_name(r.shared_weight)
       << " ties=" << (r.ties == TieBreak::kHigherIndex ? "higher" : "lower")
       << " normalize=" << r.normalize << " rw=" << !rw.empty() << " dtype=" << dtype_name(dtype);
     if (r.method == RoutingMethod::kGroupedTopK) {
@@ -326,8 +327,9 @@ LayerSpec valid_spec(RoutingMethod method, int64_t experts, int k, int shared, T
 // ---------------------------------------------------------------------------------------------
 // Tests
 
-// Every method x ties x normalize x router_weights x shared experts; experts, tokens, dtypes and
-// value kinds cycle through their lists along the product, k is random in 1..16.
+// Every method x ties x normalize x router_weights x shared experts (both weight rules);
+// experts, tokens, dtypes and value kinds cycle through their lists along the product, k is
+// random in 1..16.
 TEST(DeviceRouting, EveryMethodAndOptionMatchesHost) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -341,7 +343,8 @@ TEST(DeviceRouting, EveryMethodAndOptionMatchesHost) {
         for (bool with_rw : {false, true}) {
           for (int shared : {0, 1, 2}) {
             const int k = std::uniform_int_distribution<int>(1, 16)(rng);
-            const LayerSpec s = valid_spec(method, experts[i % 5], k, shared, ties, normalize, rng);
+            LayerSpec s = valid_spec(method, experts[i % 5], k, shared, ties, normalize, rng);
+            if (shared > 0 && (i / 2) % 2 == 1) s.routing.shared_weight = SharedWeight::kOne;
             const Values v = (i / 3) % 2 ? Values::kTieHeavy : Values::kGaussian;
             const Problem p = make_problem(s, tokens[i % 7], kDtypes[i % 3], with_rw, v, rng());
             ASSERT_TRUE(matches_host(p)) << "seed " << seed;
@@ -443,7 +446,8 @@ TEST(DeviceRouting, ExpertCountsOffTheWarpMatchHost) {
 }
 
 // DeepSeek-V3's shape (256 routed experts, 8 groups, 4 kept, k = 8, scaling 2.5, normalized),
-// with and without a shared expert, then smaller groupings, groups of one included.
+// with and without a shared expert (weight 1, as DeepSeek-V3 adds it), then smaller groupings,
+// groups of one included.
 TEST(DeviceRouting, GroupedTopKLikeDeepSeekMatchesHost) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -463,6 +467,7 @@ TEST(DeviceRouting, GroupedTopKLikeDeepSeekMatchesHost) {
             routing_spec(RoutingMethod::kGroupedTopK, sh.experts, sh.k, sh.shared, ties, true);
         s.routing.n_group = sh.n_group;
         s.routing.topk_group = sh.topk_group;
+        if (sh.experts == 257) s.routing.shared_weight = SharedWeight::kOne;
         const Problem p = make_problem(s, t, DType::kF32, false, v, rng());
         ASSERT_TRUE(matches_host(p)) << "seed " << seed;
       }

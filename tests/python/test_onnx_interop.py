@@ -221,6 +221,7 @@ def test_errors_name_node_and_input(rng, tmp_path):
 
 @pytest.mark.parametrize("key,value", [("qmoe.combine", "input"),
                                        ("qmoe.routing_method", "topk_sigmoid"),
+                                       ("qmoe.shared_weight", "one"),
                                        ("activation_kind", "relu")])
 def test_export_refuses_what_ort_cannot_hold(key, value, rng, tmp_path):
     (lf,) = qonnx.extract(_model_file(tmp_path, _layer(rng)),

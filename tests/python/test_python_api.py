@@ -89,6 +89,22 @@ def test_from_float_matches_numpy_fp64(rng, fmt, block, normalize):
     assert rel(layer.reference(x, logits), ref) < 1e-6
 
 
+@pytest.mark.parametrize("rule", ["sigmoid", "one"])
+def test_shared_expert_weight_rules(rng, rule):
+    # The last expert is shared: always on, outside the softmax, weight sigmoid(logit) or 1.
+    w1, w2 = make_weights(rng)
+    layer = qmoe.Layer.from_float(w1, w2, top_k=K, format="int8", block_size=64, num_shared=1,
+                                  shared_weight=rule)
+    assert qmoe.layer_file_metadata(layer.spec)["qmoe.shared_weight"] == rule
+    x, logits = make_inputs(rng)
+    y = layer.run(x, logits)
+    d1, d2 = dequantized(layer.spec.fc1, w1), dequantized(layer.spec.fc2, w2)
+    ref = numpy_moe(x, logits[:, :E - 1], d1[:E - 1], d2[:E - 1], K, False)
+    shared = numpy_moe(x, np.zeros((x.shape[0], 1)), d1[E - 1:], d2[E - 1:], 1, False)
+    gate = 1.0 if rule == "one" else 1.0 / (1.0 + np.exp(-logits[:, E - 1:].astype(np.float64)))
+    assert rel(y, ref + gate * shared) < 1e-5
+
+
 def test_run_with_torch_tensors_and_given_buffers(rng):
     torch = pytest.importorskip("torch")
     w1, w2 = make_weights(rng)

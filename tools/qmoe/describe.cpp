@@ -42,7 +42,10 @@ std::string describe_routing(const LayerSpec& s) {
          " groups, scaling " + num(r.routed_scaling_factor);
   }
   if (r.method == RoutingMethod::kSparseMixer) d += ", eps " + num(r.sparse_mixer_eps);
-  if (r.num_shared > 0) d += ", " + std::to_string(r.num_shared) + " shared";
+  if (r.num_shared > 0) {
+    d += ", " + std::to_string(r.num_shared) + " shared (weight " +
+         (r.shared_weight == SharedWeight::kOne ? "1)" : "sigmoid(logit))");
+  }
   if (r.combine == CombineMode::kScaleInput) d += ", weights scale the input";
   if (r.ties == TieBreak::kHigherIndex) d += ", ties to the higher index";
   return d;

@@ -60,10 +60,11 @@ std::vector<Preset> build() {
   p.push_back({"phi-3.5-moe", "Phi-3.5-MoE", "",
                base({4096, 6400, 16, 2, WeightFormat::kInt4}, RoutingMethod::kSparseMixer, false)});
   {
-    // 16 routed experts plus the shared one (the last), which is always on.
+    // 16 routed experts plus the shared one (the last), which is always on with weight 1.
     LayerSpec s =
         base({5120, 8192, 17, 1, WeightFormat::kInt4}, RoutingMethod::kTopKSigmoid, false);
     s.routing.num_shared = 1;
+    s.routing.shared_weight = SharedWeight::kOne;
     s.routing.combine = CombineMode::kScaleInput;
     p.push_back({"llama-4-scout", "Llama-4-Scout-17B-16E", "", s});
   }

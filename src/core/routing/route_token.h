@@ -132,6 +132,11 @@ QMOE_HD float slot_weight(const RoutingSpec& r, float v, float v0) {
   }
 }
 
+// A shared expert's weight from its router logit v (the host and the device both use this).
+QMOE_HD float shared_slot_weight(const RoutingSpec& r, float v) {
+  return r.shared_weight == SharedWeight::kOne ? 1.0f : sigmoid_f32(v);
+}
+
 // A slot's final weight from its weight w (slot_weight(), or router_weights[t, id] when gathered)
 // and sum, the k slots' weights added in slot order from +0: the method's normalization, then
 // DeepSeek's scaling. With router_weights the method's own normalization gives way to the
@@ -319,11 +324,11 @@ QMOE_HD void route_token(const RoutingSpec& r, int num_experts, float* x, const 
   QMOE_NO_UNROLL
   for (int j = 0; j < r.top_k; ++j) w[j] = slot_weight(r, row[ids[j]], row[ids[0]]);
   finish_slot_weights(r, /*gathered=*/false, w);
-  // Shared experts: always on, weight sigmoid(own logit), outside any normalization.
+  // Shared experts: always on, outside any normalization.
   QMOE_NO_UNROLL
   for (int i = 0; i < r.num_shared; ++i) {
     ids[r.top_k + i] = n + i;
-    w[r.top_k + i] = sigmoid_f32(x[n + i]);
+    w[r.top_k + i] = shared_slot_weight(r, x[n + i]);
   }
 }
 

@@ -84,6 +84,10 @@ Status check_routing_spec(const RoutingSpec& r, int64_t e) {
   if (r.ties != TieBreak::kLowerIndex && r.ties != TieBreak::kHigherIndex) {
     return Status::invalid("routing.ties: unknown value " + i_str(static_cast<int>(r.ties)));
   }
+  if (r.shared_weight != SharedWeight::kSigmoid && r.shared_weight != SharedWeight::kOne) {
+    return Status::invalid("routing.shared_weight: expected sigmoid or one, got " +
+                           i_str(static_cast<int>(r.shared_weight)));
+  }
   switch (r.method) {
     case RoutingMethod::kSoftmaxTopK:
     case RoutingMethod::kTopKSoftmax:

@@ -467,7 +467,7 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
     } else {
       // Shared experts: x[n, E) is never overwritten by the methods.
       id = n + (j - k);
-      w = routing::sigmoid_f32(x[id]);
+      w = routing::shared_slot_weight(r, x[id]);
     }
     if (bad) w = num::bits_f32(0x7FC00000u);  // quiet NaN
     if (j >= k) sids[j] = id;
