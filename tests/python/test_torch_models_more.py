@@ -137,6 +137,31 @@ def test_tiny_model_cpu_fp32(seed, kind, fmt, block):
         BUDGET[torch.float32]
 
 
+# kind -> (shared experts the layer holds (the shared MLP of S = m * I rows cut into m), weight)
+FOLDED = {"deepseek_v3": (1, qmoe.SharedWeight.one), "glm4_moe": (1, qmoe.SharedWeight.one),
+          "llama4": (1, qmoe.SharedWeight.one), "qwen2_moe": (2, qmoe.SharedWeight.sigmoid)}
+
+
+@pytest.mark.parametrize("kind", sorted(FOLDED))
+@torch.no_grad()
+def test_shared_experts_join_the_routed_layer(seed, kind):
+    """One qmoe call per block: the shared MLP is the layer's last m experts (the other tests
+    check its numbers). Where cutting it would change FC2's quantization groups (one group per
+    row, m > 1), it stays a second layer, checked here against the dequantized model."""
+    m, rule = FOLDED[kind]
+    model = build(kind, 0)
+    qt.replace_moe_blocks(model, format="int4", block_size=32)
+    for b in (b for b in model.modules() if isinstance(b, qt.QMoEBlock)):
+        r = b.moe.layer.spec.routing
+        assert b.shared is None and b.shared_columns == m
+        assert (r.num_shared, r.shared_weight, b.moe.layer.spec.num_experts) == (m, rule, E + m)
+    model = build(kind, seed % 2**31)
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(seed % 2**31))
+    assert quantized_vs_dequantized(model, "int8", 0, ids) < BUDGET[torch.float32]
+    for b in (b for b in model.modules() if isinstance(b, qt.QMoEBlock)):
+        assert (b.shared is None) == (m == 1)
+
+
 @pytest.mark.parametrize("kind", ["gpt_oss", "deepseek_v3", "llama4"])
 @torch.no_grad()
 def test_quantization_is_visible(seed, kind):

@@ -9,12 +9,15 @@ experts. transformers stores experts in three layouts, all converted here:
     fused, y = x W     gate_up_proj [E, H, 2I], down_proj [E, I, H]   (gpt-oss, Llama-4): transposed
     ModuleList         one MLP per expert with gate/up/down Linear layers (transformers 4)
 
-Shared experts (an MLP every token runs) become a second qmoe layer of one expert: its router
-logit is the model's shared-expert gate with weight sigmoid(logit) (routing topk_sigmoid, Qwen2),
-or, where the model adds the shared output with weight 1 (DeepSeek-V3, Llama-4), a zero logit
-through topk_softmax over the one expert, whose weight exp(0) / exp(0) is exactly 1. (qmoe's own
-shared experts, routing.num_shared, weigh by sigmoid(logit) as ORT does and need the routed
-experts' intermediate size, so neither kind maps onto them.)"""
+Shared experts (an MLP every token runs) join the routed experts' layer as qmoe's own shared
+experts (routing.num_shared) where their intermediate size S is a multiple m of the routed
+experts' I: the MLP is cut into m experts of I rows (an MLP sums over its intermediate rows, so
+the m parts add up to it), each weighted by sigmoid(the shared gate's logit) (shared_weight
+sigmoid, Qwen2: the gate's logit fills m appended router columns) or by exactly 1 (shared_weight
+one, DeepSeek-V3, Llama-4: the appended columns are zeros nobody reads). fold_shared() does
+that. Otherwise they become a second qmoe layer of one expert: its router logit is the gate's
+with weight sigmoid(logit) (routing topk_sigmoid), or a zero logit through topk_softmax over the
+one expert, whose weight exp(0) / exp(0) is exactly 1."""
 
 from dataclasses import dataclass, field
 
@@ -94,6 +97,31 @@ def _shared_experts(block, mlp, gated):
     fc1, fc2 = _mlp_expert(block, mlp)
     routing = "topk_sigmoid" if gated else "topk_softmax"
     return Experts(fc1, fc2, _swiglu(1, routing))
+
+
+def fold_shared(plan, block_size):
+    """(routed Experts with the shared MLP appended as its m = S / I last experts, m), or None
+    where the shared MLP cannot join the routed layer: S not a multiple of I, biases, or m > 1
+    with FC2 quantized in groups (block_size, 0 for one per row) that a cut at a multiple of I
+    would change."""
+    routed, shared = plan.routed, plan.shared
+    if shared is None or routed.biases or shared.biases:
+        return None
+    inter, s = routed.fc2.shape[2], shared.fc2.shape[2]
+    if s % inter or routed.fc1.shape[1] != 2 * inter \
+            or routed.layer_kwargs.get("glu") != "concatenated":
+        return None
+    m = s // inter
+    if m > 1 and (block_size <= 0 or inter % block_size):
+        return None
+    gate, up = shared.fc1[0, :s], shared.fc1[0, s:]
+    fc1 = [torch.cat([gate[c * inter:(c + 1) * inter], up[c * inter:(c + 1) * inter]])
+           for c in range(m)]
+    fc2 = [shared.fc2[0, :, c * inter:(c + 1) * inter] for c in range(m)]
+    kw = dict(routed.layer_kwargs, num_shared=m,
+              shared_weight="one" if plan.shared_gate is None else "sigmoid")
+    return Experts(torch.cat([routed.fc1, torch.stack(fc1).to(routed.fc1.dtype)]),
+                   torch.cat([routed.fc2, torch.stack(fc2).to(routed.fc2.dtype)]), kw), m
 
 
 def _norm_topk(block):

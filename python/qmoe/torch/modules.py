@@ -7,8 +7,9 @@ state_dict() is empty; prepare a new one to move it.
 
 quantize_moe_block() builds a QMoEBlock from a transformers MoE block: the block's router is kept
 as it is (a linear layer) and its experts are quantized into one qmoe layer with the model's own
-routing and activation; shared experts, where the model has them, into a second one. ADAPTERS
-(blocks.py) lists the supported blocks and says how each maps."""
+routing and activation; shared experts, where the model has them, join that layer as its shared
+experts (or, where their size does not allow it, form a second one). ADAPTERS (blocks.py) lists
+the supported blocks and says how each maps."""
 
 import weakref
 
@@ -17,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layer import Layer
+from ..spec import FcFormat, fc_format
 from ._ops import register_layer, unregister_layer
-from .blocks import ADAPTERS, REFUSED
+from .blocks import ADAPTERS, REFUSED, fold_shared
 
 
 class QMoE(nn.Module):
@@ -47,11 +49,15 @@ class QMoE(nn.Module):
 
 class QMoEBlock(nn.Module):
     """A transformers MoE block with qmoe experts: the original router, then one qmoe call (two
-    with shared experts). Returns what the replaced block returned (some blocks also return the
-    router logits)."""
+    with shared experts that could not join the routed layer). Returns what the replaced block
+    returned (some blocks also return the router logits).
+
+    shared_columns = m: the layer's last m experts are the shared MLP (fold_shared); their m
+    router columns are appended to the logits, the shared gate's logit (weight sigmoid) or zeros
+    (weight 1, unread). Otherwise `shared` is a second one-expert layer."""
 
     def __init__(self, router_weight, moe, returns_logits, *, router_bias=None,
-                 router_fp32=False, shared=None, shared_gate=None):
+                 router_fp32=False, shared=None, shared_gate=None, shared_columns=0):
         super().__init__()
 
         def frozen(t):
@@ -63,6 +69,7 @@ class QMoEBlock(nn.Module):
         self.moe = moe
         self.shared = shared
         self.shared_gate = frozen(shared_gate)
+        self.shared_columns = shared_columns
         self.returns_logits = returns_logits
 
     def forward(self, hidden_states):
@@ -72,7 +79,15 @@ class QMoEBlock(nn.Module):
             logits = F.linear(flat.float(), self.router_weight.float())
         else:
             logits = F.linear(flat, self.router_weight, self.router_bias)
-        out = self.moe(flat, logits)
+        if self.shared_columns:
+            if self.shared_gate is None:
+                cols = logits.new_zeros(logits.shape[0], self.shared_columns)
+            else:
+                cols = F.linear(flat, self.shared_gate).to(logits.dtype)
+                cols = cols.expand(-1, self.shared_columns)
+            out = self.moe(flat, torch.cat([logits, cols], dim=1))
+        else:
+            out = self.moe(flat, logits)
         if self.shared is not None:
             if self.shared_gate is None:  # weight exp(0) / exp(0) = 1 over the one expert
                 shared_logits = flat.new_zeros(flat.shape[0], 1)
@@ -114,6 +129,13 @@ def quantize_moe_block(block, format="int4", block_size=None, zero_points=False,
     if device is None:
         device = (fc1.device.index or 0) if fc1.is_cuda else 0
     args = (format, block_size, zero_points, backend, device, dtype, options)
+    fmt = format if isinstance(format, FcFormat) else fc_format(format, block_size, zero_points)
+    folded = fold_shared(plan, fmt.block_size)
+    if folded is not None:
+        routed, m = folded
+        return QMoEBlock(plan.router_weight, _prepare(routed, *args), plan.returns_logits,
+                         router_bias=plan.router_bias, router_fp32=plan.router_fp32,
+                         shared_gate=plan.shared_gate, shared_columns=m)
     shared = None if plan.shared is None else _prepare(plan.shared, *args)
     return QMoEBlock(plan.router_weight, _prepare(plan.routed, *args), plan.returns_logits,
                      router_bias=plan.router_bias, router_fp32=plan.router_fp32, shared=shared,
