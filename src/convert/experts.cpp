@@ -146,7 +146,7 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
   } else {
     f.format = WeightFormat::kFp8Block;
     f.block_size = c.fp8.block;
-    f.scale_dtype = scale_dtype;
+    f.scale_dtype = is_float(scale_dtype) ? scale_dtype : DType::kF32;  // E8M0 widened, exact
     return f;
   }
   f.format = bits == 8 ? WeightFormat::kInt8 : WeightFormat::kInt4;
