@@ -113,30 +113,38 @@ void transcode(const ProjTensors& p, const GptqConfig& g, const Rows& rows,
   const size_t ssize = dtype_size(p.scales.dtype);
   const uint32_t mid = 1u << (bits - 1), top = (1u << bits) - 1u;
   const auto* scales = static_cast<const uint8_t*>(p.scales.data);
-  if (perm.empty()) {
-    // A GPTQ word holds p consecutive k of one n, code j in bits [b*j, b*j + b): read as 4
-    // little-endian bytes that is exactly qmoe's row layout (int4: low nibble = even k; int8:
-    // one byte per k). So the codes move as a transpose of 32-bit words, qweight[r, n] -> word
-    // r of row n, in tiles so that both sides stay in cache.
-    const auto* qweight = static_cast<const uint32_t*>(p.qweight.data);
-    const int64_t words = p.k / per;
-    constexpr int64_t kTile = 32;
-    for (int64_t r0 = 0; r0 < words; r0 += kTile) {
-      for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
-        for (int64_t r = r0; r < std::min(words, r0 + kTile); ++r) {
-          for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
-            std::memcpy(fc->weight.data() + rows(n) * row_bytes + r * 4, qweight + r * p.n + n, 4);
-          }
+  // A GPTQ word holds p consecutive k of one n, code j in bits [b*j, b*j + b): read as 4
+  // little-endian bytes that is exactly qmoe's row layout (int4: low nibble = even k; int8: one
+  // byte per k). So the codes move as a transpose of 32-bit words, qweight[r, n] -> word r of
+  // row n, in tiles so that both sides stay in cache; reordered columns are then gathered within
+  // each row from a copy in source order.
+  std::vector<uint8_t> in_order(perm.empty() ? 0 : static_cast<size_t>(p.n * row_bytes));
+  auto row_of = [&](int64_t n) {
+    return perm.empty() ? fc->weight.data() + rows(n) * row_bytes : in_order.data() + n * row_bytes;
+  };
+  const auto* qweight = static_cast<const uint32_t*>(p.qweight.data);
+  const int64_t words = p.k / per;
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < words; r0 += kTile) {
+    for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
+      for (int64_t r = r0; r < std::min(words, r0 + kTile); ++r) {
+        for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
+          std::memcpy(row_of(n) + r * 4, qweight + r * p.n + n, 4);
         }
       }
     }
-  } else {  // reordered columns move one code at a time
-    for (int64_t j = 0; j < p.k; ++j) {
-      const int64_t k = perm[static_cast<size_t>(j)];
-      for (int64_t n = 0; n < p.n; ++n) {
-        put_code(fc->weight.data() + rows(n) * row_bytes, j, bits,
-                 field(p.qweight, k / per, n, k % per, bits));
-      }
+  }
+  const int64_t* from = perm.data();
+  for (int64_t n = 0; n < p.n && !perm.empty(); ++n) {
+    const uint8_t* in = row_of(n);
+    uint8_t* out = fc->weight.data() + rows(n) * row_bytes;
+    if (bits == 8) {
+      for (int64_t j = 0; j < p.k; ++j) out[j] = in[from[j]];
+      continue;
+    }
+    auto code = [in](int64_t k) { return (in[k / 2] >> (4 * (k & 1))) & 15u; };
+    for (int64_t j = 0; j < p.k; j += 2) {
+      out[j / 2] = static_cast<uint8_t>(code(from[j]) | code(from[j + 1]) << 4);
     }
   }
   for (int64_t n = 0; n < p.n; ++n) {
