@@ -34,9 +34,11 @@ def act_order_g_idx(rng, k, g):
     return g_idx
 
 
-def act_order_model(cfg, rng, bits, group, sym, v2, fc1_act_order=False, fc2_g_idx=None):
+def act_order_model(cfg, rng, bits, group, sym, v2, fc1_act_order=False, fc2_g_idx=None,
+                    overflow=None):
     """A GPTQ desc_act checkpoint. down_proj's g_idx is act-ordered (fc2_g_idx(rng, k, g) when
-    given); gate/up's are act-ordered when fc1_act_order, else k // g (static groups).
+    given); gate/up's are act-ordered when fc1_act_order, else k // g (static groups). The
+    projection at `overflow` ((layer, expert, i)) has a v1 zero of 0, which no qmoe format holds.
     Returns (cfg, tensors, ref, g_idx): g_idx[(layer, expert, i)] of each projection."""
     g_idx = {}
 
@@ -49,7 +51,7 @@ def act_order_model(cfg, rng, bits, group, sym, v2, fc1_act_order=False, fc2_g_i
         else:
             gi = (np.arange(k) // g).astype(np.int32)
         g_idx[at] = gi
-        return gptq_proj(r, n, k, bits, group, sym, v2, g_idx=gi)
+        return gptq_proj(r, n, k, bits, group, sym, v2, at == overflow, g_idx=gi)
 
     quant = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym,
              "desc_act": True, "static_groups": not fc1_act_order,
@@ -162,6 +164,31 @@ def test_gptq_act_order_unbalanced_down_proj_groups_are_requantized(cli, tmp_pat
     assert np.array_equal(pg, gate) and np.array_equal(pu, up)  # in order, exact
     err = rel_norm(pd, down)
     assert 0 < err <= INT4_BUDGET, err
+
+
+def test_gptq_act_order_reordered_down_proj_with_a_zero_overflow_is_requantized(cli, tmp_path,
+                                                                               rng):
+    """An expert whose reordered FC2 has a zero point qmoe cannot hold is requantized from the
+    dequantization in the reordered column order, which FC1's rows follow."""
+    cfg, tensors, ref, g_idx = act_order_model(qwen_config(layers=1), rng, 4, 32, False, False,
+                                               overflow=(0, 2, 2))
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "gptq")
+    assert "requantized 1 expert" in r.stdout and "zero points" in r.stdout, r.stdout
+    assert f"act-order: {E} expert(s) had their intermediate index reordered" in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    _, gate, up, down = ref[0]
+    pg, pu, pd = pack_fcs(t, meta, 0)
+    for e in range(E):
+        p = reordered(g_idx, 0, e)
+        assert np.array_equal(pg[e], gate[e][p]) and np.array_equal(pu[e], up[e][p]), e
+        if e != 2:
+            assert np.array_equal(pd[e], down[e][:, p]), e
+    err = rel_norm(pd[2], down[2][:, reordered(g_idx, 0, 2)])
+    assert 0 < err <= INT4_BUDGET, err
+    x = rng.standard_normal((8, H)).astype(np.float32).astype(np.float64)
+    assert rel_norm(run_model(cli, tmp_path, out, 0, x), hf_block(cfg, x, *ref[0])) <= INT4_BUDGET
 
 
 def test_gptq_act_order_hostile(cli, tmp_path, rng):
