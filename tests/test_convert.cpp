@@ -90,6 +90,21 @@ TEST(ConvertConfig, DeepseekV3GroupedTopKAndFp8) {
   EXPECT_TRUE(check_spec(s).is_ok());
 }
 
+TEST(ConvertConfig, Fp8ScaleFmt) {
+  std::string q = kQwen;
+  q.pop_back();
+  const std::string fp8 = R"(, "quantization_config": {"quant_method": "fp8",
+    "activation_scheme": "dynamic", "weight_block_size": [128, 128], "scale_fmt": )";
+  for (const char* ok : {"\"ue8m0\"", "\"float\"", "null"}) {
+    MoeModelConfig c;
+    EXPECT_TRUE(parse_model_config(q + fp8 + ok + "}}", "c", &c).is_ok()) << ok;
+    EXPECT_TRUE(c.fp8.present);
+  }
+  MoeModelConfig c;
+  expect_error(parse_model_config(q + fp8 + R"("ue4m3"}})", "c", &c), StatusCode::kUnsupported,
+               {"quantization_config.scale_fmt", "ue4m3", "float or ue8m0"});
+}
+
 TEST(ConvertConfig, GptOssMxfp4) {
   MoeModelConfig c;
   ASSERT_TRUE(parse_model_config(R"({"model_type": "gpt_oss", "hidden_size": 2880,

@@ -132,6 +132,11 @@ struct ConvertReport {
   // GPTQ dequantization; the worst relative-norm error of those experts.
   int64_t experts_requantized = 0;
   double max_requant_error = 0;
+  // GPTQ act-order (desc_act): experts whose intermediate index was reordered so that
+  // down_proj's groups are contiguous (exact), and requantized experts whose g_idx has no
+  // contiguous equivalent (gate/up's over the hidden size; counted in experts_requantized too).
+  int64_t experts_reordered = 0;
+  int64_t experts_act_order_requantized = 0;
   std::vector<std::string> notes;  // the first requantized experts by name, then a summary
 };
 

@@ -132,6 +132,8 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
     convert::release_expert(ckpt, l.experts[static_cast<size_t>(e)]);
     std::lock_guard<std::mutex> lock(mu);
     if (!st.is_ok() && first.is_ok()) first = st;
+    r->experts_reordered += stats.reordered ? 1 : 0;
+    r->experts_act_order_requantized += stats.act_order_requantized ? 1 : 0;
     if (stats.requantized) {
       ++r->experts_requantized;
       r->max_requant_error = std::max(r->max_requant_error, stats.requant_error);
@@ -139,7 +141,8 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
         char err[32];
         std::snprintf(err, sizeof(err), "%.3e", stats.requant_error);
         r->notes.push_back("requantized layer " + std::to_string(l.index) + " expert " +
-                           std::to_string(e) + ": relative-norm error " + err);
+                           std::to_string(e) + ": relative-norm error " + err +
+                           (stats.act_order_requantized ? " (act-order g_idx)" : ""));
       }
     }
   });
@@ -270,7 +273,19 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
         " shared expert(s) a layer (mlp.shared_experts), which the model adds with weight 1, are "
         "not converted (qmoe weights a shared expert by sigmoid(logit))");
   }
-  if (r.experts_requantized > 0) {
+  if (r.experts_reordered > 0) {
+    r.notes.push_back("act-order: " + std::to_string(r.experts_reordered) +
+                      " expert(s) had their intermediate index reordered (FC1 rows, FC2 columns) "
+                      "so that down_proj's g_idx groups are contiguous blocks; exact");
+  }
+  if (r.experts_act_order_requantized > 0) {
+    r.notes.push_back(
+        "act-order: " + std::to_string(r.experts_act_order_requantized) +
+        " expert(s) had a g_idx with no contiguous equivalent (gate/up_proj's permute the hidden "
+        "size, the fixed input order); those FCs were requantized from GPTQ's dequantization "
+        "with qmoe's quantizer");
+  }
+  if (r.experts_requantized > r.experts_act_order_requantized) {
     std::string why =
         " expert(s) had GPTQ zero points no qmoe format holds (e.g. a v1 zero stored as 15, "
         "meaning 16) and were requantized from GPTQ's dequantization";
@@ -287,7 +302,8 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
           " expert(s) had per-channel FP8 scales, which no qmoe format holds; they were "
           "requantized into fp8_block from the FP8 dequantization";
     }
-    r.notes.push_back(std::to_string(r.experts_requantized) + why);
+    r.notes.push_back(std::to_string(r.experts_requantized - r.experts_act_order_requantized) +
+                      why);
   }
   *report = std::move(r);
   return Status::ok();

@@ -42,140 +42,6 @@ float load_f32(const TensorView& v, int64_t i) {
   }
 }
 
-Status where(const Checkpoint& c, const std::string& name, std::string* file) {
-  TensorView v;
-  return c.tensor(name, &v, file);
-}
-
-// g_idx must be the identity grouping k / g: act-order checkpoints permute K, which qmoe's
-// contiguous blocks cannot express.
-Status check_g_idx(const Checkpoint& c, const std::string& name, int64_t k, int64_t group) {
-  TensorView v;
-  std::string file;
-  QMOE_RETURN_IF_ERROR(c.tensor(name, &v, &file));
-  if (v.dtype != DType::kI32 || v.rank != 1 || v.dims[0] != k) {
-    return Status::invalid(file + ": tensor '" + name + "': expected I32 [" + std::to_string(k) +
-                           "], got " + safetensors_dtype_name(v.dtype) + " " + v.shape_string());
-  }
-  const auto* g = static_cast<const int32_t*>(v.data);
-  for (int64_t i = 0; i < k; ++i) {
-    if (g[i] != i / group) {
-      return Status::unsupported(
-          file + ": tensor '" + name + "': g_idx[" + std::to_string(i) +
-          "] = " + std::to_string(g[i]) + ", expected " + std::to_string(i / group) +
-          ": desc_act (act-order) checkpoints are not supported; quantize with desc_act=false");
-    }
-  }
-  return Status::ok();
-}
-
-Status resolve_gptq(const Checkpoint& c, const GptqConfig& g, DType* scale_dtype, ProjTensors* p,
-                    int64_t* bytes) {
-  const int64_t per = 32 / g.bits;
-  const int64_t group = g.group_size > 0 ? g.group_size : p->k;
-  std::string file;
-  if (p->k % per != 0 || p->n % per != 0 || p->k % group != 0) {
-    QMOE_RETURN_IF_ERROR(where(c, p->name + ".qweight", &file));
-    return Status::invalid(file + ": tensor '" + p->name + ".qweight': [N, K] = [" +
-                           std::to_string(p->n) + ", " + std::to_string(p->k) +
-                           "] does not fit GPTQ " + std::to_string(g.bits) +
-                           "-bit packing with group_size " + std::to_string(group) +
-                           " (K and N multiples of " + std::to_string(per) + ", K of the group)");
-  }
-  const int64_t groups = p->k / group;
-  QMOE_RETURN_IF_ERROR(
-      c.expect(p->name + ".qweight", DType::kI32, {p->k / per, p->n}, &p->qweight));
-  QMOE_RETURN_IF_ERROR(
-      expect_scales(c, p->name + ".scales", scale_dtype, groups, p->n, &p->scales));
-  QMOE_RETURN_IF_ERROR(
-      c.expect(p->name + ".qzeros", DType::kI32, {groups, p->n / per}, &p->qzeros));
-  if (c.has(p->name + ".g_idx")) {
-    QMOE_RETURN_IF_ERROR(check_g_idx(c, p->name + ".g_idx", p->k, group));
-  } else if (g.desc_act) {
-    QMOE_RETURN_IF_ERROR(where(c, p->name + ".qweight", &file));
-    return Status::unsupported(file + ": tensor '" + p->name +
-                               "': quantization_config.desc_act is true and there is no g_idx: "
-                               "act-order checkpoints are not supported");
-  }
-  *bytes += static_cast<int64_t>(p->qweight.bytes() + p->scales.bytes() + p->qzeros.bytes());
-  return Status::ok();
-}
-
-uint32_t field(const TensorView& v, int64_t row, int64_t col, int64_t j, int bits) {
-  const auto word =
-      static_cast<uint32_t>(static_cast<const int32_t*>(v.data)[row * v.dims[1] + col]);
-  return (word >> (bits * j)) & ((1u << bits) - 1u);
-}
-
-// Writes projection p's codes, scales and zero points into rows row0, row0 + stride, ... of
-// expert 0 of fc. Returns false in *exact when a zero point is outside what fc can hold (a
-// symmetric fc holds only 2^(bits-1); an asymmetric one 0 .. 2^bits - 1).
-void transcode(const ProjTensors& p, const GptqConfig& g, int64_t row0, int64_t stride,
-               QuantizedFc* fc, bool* exact) {
-  const int bits = g.bits;
-  const int64_t per = 32 / bits;
-  const int64_t group = g.group_size > 0 ? g.group_size : p.k;
-  const int64_t groups = p.k / group;
-  const int64_t row_bytes = p.k * bits / 8;
-  const int64_t zp_row_bytes = (groups * bits + 7) / 8;
-  const size_t ssize = dtype_size(p.scales.dtype);
-  const uint32_t mid = 1u << (bits - 1), top = (1u << bits) - 1u;
-  const auto* scales = static_cast<const uint8_t*>(p.scales.data);
-  // A GPTQ word holds p consecutive k of one n, code j in bits [b*j, b*j + b): read as 4
-  // little-endian bytes that is exactly qmoe's row layout (int4: low nibble = even k; int8: one
-  // byte per k). So the codes move as a transpose of 32-bit words, qweight[r, n] -> word r of row
-  // n, in tiles so that both sides stay in cache.
-  const auto* qweight = static_cast<const uint32_t*>(p.qweight.data);
-  const int64_t words = p.k / per;
-  constexpr int64_t kTile = 32;
-  for (int64_t r0 = 0; r0 < words; r0 += kTile) {
-    for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
-      for (int64_t r = r0; r < std::min(words, r0 + kTile); ++r) {
-        for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
-          std::memcpy(fc->weight.data() + (row0 + n * stride) * row_bytes + r * 4,
-                      qweight + r * p.n + n, 4);
-        }
-      }
-    }
-  }
-  for (int64_t n = 0; n < p.n; ++n) {
-    const int64_t row = row0 + n * stride;
-    for (int64_t G = 0; G < groups; ++G) {
-      std::memcpy(fc->scales.data() + (row * groups + G) * ssize, scales + (G * p.n + n) * ssize,
-                  ssize);
-      const uint32_t zero = field(p.qzeros, G, n / per, n % per, bits) + (g.v2 ? 0u : 1u);
-      if (!fc->format.zero_points) {
-        if (zero != mid) *exact = false;
-      } else if (zero > top) {
-        *exact = false;
-      } else if (g.group_size > 0) {
-        put_code(fc->zero_points.data() + row * zp_row_bytes, G, bits, zero);
-      } else {
-        put_code(fc->zero_points.data(), row, bits, zero);
-      }
-    }
-  }
-}
-
-// GPTQ's dequantization of projection p into rows row0, row0 + stride, ... of w [*, K] (fp32;
-// exact: |code - zero| <= 2^bits and the scale has at most 24 significant bits).
-void dequantize_gptq(const ProjTensors& p, const GptqConfig& g, int64_t row0, int64_t stride,
-                     float* w) {
-  const int bits = g.bits;
-  const int64_t per = 32 / bits;
-  const int64_t group = g.group_size > 0 ? g.group_size : p.k;
-  for (int64_t n = 0; n < p.n; ++n) {
-    float* out = w + (row0 + n * stride) * p.k;
-    for (int64_t k = 0; k < p.k; ++k) {
-      const int64_t G = k / group;
-      const float zero =
-          static_cast<float>(field(p.qzeros, G, n / per, n % per, bits) + (g.v2 ? 0 : 1));
-      const float code = static_cast<float>(field(p.qweight, k / per, n, k % per, bits));
-      out[k] = (code - zero) * load_f32(p.scales, G * p.n + n);
-    }
-  }
-}
-
 // Widens rows of v [n, k] into rows row0, row0 + stride, ... of w; one loop per dtype so that each
 // vectorizes (bf16 is a shift).
 void load_rows(const TensorView& v, int64_t n, int64_t k, int64_t row0, int64_t stride, float* w) {
@@ -280,7 +146,7 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
   } else {
     f.format = WeightFormat::kFp8Block;
     f.block_size = c.fp8.block;
-    f.scale_dtype = scale_dtype;
+    f.scale_dtype = is_float(scale_dtype) ? scale_dtype : DType::kF32;  // E8M0 widened, exact
     return f;
   }
   f.format = bits == 8 ? WeightFormat::kInt8 : WeightFormat::kInt4;
@@ -344,7 +210,7 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t) {
   for (const ProjTensors* p : {&t.gate, &t.up, &t.down}) {
     for (const TensorView* v :
-         {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->bias, &p->global}) {
+         {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->bias, &p->global, &p->g_idx}) {
       if (v->present()) ckpt.release(*v);
     }
   }
@@ -396,25 +262,7 @@ Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelC
     transcode_compressed(t.down, cfg.ct, 0, 1, &s->fc2);
     return Status::ok();
   }
-  const GptqConfig& gptq = cfg.gptq;
-  bool exact1 = true, exact2 = true;
-  transcode(t.gate, gptq, 0, 2, &s->fc1, &exact1);
-  transcode(t.up, gptq, 1, 2, &s->fc1, &exact1);
-  transcode(t.down, gptq, 0, 1, &s->fc2, &exact2);
-  double err = 0;
-  if (!exact1) {
-    dequantize_gptq(t.gate, gptq, 0, 2, s->w1.data());
-    dequantize_gptq(t.up, gptq, 1, 2, s->w1.data());
-    QMOE_RETURN_IF_ERROR(requantize(s->w1, 2 * inter, hidden, &s->fc1, &err));
-    stats->requant_error = std::max(stats->requant_error, err);
-  }
-  if (!exact2) {
-    dequantize_gptq(t.down, gptq, 0, 1, s->w2.data());
-    QMOE_RETURN_IF_ERROR(requantize(s->w2, hidden, inter, &s->fc2, &err));
-    stats->requant_error = std::max(stats->requant_error, err);
-  }
-  stats->requantized = !exact1 || !exact2;
-  return Status::ok();
+  return convert_gptq(t, cfg.gptq, s, stats);
 }
 
 }  // namespace qmoe::convert

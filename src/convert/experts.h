@@ -12,12 +12,13 @@
 //   qweight i32 [K/p, N]    bits [b*j, b*j + b) of qweight[r, n] = code of W[n, p*r + j]
 //   qzeros  i32 [K/g, N/p]  bits [b*j, b*j + b) of qzeros[G, c]  = stored zero of (G, n = p*c + j)
 //   scales  f16 [K/g, N]    (per channel: one group, K/g = 1)
-//   g_idx   i32 [K]         optional; must be k / g (no act-order permutation)
+//   g_idx   i32 [K]         optional: the group of each column (act-order permutes them)
 //
-//   W[n, k] = scales[G, n] * (code - zero),  G = k / g,
+//   W[n, k] = scales[G, n] * (code - zero),  G = g_idx[k] (k / g without act-order),
 //   zero = stored + 1 (checkpoint_format gptq, "v1") or stored (gptq_v2)
 //
-// AWQ and compressed-tensors are read in packed_int.cpp (their layouts are drawn there).
+// GPTQ is read in gptq.cpp (act-order drawn there), AWQ and compressed-tensors in packed_int.cpp
+// (their layouts drawn there).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,8 @@ struct ProjTensors {
                                        // weight_zero_point (absent when symmetric), weight_scale;
                                        // NVFP4: weight, -, weight_scale
   TensorView global;                   // NVFP4: weight_scale_2, one f32
+  TensorView g_idx{};                  // GPTQ: [K] when present ({}: aggregate initializers
+                                       // above may leave it out)
 };
 
 struct ExpertTensors {
@@ -82,6 +85,13 @@ Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out);
 // Sets code `i` of an LSB-first bitstream of `bits`-bit codes (4 or 8).
 void put_code(uint8_t* stream, int64_t i, int bits, uint32_t code);
 
+// The error "FILE: tensor 'name': what" for a tensor of the checkpoint.
+Status tensor_error(const Checkpoint& c, const std::string& name, const std::string& what);
+
+// GPTQ (gptq.cpp): resolve checks one projection's tensors and its g_idx.
+Status resolve_gptq(const Checkpoint& c, const GptqConfig& g, DType* scale_dtype, ProjTensors* p,
+                    int64_t* bytes);
+
 // AWQ and compressed-tensors (packed_int.cpp): resolve checks one projection's tensors;
 // transcode writes its codes, scales and zero points into rows row0, row0 + stride, ... of
 // expert 0 of fc. Both map exactly onto qmoe's int4/int8.
@@ -103,6 +113,10 @@ void transcode_fp8(const ProjTensors& p, const Fp8Config& f, int64_t row0, Quant
 struct ExpertStats {
   bool requantized = false;
   double requant_error = 0;  // relative-norm error of the requantized FCs (worst)
+  // GPTQ act-order: the intermediate index was reordered to make down_proj's groups contiguous
+  // (exact); an FC was requantized because its g_idx has no contiguous equivalent.
+  bool reordered = false;
+  bool act_order_requantized = false;
 };
 
 // Scratch of one worker: per-expert QuantizedFc (experts = 1) and fp32 staging.
@@ -131,6 +145,11 @@ Status convert_compressed_fp8(const ExpertTensors& t, const CompressedTensorsCon
 
 // Copies one gpt-oss expert (resolve_gpt_oss_layer) into scratch's mxfp4 FCs and biases.
 void transcode_gpt_oss(const ExpertTensors& t, ExpertScratch* s);
+
+// Converts one GPTQ expert into scratch's FCs: exact where the groups are (or can be reordered
+// to be) contiguous, requantized from GPTQ's dequantization otherwise.
+Status convert_gptq(const ExpertTensors& t, const GptqConfig& g, ExpertScratch* s,
+                    ExpertStats* stats);
 
 // Drops the mapped pages of every tensor of one expert (it has been converted).
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);

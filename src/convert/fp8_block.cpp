@@ -3,10 +3,13 @@
 //
 //   weight            f8e4m3 [N, K]
 //   weight_scale_inv  f32    [ceil(N/b), ceil(K/b)]   (multiplied in, despite the name)
+//                     or f8e8m0 (scale_fmt "ue8m0"): one exponent byte e, the scale 2^(e - 127)
 //
 //   W[n, k] = e4m3(weight[n, k]) * weight_scale_inv[n / b, k / b]
 //
-// which is qmoe's fp8_block formula with block_size b, so codes and scales are copied. FC1 stacks
+// which is qmoe's fp8_block formula with block_size b, so codes and scales are copied. E8M0
+// scales become f32 block scales: 2^(e - 127) for e in 0..254 is an f32 (2^-127 a subnormal), so
+// the widening is exact; e = 0xFF is E8M0's NaN and is refused. FC1 stacks
 // the projections ([gate; up], GluLayout::kConcatenated) rather than interleaving their rows: with
 // I a multiple of b, each b-row block of FC1 is a block of one projection and keeps its scale.
 //
@@ -121,18 +124,45 @@ Status resolve_fp8(const Checkpoint& c, const Fp8Config& f, DType* scale_dtype, 
                    int64_t* bytes) {
   const int64_t b = f.block;
   QMOE_RETURN_IF_ERROR(c.expect(p->name + ".weight", DType::kF8E4M3, {p->n, p->k}, &p->weight));
-  QMOE_RETURN_IF_ERROR(expect_scales(c, p->name + ".weight_scale_inv", scale_dtype,
-                                     (p->n + b - 1) / b, (p->k + b - 1) / b, &p->scales));
+  const std::string name = p->name + ".weight_scale_inv";
+  const int64_t rows = (p->n + b - 1) / b, cols = (p->k + b - 1) / b;
+  std::string file;
+  QMOE_RETURN_IF_ERROR(c.tensor(name, &p->scales, &file));
+  // The first projection decides between float and E8M0 scales; the rest must agree.
+  if (*scale_dtype == DType::kU8 && p->scales.dtype == DType::kF8E8M0) {
+    *scale_dtype = DType::kF8E8M0;
+  }
+  if (*scale_dtype != DType::kF8E8M0) {
+    QMOE_RETURN_IF_ERROR(expect_scales(c, name, scale_dtype, rows, cols, &p->scales));
+  } else {
+    QMOE_RETURN_IF_ERROR(c.expect(name, DType::kF8E8M0, {rows, cols}, &p->scales));
+    const auto* e = static_cast<const uint8_t*>(p->scales.data);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      if (e[i] == 0xFF) {
+        return Status::invalid(file + ": tensor '" + name + "': [" + std::to_string(i / cols) +
+                               ", " + std::to_string(i % cols) +
+                               "] is 0xFF, E8M0's NaN: the block has no scale");
+      }
+    }
+  }
   *bytes += static_cast<int64_t>(p->weight.bytes() + p->scales.bytes());
   return Status::ok();
 }
 
 void transcode_fp8(const ProjTensors& p, const Fp8Config& f, int64_t row0, QuantizedFc* fc) {
   const int64_t b = f.block;
-  const size_t scale_row = static_cast<size_t>((p.k + b - 1) / b) * dtype_size(p.scales.dtype);
+  const size_t ssize = dtype_size(fc->format.scale_dtype);
+  uint8_t* scales = fc->scales.data() + static_cast<size_t>(row0 / b * ((p.k + b - 1) / b)) * ssize;
   std::memcpy(fc->weight.data() + row0 * p.k, p.weight.data, p.weight.bytes());
-  std::memcpy(fc->scales.data() + static_cast<size_t>(row0 / b) * scale_row, p.scales.data,
-              p.scales.bytes());
+  if (p.scales.dtype != DType::kF8E8M0) {
+    std::memcpy(scales, p.scales.data, p.scales.bytes());
+    return;
+  }
+  const auto* e = static_cast<const uint8_t*>(p.scales.data);
+  for (int64_t i = 0; i < p.scales.numel(); ++i) {  // f32: 2^(e - 127), exact
+    const float v = num::e8m0_to_f32(e[i]);
+    std::memcpy(scales + static_cast<size_t>(i) * sizeof(float), &v, sizeof(float));
+  }
 }
 
 }  // namespace qmoe::convert

@@ -244,10 +244,17 @@ Status parse_compressed_tensors(const Json& q, const std::string& where,
 Status parse_fp8(const Json& q, const std::string& where, Fp8Config* f) {
   const std::string qc = where + ": quantization_config";
   const Reader r(q, qc);
-  std::string fmt = "e4m3", scheme = "dynamic";
+  std::string fmt = "e4m3", scheme = "dynamic", scale_fmt = "float";
   QMOE_RETURN_IF_ERROR(r.string("fmt", &fmt));
   if (fmt != "e4m3") {
     return Status::unsupported(qc + ".fmt: '" + fmt + "' is not supported (e4m3)");
+  }
+  // The stored dtype of weight_scale_inv (F32 or F8_E8M0) says how to read it; scale_fmt is
+  // only checked to be one of transformers' two.
+  QMOE_RETURN_IF_ERROR(r.string("scale_fmt", &scale_fmt));
+  if (scale_fmt != "float" && scale_fmt != "ue8m0") {
+    return Status::unsupported(qc + ".scale_fmt: '" + scale_fmt +
+                               "' is not supported (float or ue8m0)");
   }
   QMOE_RETURN_IF_ERROR(r.string("activation_scheme", &scheme));
   if (scheme != "dynamic") {

@@ -38,13 +38,6 @@ namespace {
 
 constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-Status shape_error(const Checkpoint& c, const std::string& tensor, const std::string& what) {
-  TensorView v;
-  std::string file;
-  QMOE_RETURN_IF_ERROR(c.tensor(tensor, &v, &file));
-  return Status::invalid(file + ": tensor '" + tensor + "': " + what);
-}
-
 std::string dims(int64_t n, int64_t k) {
   return "[N, K] = [" + std::to_string(n) + ", " + std::to_string(k) + "]";
 }
@@ -65,13 +58,20 @@ void put_zero(QuantizedFc* fc, int64_t row, int64_t G, int64_t groups, int bits,
 
 }  // namespace
 
+Status tensor_error(const Checkpoint& c, const std::string& name, const std::string& what) {
+  TensorView v;
+  std::string file;
+  QMOE_RETURN_IF_ERROR(c.tensor(name, &v, &file));
+  return Status::invalid(file + ": tensor '" + name + "': " + what);
+}
+
 Status resolve_awq(const Checkpoint& c, const AwqConfig& a, DType* scale_dtype, ProjTensors* p,
                    int64_t* bytes) {
   const int64_t group = a.group_size > 0 ? a.group_size : p->k;
   if (p->n % 8 != 0 || p->k % 8 != 0 || p->k % group != 0) {
-    return shape_error(c, p->name + ".qweight",
-                       dims(p->n, p->k) + " does not fit AWQ's packing with group_size " +
-                           std::to_string(group) + " (N and K multiples of 8, K of the group)");
+    return tensor_error(c, p->name + ".qweight",
+                        dims(p->n, p->k) + " does not fit AWQ's packing with group_size " +
+                            std::to_string(group) + " (N and K multiples of 8, K of the group)");
   }
   const int64_t groups = p->k / group;
   QMOE_RETURN_IF_ERROR(c.expect(p->name + ".qweight", DType::kI32, {p->k, p->n / 8}, &p->qweight));
@@ -122,10 +122,10 @@ Status resolve_compressed(const Checkpoint& c, const CompressedTensorsConfig& q,
   const int64_t group = q.group_size > 0 ? q.group_size : p->k;
   const std::string packed = p->name + ".weight_packed";
   if (p->k % per != 0 || p->k % group != 0) {
-    return shape_error(c, packed,
-                       dims(p->n, p->k) + " does not fit " + std::to_string(q.bits) +
-                           "-bit pack-quantized with group_size " + std::to_string(group) +
-                           " (K a multiple of " + std::to_string(per) + " and of the group)");
+    return tensor_error(c, packed,
+                        dims(p->n, p->k) + " does not fit " + std::to_string(q.bits) +
+                            "-bit pack-quantized with group_size " + std::to_string(group) +
+                            " (K a multiple of " + std::to_string(per) + " and of the group)");
   }
   const int64_t groups = p->k / group;
   QMOE_RETURN_IF_ERROR(c.expect(packed, DType::kI32, {p->n, p->k / per}, &p->qweight));
@@ -135,13 +135,13 @@ Status resolve_compressed(const Checkpoint& c, const CompressedTensorsConfig& q,
   int64_t s[2];
   std::memcpy(s, shape.data, sizeof(s));
   if (s[0] != p->n || s[1] != p->k) {
-    return shape_error(c, shape_name,
-                       "holds [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) +
-                           "], expected " + dims(p->n, p->k) + " from config.json");
+    return tensor_error(c, shape_name,
+                        "holds [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) +
+                            "], expected " + dims(p->n, p->k) + " from config.json");
   }
   if (c.has(p->name + ".weight_g_idx")) {
-    return shape_error(c, p->name + ".weight_g_idx",
-                       "activation-ordered groups (actorder 'group') are not supported");
+    return tensor_error(c, p->name + ".weight_g_idx",
+                        "activation-ordered groups (actorder 'group') are not supported");
   }
   QMOE_RETURN_IF_ERROR(
       expect_scales(c, p->name + ".weight_scale", scale_dtype, p->n, groups, &p->scales));
@@ -159,11 +159,11 @@ Status resolve_compressed(const Checkpoint& c, const CompressedTensorsConfig& q,
     const int half = 1 << (q.bits - 1);
     for (int64_t i = 0; i < p->n * groups; ++i) {
       if (z[i] < -half || z[i] >= half) {
-        return shape_error(c, zp,
-                           "zero point " + std::to_string(z[i]) + " at [" +
-                               std::to_string(i / groups) + ", " + std::to_string(i % groups) +
-                               "] is outside the " + std::to_string(q.bits) + "-bit range [" +
-                               std::to_string(-half) + ", " + std::to_string(half - 1) + "]");
+        return tensor_error(c, zp,
+                            "zero point " + std::to_string(z[i]) + " at [" +
+                                std::to_string(i / groups) + ", " + std::to_string(i % groups) +
+                                "] is outside the " + std::to_string(q.bits) + "-bit range [" +
+                                std::to_string(-half) + ", " + std::to_string(half - 1) + "]");
       }
     }
   }

@@ -11,6 +11,9 @@ Layouts followed (public):
 - FP8 weights, quantization_config {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
   "dynamic", "weight_block_size": [b, b]}: weight float8_e4m3fn [N, K], weight_scale_inv float32
   [ceil(N/b), ceil(K/b)], W = weight * weight_scale_inv[n // b, k // b].
+- `scale_fmt: "ue8m0"` (transformers' FineGrainedFP8Config, DeepSeek's UE8M0 scales):
+  weight_scale_inv float8_e8m0fnu (safetensors F8_E8M0), one unsigned exponent byte e per block,
+  the scale 2^(e - 127); 0xFF is NaN.
 """
 
 import json
@@ -57,7 +60,16 @@ def fp8_proj(rng, n, k, b):
     return {".weight": Tagged("F8_E4M3", codes), ".weight_scale_inv": s}, deq
 
 
-def fp8_model(cfg, rng, b):
+def e8m0_proj(rng, n, k, b, exponents=(114, 122)):
+    """One FP8 projection with E8M0 block scales: (tensors, exact dequantization f64 [n, k])."""
+    t, _ = fp8_proj(rng, n, k, b)
+    e = rng.integers(*exponents, size=(math.ceil(n / b), math.ceil(k / b)), dtype=np.uint8)
+    full = np.repeat(np.repeat(np.ldexp(1.0, e.astype(np.int64) - 127), b, 0), b, 1)[:n, :k]
+    return {".weight": t[".weight"], ".weight_scale_inv": Tagged("F8_E8M0", e)}, \
+        e4m3_decode(t[".weight"].bits) * full
+
+
+def fp8_model(cfg, rng, b, proj=fp8_proj, **quant):
     tensors, ref = {}, {}
     deepseek = cfg["model_type"] == "deepseek_v3"
     for layer in moe_layers(cfg):
@@ -69,13 +81,13 @@ def fp8_model(cfg, rng, b):
             bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
             tensors[p + "gate.e_score_correction_bias"] = bias
             for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
-                t, _ = fp8_proj(rng, *shape, b)  # the shared expert: not in the pack
+                t, _ = proj(rng, *shape, b)  # the shared expert: not in the pack
                 tensors.update({f"{p}shared_experts.{name}{s}": v for s, v in t.items()})
         mats = [[], [], []]
         for e in range(E):
             for i, (name, n, k) in enumerate((("gate_proj", I, H), ("up_proj", I, H),
                                               ("down_proj", H, I))):
-                t, deq = fp8_proj(rng, n, k, b)
+                t, deq = proj(rng, n, k, b)
                 tensors.update({f"{p}experts.{e}.{name}{s}": v for s, v in t.items()})
                 mats[i].append(deq)
         ref[layer] = (bf16_to_f32(r.bits).astype(np.float64), bias) + tuple(
@@ -84,7 +96,7 @@ def fp8_model(cfg, rng, b):
         t, _ = fp8_proj(rng, 4 * H, H, b)
         tensors.update({f"model.layers.{layer}.self_attn.o_proj{s}": v for s, v in t.items()})
     q = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-         "weight_block_size": [b, b]}
+         "weight_block_size": [b, b], **quant}
     return dict(cfg, quantization_config=q), tensors, ref
 
 
@@ -202,3 +214,62 @@ def test_fp8_hostile(cli, tmp_path, rng):
         _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["config.json", needle], frm="fp8")
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, scoring_func="softmax")))
     _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["scoring_func 'softmax'"], frm="fp8")
+
+
+# ---------------------------------------------------------------------------------------------
+# scale_fmt "ue8m0": E8M0 block scales, widened exactly to fp8_block's f32 scales
+# ---------------------------------------------------------------------------------------------
+
+def test_fp8_ue8m0_scales_convert_bit_exact(cli, tmp_path, rng):
+    b = 32
+    cfg, tensors, ref = fp8_model(deepseek_config(), rng, b, proj=e8m0_proj, scale_fmt="ue8m0")
+    # The extremes of E8M0 in one expert of the first MoE layer: 2^-127 (an f32 subnormal) and
+    # 2^127 (e4m3 values up to 448 times it overflow f32 in a product, so that layer is not run).
+    first = moe_layers(cfg)[0]
+    extremes = f"model.layers.{first}.mlp.experts.1.down_proj.weight_scale_inv"
+    tensors[extremes].bits[0, 0], tensors[extremes].bits[1, 1] = 0, 254
+    _, _, _, _, down = ref[first]
+    down[1][:b, :b] = e4m3_decode(tensors[extremes.replace("_scale_inv", "")].bits[:b, :b]) \
+        * 2.0 ** -127
+    down[1][b:2 * b, b:2 * b] = e4m3_decode(
+        tensors[extremes.replace("_scale_inv", "")].bits[b:2 * b, b:2 * b]) * 2.0 ** 127
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors)
+    out = tmp_path / "pack.safetensors"
+    r = convert_ok(cli, tmp_path / "ckpt", out, "fp8")
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
+    t, meta = read_safetensors(out)
+    for layer, (_, _, gate, up, down) in ref.items():
+        p = f"layers.{layer}."
+        assert t[p + "fc1_scales"].dtype == np.float32
+        # Every pack scale is the power of two its exponent byte names, bit for bit.
+        e = np.stack([np.concatenate(
+            [tensors[f"model.layers.{layer}.mlp.experts.{x}.{n}_proj.weight_scale_inv"].bits
+             for n in ("gate", "up")]) for x in range(E)])
+        want = np.ldexp(np.float32(1), e.astype(np.int32) - 127)
+        assert np.array_equal(t[p + "fc1_scales"], want)
+        fc1 = fp8_fc(t, layer, 1, 2 * I, H, b)
+        assert np.array_equal(fc1[:, :I], gate) and np.array_equal(fc1[:, I:], up)
+        assert np.array_equal(fp8_fc(t, layer, 2, H, I, b), down)
+    assert t[f"layers.{first}.fc2_scales"][1, 0, 0] == np.float32(2.0 ** -127)
+    layer = moe_layers(cfg)[-1]
+    x = rng.standard_normal((6, H)).astype(np.float32).astype(np.float64)
+    y = run_model(cli, tmp_path, out, layer, x)
+    assert rel_norm(y, deepseek_block(cfg, x, *ref[layer])) <= 1e-5
+
+
+def test_fp8_ue8m0_hostile(cli, tmp_path, rng):
+    cfg, tensors, _ = fp8_model(deepseek_config(layers=2), rng, 32, proj=e8m0_proj,
+                                scale_fmt="ue8m0")
+    name = "model.layers.1.mlp.experts.6.up_proj.weight_scale_inv"
+    tensors[name].bits[1, 0] = 0xFF  # E8M0's NaN
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2,
+                    ["model.safetensors", name, "[1, 0]", "NaN"], frm="fp8")
+    # One projection with f32 scales among E8M0 ones: the first read decides, the rest agree.
+    tensors[name] = np.ones((2, 2), np.float32)
+    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, [name, "F8_E8M0"], frm="fp8")
+    q = dict(cfg["quantization_config"], scale_fmt="ue4m3")
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, quantization_config=q)))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["config.json", "scale_fmt", "ue4m3"],
+                    frm="fp8")

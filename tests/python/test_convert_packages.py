@@ -9,7 +9,8 @@ compared bit for bit with the package's.
   dequantized by the same compressors' decompress.
 - DeepSeek-style FP8 with 128 x 128 (here 32 x 32) blocks, `weight_scale_inv`: quantized by
   transformers' Fp8Quantize (integrations/finegrained_fp8.py, the save path of
-  FineGrainedFP8Config), dequantized by its Fp8Dequantize (the load path with dequantize=True).
+  FineGrainedFP8Config), dequantized by its Fp8Dequantize (the load path with dequantize=True);
+  with scale_fmt "ue8m0" the same quantizer writes E8M0 (power-of-two) scales.
 - gpt-oss MXFP4: transformers quantizes MXFP4 only through a hub kernel, so the checkpoint is
   test_convert_mxfp4's (built from the published layout); dequantized by transformers'
   convert_moe_packed_tensors, as transformers loads gpt-oss on hardware without the kernel.
@@ -30,8 +31,8 @@ import numpy as np
 import pytest
 
 from ortqmoe import Tagged, rel_norm
-from test_convert import (E, H, I, _expect_failure, check_exact, convert_exact, hf_block,
-                          quantized_model, qwen_config, run_model, write_checkpoint)
+from test_convert import (E, H, I, check_exact, convert_exact, hf_block, quantized_model,
+                          qwen_config, run_model)
 from test_convert_fp8 import fp8_fc
 from test_convert_mxfp4 import gpt_oss_block, gpt_oss_config, gpt_oss_model, mxfp4_decode
 
@@ -44,6 +45,8 @@ def _tagged(t):
         return Tagged("BF16", t.view(torch.int16).numpy().view(np.uint16))
     if t.dtype == torch.float8_e4m3fn:
         return Tagged("F8_E4M3", t.view(torch.uint8).numpy())
+    if t.dtype == torch.float8_e8m0fnu:
+        return Tagged("F8_E8M0", t.view(torch.uint8).numpy())
     return t.numpy()
 
 
@@ -149,11 +152,16 @@ def test_compressed_tensors_fp8_block_package_checkpoint_converts_bit_exact(cli,
 # FP8 with block scales (weight_scale_inv), transformers' FineGrainedFP8
 # ---------------------------------------------------------------------------------------------
 
-def test_fp8_block_checkpoint_from_transformers_converts_bit_exact(cli, tmp_path, rng):
+@pytest.mark.parametrize("scale_fmt", ["float", "ue8m0"])
+def test_fp8_block_checkpoint_from_transformers_converts_bit_exact(cli, tmp_path, rng, scale_fmt):
+    """scale_fmt "ue8m0" stores weight_scale_inv as F8_E8M0 (powers of two), which the pack holds
+    as f32. An e4m3 value (4 significant bits) times a power of two is exact in bf16, the dtype
+    Fp8Dequantize returns for E8M0 scales, and in f32 (away from the subnormal range, as here)."""
     fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
     from transformers import FineGrainedFP8Config
     b = 32
-    qcfg = FineGrainedFP8Config(weight_block_size=(b, b))
+    qcfg = FineGrainedFP8Config(weight_block_size=(b, b), scale_fmt=scale_fmt)
+    ue8m0 = scale_fmt == "ue8m0"
     quantize = fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=qcfg))
     dequantize = fp8.Fp8Dequantize(None)
     src = {}  # (layer, expert, projection) -> (fp8 codes, weight_scale_inv) as torch tensors
@@ -162,20 +170,23 @@ def test_fp8_block_checkpoint_from_transformers_converts_bit_exact(cli, tmp_path
         w = torch.from_numpy(r.standard_normal((n, k)) / np.sqrt(k)).to(torch.bfloat16)
         q = quantize.convert({"p.weight": w})
         src[at] = (q["p.weight"], q["p.weight_scale_inv"])
+        assert q["p.weight_scale_inv"].dtype == (torch.float8_e8m0fnu if ue8m0 else torch.float32)
         deq = dequantize.convert({"weight": q["p.weight"],
                                   "weight_scale_inv": q["p.weight_scale_inv"]})["weight"]
-        assert deq.dtype == torch.float32
+        assert deq.dtype == (torch.bfloat16 if ue8m0 else torch.float32)
         return ({".weight": _tagged(q["p.weight"]), ".weight_scale_inv": _tagged(
-            q["p.weight_scale_inv"])}, deq.numpy().astype(np.float64))
+            q["p.weight_scale_inv"])}, deq.double().numpy())
 
     # config.json as transformers writes it for this config.
     quant = json.loads(json.dumps(qcfg.to_dict(), default=str))
     cfg, tensors, ref = quantized_model(qwen_config(layers=1), rng, proj, quant)
     out, t, meta = convert_exact(cli, tmp_path, cfg, tensors, "fp8")
     # An e4m3 value times an f32 scale rounds in f32: the package's result is the pack's exact
-    # dequantization rounded once.
+    # dequantization rounded once (times a power of two: not rounded at all).
     for mine, theirs in zip(_fp8_pack(t, meta, b), ref[0][1:]):
-        assert np.array_equal(mine.astype(np.float32).astype(np.float64), theirs)
+        assert np.array_equal(mine if ue8m0 else mine.astype(np.float32).astype(np.float64),
+                              theirs)
+    assert t["layers.0.fc1_scales"].dtype == np.float32
     # The pack keeps the codes and scales: the package dequantizes them to the same bits.
     p = "layers.0."
     for fc, n, k, parts in ((1, 2 * I, H, (0, 1)), (2, H, I, (2,))):
@@ -187,7 +198,7 @@ def test_fp8_block_checkpoint_from_transformers_converts_bit_exact(cli, tmp_path
             theirs = torch.cat([dequantize.convert({"weight": src[(0, e, i)][0],
                                                     "weight_scale_inv": src[(0, e, i)][1]})[
                                                         "weight"] for i in parts])
-            assert torch.equal(mine, theirs), (fc, e)
+            assert torch.equal(mine, theirs.float()), (fc, e)
     x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
     assert rel_norm(run_model(cli, tmp_path, out, 0, x), hf_block(cfg, x, *ref[0])) <= 1e-5
 
@@ -218,26 +229,3 @@ def test_gpt_oss_mxfp4_matches_transformers_dequantization(cli, tmp_path, rng):
         assert torch.equal(again, theirs), f"fc{fc}"
     x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
     assert rel_norm(run_model(cli, tmp_path, out, 0, x), gpt_oss_block(cfg, x, *ref[0])) <= 1e-5
-
-
-def test_fp8_ue8m0_scales_from_transformers_are_refused_by_name(cli, tmp_path, rng):
-    """FineGrainedFP8Config(scale_fmt="ue8m0") stores weight_scale_inv as F8_E8M0 (powers of
-    two); qmoe does not read that dtype yet and must say so, naming the tensor."""
-    fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
-    from transformers import FineGrainedFP8Config
-    qcfg = FineGrainedFP8Config(weight_block_size=(32, 32), scale_fmt="ue8m0")
-    quantize = fp8.Fp8Quantize(types.SimpleNamespace(quantization_config=qcfg))
-
-    def proj(r, n, k, _):
-        q = quantize.convert({"p.weight": torch.from_numpy(r.standard_normal((n, k))).bfloat16()})
-        s = q["p.weight_scale_inv"]
-        assert s.dtype == torch.float8_e8m0fnu
-        return ({".weight": _tagged(q["p.weight"]),
-                 ".weight_scale_inv": Tagged("F8_E8M0", s.view(torch.uint8).numpy())}, None)
-
-    quant = json.loads(json.dumps(qcfg.to_dict(), default=str))
-    cfg, tensors, _ = quantized_model(qwen_config(layers=1), rng, proj, quant)
-    write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
-    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2,
-                    ["model.safetensors", "experts.0.gate_proj.weight_scale_inv", "F8_E8M0"],
-                    frm="fp8")
