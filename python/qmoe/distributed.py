@@ -115,8 +115,8 @@ def _describe(layer, expect):
     s, r = layer.spec, layer.spec.routing
     first, count = int(s.first_expert), int(s.weight_experts)
     return {"E": int(s.num_experts), "hidden": int(s.hidden), "act": s.act_dtype.name,
-            "routing": (r.method.name, int(r.top_k), int(r.num_shared), int(r.n_group),
-                        int(r.topk_group)),
+            "routing": (r.method.name, int(r.top_k), int(r.num_shared), r.shared_weight.name,
+                        int(r.n_group), int(r.topk_group)),
             "backend": layer.backend.name, "shard": (first, count),
             "expect": None if expect is None else (int(expect[0]), int(expect[1]))}
 

@@ -197,6 +197,7 @@ def _cases_methods(rank, world, seed):
         dict(routing="topk_sigmoid", normalize=True),
         dict(routing="sparse_mixer", sparse_mixer_eps=0.01),
         dict(routing="softmax_topk", num_shared=1, top_k=2),
+        dict(routing="topk_sigmoid", num_shared=1, shared_weight="one", combine="scale_input"),
         dict(routing="grouped_topk", n_group=4, topk_group=2, normalize=True,
              routed_scaling_factor=2.5),
     ]
