@@ -1,5 +1,6 @@
 // Checkpoint import: the parsing pieces that need no files (config.json, the shard index), the
-// layer spec each architecture maps onto, and the new safetensors dtypes.
+// layer spec each architecture maps onto (shared experts included), and the new safetensors
+// dtypes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -254,6 +255,93 @@ TEST(ConvertConfig, ErrorsNameTheField) {
   expect_error(
       parse_model_config(q + R"(, "quantization_config": {"quant_method": "hqq"}})", "c", &c),
       StatusCode::kUnsupported, {"quant_method 'hqq'"});
+}
+
+LayerSpec int4_spec(const MoeModelConfig& c) {
+  return moe_layer_spec(c, default_fc_format(WeightFormat::kInt4),
+                        default_fc_format(WeightFormat::kInt4));
+}
+
+// Qwen1.5-MoE-A2.7B's sizes: the shared expert is 4 routed experts wide.
+const char* kQwen2 =
+    R"({"model_type": "qwen2_moe", "hidden_size": 2048, "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632, "intermediate_size": 5632, "num_experts": 60,
+  "num_experts_per_tok": 4, "norm_topk_prob": false, "num_hidden_layers": 4,
+  "decoder_sparse_step": 1, "mlp_only_layers": [0], "hidden_act": "silu"})";
+
+TEST(ConvertConfig, Qwen2MoeSharedExpertSplit) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(kQwen2, "config.json", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kQwen2Moe);
+  EXPECT_EQ(c.inter, 1408);
+  EXPECT_EQ(c.num_experts, 60);
+  EXPECT_EQ(c.shared_inter, 5632);
+  EXPECT_EQ(c.num_shared(), 4);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{1, 2, 3}));
+  const LayerSpec s = int4_spec(c);
+  EXPECT_EQ(s.num_experts, 64);  // 60 routed, then 4 shared slices
+  EXPECT_EQ(s.routing.num_shared, 4);
+  EXPECT_EQ(s.routing.method, RoutingMethod::kSoftmaxTopK);
+  EXPECT_FALSE(s.routing.normalize);
+  EXPECT_EQ(s.routing.combine, CombineMode::kScaleOutput);
+  EXPECT_TRUE(check_spec(s).is_ok());
+
+  std::string bad = kQwen2;
+  bad.replace(bad.find("5632"), 4, "5000");
+  expect_error(
+      parse_model_config(bad, "config.json", &c), StatusCode::kUnsupported,
+      {"config.json", "shared_expert_intermediate_size 5000", "moe_intermediate_size 1408"});
+  bad = kQwen2;
+  bad.replace(bad.find("\"shared_expert_intermediate_size\""), 33, "\"unused_size\"");
+  expect_error(parse_model_config(bad, "config.json", &c), StatusCode::kInvalidArgument,
+               {"missing 'shared_expert_intermediate_size'"});
+}
+
+// Llama-4 Maverick's text config: every other layer is an MoE layer.
+const std::string kLlama4Text =
+    R"({"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+  "intermediate_size_mlp": 16384, "num_local_experts": 128, "num_experts_per_tok": 1,
+  "num_hidden_layers": 6, "interleave_moe_layer_step": 2, "hidden_act": "silu")";
+
+TEST(ConvertConfig, Llama4TextSigmoidScaleInput) {
+  MoeModelConfig c;
+  ASSERT_TRUE(parse_model_config(kLlama4Text + "}", "config.json", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kLlama4);
+  EXPECT_EQ(c.inter, 8192);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.top_k, 1);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{1, 3, 5}));  // from step - 1, every step-th
+  const LayerSpec s = int4_spec(c);
+  EXPECT_EQ(s.routing.method, RoutingMethod::kTopKSigmoid);
+  EXPECT_EQ(s.routing.combine, CombineMode::kScaleInput);
+  EXPECT_FALSE(s.routing.normalize);
+  EXPECT_TRUE(check_spec(s).is_ok());
+  // moe_layers, where given, overrides the step (Llama4TextConfig's rule).
+  ASSERT_TRUE(parse_model_config(kLlama4Text + R"(, "moe_layers": [4, 0]})", "c", &c).is_ok());
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{0, 4}));
+  expect_error(parse_model_config(kLlama4Text + R"(, "moe_layers": [9]})", "c", &c),
+               StatusCode::kInvalidArgument, {"'moe_layers'", "below 6"});
+  expect_error(parse_model_config(kLlama4Text + R"(, "moe_layers": 1})", "c", &c),
+               StatusCode::kInvalidArgument, {"'moe_layers'"});
+}
+
+TEST(ConvertConfig, Llama4MultimodalReadsTextConfig) {
+  MoeModelConfig c;
+  const std::string mm = R"({"model_type": "llama4", "vision_config": {"hidden_size": 1408},
+    "text_config": )" + kLlama4Text +
+                         R"(, "moe_layers": null}})";
+  ASSERT_TRUE(parse_model_config(mm, "config.json", &c).is_ok());
+  EXPECT_EQ(c.arch, MoeArch::kLlama4);
+  EXPECT_EQ(c.model_type, "llama4");
+  EXPECT_EQ(c.hidden, 5120);
+  EXPECT_EQ(c.moe_layers, (std::vector<int>{1, 3, 5}));
+  expect_error(
+      parse_model_config(R"({"model_type": "llama4", "hidden_size": 5120})", "cfg.json", &c),
+      StatusCode::kInvalidArgument, {"cfg.json", "missing 'text_config'"});
+  const std::string bad =
+      R"({"model_type": "llama4", "text_config": )" + kLlama4Text + R"(, "hidden_act": "gelu"}})";
+  expect_error(parse_model_config(bad, "cfg.json", &c), StatusCode::kUnsupported,
+               {"cfg.json: text_config", "hidden_act 'gelu'"});
 }
 
 TEST(ConvertIndex, ParsesAndRejectsPathsOutsideTheDirectory) {

@@ -37,8 +37,11 @@ enum class MoeArch : uint8_t {
   kMixtral,     // model_type mixtral: block_sparse_moe.gate, block_sparse_moe.experts.N.{w1,w3,w2}
   kDeepseekV3,  // model_type deepseek_v3: mlp.gate (+ e_score_correction_bias), mlp.experts.N,
                 // mlp.shared_experts
-  kGptOss,      // model_type gpt_oss: mlp.router (+ bias), mlp.experts.{gate_up,down}_proj_*
+  kGptOss,      // model_type gpt_oss: mlp.router (+ bias), mlp.experts.{gate_up,down}_proj*
   kPhiMoe,      // model_type phimoe (Phi-3.5-MoE): Mixtral's names, the sparse mixer
+  kQwen2Moe,    // model_type qwen2_moe: Qwen3's names, mlp.shared_expert(_gate)
+  kLlama4,      // model_type llama4 (text_config) or llama4_text: feed_forward.router,
+                // feed_forward.experts.{gate_up,down}_proj, feed_forward.shared_expert
 };
 
 // config.json's quantization_config for quant_method "gptq".
@@ -92,7 +95,12 @@ struct MoeModelConfig {
   // DeepSeek-V3: grouped top-k over sigmoid scores with e_score_correction_bias.
   int n_group = 1, topk_group = 1;
   float routed_scaling_factor = 1.0f;
-  int64_t n_shared = 0;         // n_shared_experts: always-on experts of inter * n_shared rows
+  int64_t n_shared = 0;  // n_shared_experts: always-on experts of inter * n_shared rows
+  // The always-on MLP a layer adds to the routed experts: its intermediate rows (Qwen2-MoE's
+  // shared_expert_intermediate_size; 0: none the pack holds), a multiple of `inter`. The pack
+  // holds it as shared_inter / inter experts of `inter` rows each, appended after the routed ones.
+  int64_t shared_inter = 0;
+  int64_t num_shared() const { return inter > 0 ? shared_inter / inter : 0; }
   float swiglu_limit = 7.0f;    // gpt-oss: the clamp of its SwiGLU
   float router_jitter = 0.01f;  // Phi-3.5-MoE: router_jitter_noise, the sparse mixer's eps
   GptqConfig gptq;

@@ -72,8 +72,14 @@ std::vector<float> to_f32(const TensorView& v) {
   return r;
 }
 
+// router_weight [E, H]: the routed experts' rows, then one row for each shared expert (the
+// shared gate where the model weights them by it).
 Status write_router(PackWriter* w, const LayerSource& l) {
-  const std::vector<float> r = to_f32(l.router);
+  std::vector<float> r = to_f32(l.router);
+  const size_t hidden = static_cast<size_t>(l.router.dims[1]);
+  const std::vector<float> gate =
+      l.shared_gate.present() ? to_f32(l.shared_gate) : std::vector<float>(hidden, 0.0f);
+  while (r.size() < l.experts.size() * hidden) r.insert(r.end(), gate.begin(), gate.end());
   QMOE_RETURN_IF_ERROR(
       w->write(layer_key(l.index, "router_weight"), r.data(), r.size() * sizeof(float)));
   const std::pair<const TensorView*, const char*> biases[2] = {
@@ -121,7 +127,7 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
   ckpt.release(l.router);
   std::mutex mu;
   Status first;
-  pool->parallel_for(cfg.num_experts, [&](int64_t e, int worker) {
+  pool->parallel_for(static_cast<int64_t>(l.experts.size()), [&](int64_t e, int worker) {
     ExpertStats stats;
     ExpertScratch& s = (*scratch)[static_cast<size_t>(worker)];
     Status st = convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg, &s, &stats);
@@ -221,8 +227,8 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
     declare_fc(&w, l, kFc1Names, spec.fc1, spec.num_experts, spec.fc1_rows(), spec.hidden);
     declare_fc(&w, l, kFc2Names, spec.fc2, spec.num_experts, spec.hidden, spec.inter);
     w.declare(layer_key(l, "router_weight"), DType::kF32, {spec.num_experts, spec.hidden});
-    if (layers[0].router_bias.present()) {
-      w.declare(layer_key(l, kRouterCorrectionBiasName), DType::kF32, {spec.num_experts});
+    if (layers[0].router_bias.present()) {  // the routed experts' only
+      w.declare(layer_key(l, kRouterCorrectionBiasName), DType::kF32, {cfg.num_experts});
     }
     if (layers[0].router_logit_bias.present()) {
       w.declare(layer_key(l, "router_bias"), DType::kF32, {spec.num_experts});
@@ -267,6 +273,12 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   r.layers = static_cast<int>(layers.size());
   r.pack_bytes = static_cast<int64_t>(w.file_bytes());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cfg.arch == MoeArch::kLlama4) {
+    r.notes.push_back(
+        "the pack holds the routed experts only: the shared expert a layer "
+        "(feed_forward.shared_expert), which the model adds with weight 1, is not converted (qmoe "
+        "weights a shared expert by sigmoid(logit))");
+  }
   if (cfg.n_shared > 0) {
     r.notes.push_back(
         "the pack holds the routed experts only: " + std::to_string(cfg.n_shared) +

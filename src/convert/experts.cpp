@@ -18,17 +18,6 @@ std::string block_prefix(MoeArch arch, int layer) {
          (mixtral_names(arch) ? ".block_sparse_moe." : ".mlp.");
 }
 
-DType source_dtype(SourceFormat f) {
-  switch (f) {
-    case SourceFormat::kBf16:
-      return DType::kBF16;
-    case SourceFormat::kFp16:
-      return DType::kF16;
-    default:
-      return DType::kF32;
-  }
-}
-
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 float load_f32(const TensorView& v, int64_t i) {
@@ -39,26 +28,6 @@ float load_f32(const TensorView& v, int64_t i) {
       return num::f16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
     default:
       return num::bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
-  }
-}
-
-// Widens rows of v [n, k] into rows row0, row0 + stride, ... of w; one loop per dtype so that each
-// vectorizes (bf16 is a shift).
-void load_rows(const TensorView& v, int64_t n, int64_t k, int64_t row0, int64_t stride, float* w) {
-  for (int64_t r = 0; r < n; ++r) {
-    float* out = w + (row0 + r * stride) * k;
-    if (v.dtype == DType::kF32) {
-      std::memcpy(out, static_cast<const float*>(v.data) + r * k, static_cast<size_t>(k) * 4);
-    } else if (v.dtype == DType::kBF16) {
-      const uint16_t* in = static_cast<const uint16_t*>(v.data) + r * k;
-      for (int64_t i = 0; i < k; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-        std::memcpy(out + i, &bits, 4);
-      }
-    } else {
-      const uint16_t* in = static_cast<const uint16_t*>(v.data) + r * k;
-      for (int64_t i = 0; i < k; ++i) out[i] = num::f16_to_f32(in[i]);
-    }
   }
 }
 
@@ -154,17 +123,53 @@ FcFormat quantized_fc_format(const MoeModelConfig& c, SourceFormat from, DType s
   return f;
 }
 
+DType source_dtype(SourceFormat f) {
+  switch (f) {
+    case SourceFormat::kBf16:
+      return DType::kBF16;
+    case SourceFormat::kFp16:
+      return DType::kF16;
+    default:
+      return DType::kF32;
+  }
+}
+
+Status resolve_proj(const Checkpoint& c, SourceFormat from, DType* scale_dtype, ProjTensors* p,
+                    int64_t* bytes) {
+  const MoeModelConfig& cfg = c.config();
+  switch (from) {
+    case SourceFormat::kGptq:
+      return resolve_gptq(c, cfg.gptq, scale_dtype, p, bytes);
+    case SourceFormat::kAwq:
+      return resolve_awq(c, cfg.awq, scale_dtype, p, bytes);
+    case SourceFormat::kCompressedTensors:
+      return cfg.ct.fp8 ? resolve_compressed_fp8(c, cfg.ct, scale_dtype, p, bytes)
+                        : resolve_compressed(c, cfg.ct, scale_dtype, p, bytes);
+    case SourceFormat::kFp8:
+      return resolve_fp8(c, cfg.fp8, scale_dtype, p, bytes);
+    case SourceFormat::kNvfp4:
+      return resolve_nvfp4(c, p, bytes);
+    default:
+      QMOE_RETURN_IF_ERROR(
+          c.expect(p->name + ".weight", source_dtype(from), {p->n, p->k}, &p->weight));
+      *bytes += static_cast<int64_t>(p->weight.bytes());
+      return Status::ok();
+  }
+}
+
 Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out) {
   const MoeModelConfig& cfg = c.config();
-  if ((cfg.arch == MoeArch::kGptOss) != (from == SourceFormat::kMxfp4)) {
-    return Status::unsupported(c.dir() +
-                               "/config.json: --from mxfp4 reads gpt-oss's MXFP4 experts, and "
-                               "gpt_oss checkpoints are read only that way (model_type '" +
-                               cfg.model_type + "', --from " + source_format_name(from) + ")");
+  if (cfg.arch == MoeArch::kGptOss ? !(from == SourceFormat::kMxfp4 || is_float_source(from))
+                                   : from == SourceFormat::kMxfp4) {
+    return Status::unsupported(c.dir() + "/config.json: model_type '" + cfg.model_type +
+                               "', --from " + source_format_name(from) +
+                               ": --from mxfp4 reads gpt-oss's MXFP4 experts, and gpt_oss "
+                               "checkpoints are read from MXFP4 or floats only");
   }
-  if (from == SourceFormat::kMxfp4) return resolve_gpt_oss_layer(c, index, out);
+  if (cfg.arch == MoeArch::kGptOss) return resolve_gpt_oss_layer(c, from, index, out);
+  if (cfg.arch == MoeArch::kLlama4) return resolve_llama4_layer(c, from, index, out);
   const std::string prefix = block_prefix(cfg.arch, index);
-  const bool qwen = !mixtral_names(cfg.arch);  // Qwen3 and DeepSeek name them alike
+  const bool qwen = !mixtral_names(cfg.arch);  // Qwen2/3 and DeepSeek name them alike
   LayerSource l;
   l.index = index;
   l.router_name = prefix + "gate.weight";
@@ -179,30 +184,15 @@ Status resolve_layer(const Checkpoint& c, SourceFormat from, int index, LayerSou
   for (int64_t e = 0; e < cfg.num_experts; ++e) {
     const std::string ep = prefix + "experts." + std::to_string(e) + ".";
     ExpertTensors t;
-    t.gate = {ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}, {}};
-    t.up = {ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden, {}, {}, {}, {}, {}, {}};
-    t.down = {ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter, {}, {}, {}, {}, {}, {}};
+    t.gate = proj_of(ep + (qwen ? "gate_proj" : "w1"), cfg.inter, cfg.hidden);
+    t.up = proj_of(ep + (qwen ? "up_proj" : "w3"), cfg.inter, cfg.hidden);
+    t.down = proj_of(ep + (qwen ? "down_proj" : "w2"), cfg.hidden, cfg.inter);
     for (ProjTensors* p : {&t.gate, &t.up, &t.down}) {
-      if (from == SourceFormat::kGptq) {
-        QMOE_RETURN_IF_ERROR(resolve_gptq(c, cfg.gptq, &scale_dtype, p, &l.source_bytes));
-      } else if (from == SourceFormat::kAwq) {
-        QMOE_RETURN_IF_ERROR(resolve_awq(c, cfg.awq, &scale_dtype, p, &l.source_bytes));
-      } else if (from == SourceFormat::kCompressedTensors && cfg.ct.fp8) {
-        QMOE_RETURN_IF_ERROR(resolve_compressed_fp8(c, cfg.ct, &scale_dtype, p, &l.source_bytes));
-      } else if (from == SourceFormat::kCompressedTensors) {
-        QMOE_RETURN_IF_ERROR(resolve_compressed(c, cfg.ct, &scale_dtype, p, &l.source_bytes));
-      } else if (from == SourceFormat::kFp8) {
-        QMOE_RETURN_IF_ERROR(resolve_fp8(c, cfg.fp8, &scale_dtype, p, &l.source_bytes));
-      } else if (from == SourceFormat::kNvfp4) {
-        QMOE_RETURN_IF_ERROR(resolve_nvfp4(c, p, &l.source_bytes));
-      } else {
-        QMOE_RETURN_IF_ERROR(
-            c.expect(p->name + ".weight", source_dtype(from), {p->n, p->k}, &p->weight));
-        l.source_bytes += static_cast<int64_t>(p->weight.bytes());
-      }
+      QMOE_RETURN_IF_ERROR(resolve_proj(c, from, &scale_dtype, p, &l.source_bytes));
     }
     l.experts.push_back(t);
   }
+  if (cfg.num_shared() > 0) QMOE_RETURN_IF_ERROR(resolve_shared(c, from, prefix, &scale_dtype, &l));
   *out = std::move(l);
   return Status::ok();
 }
@@ -226,22 +216,8 @@ Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelC
     transcode_gpt_oss(t, s);
     return Status::ok();
   }
-  const int64_t inter = t.gate.n, hidden = t.gate.k;
-  s->w1.resize(static_cast<size_t>(2 * inter * hidden));
-  s->w2.resize(static_cast<size_t>(hidden * inter));
-  if (from == SourceFormat::kBf16 || from == SourceFormat::kFp16 || from == SourceFormat::kFp32) {
-    load_rows(t.gate.weight, inter, hidden, 0, 2, s->w1.data());
-    load_rows(t.up.weight, inter, hidden, 1, 2, s->w1.data());
-    load_rows(t.down.weight, hidden, inter, 0, 1, s->w2.data());
-    Status st = quantize_expert(s->w1.data(), 0, &s->fc1);
-    if (!st.is_ok()) {
-      return Status(st.code(), t.gate.name + ".weight / " + t.up.name +
-                                   ".weight (FC1 rows interleave them): " + st.message());
-    }
-    st = quantize_expert(s->w2.data(), 0, &s->fc2);
-    if (!st.is_ok()) return Status(st.code(), t.down.name + ".weight: " + st.message());
-    return Status::ok();
-  }
+  if (is_float_source(from)) return convert_float_expert(t, s);
+  const int64_t inter = t.gate.n;
   std::fill(s->fc1.zero_points.begin(), s->fc1.zero_points.end(), 0);
   std::fill(s->fc2.zero_points.begin(), s->fc2.zero_points.end(), 0);
   if (from == SourceFormat::kAwq) {  // every AWQ code, zero and scale has a qmoe slot

@@ -42,11 +42,29 @@ struct ProjTensors {
   TensorView global;                   // NVFP4: weight_scale_2, one f32
   TensorView g_idx{};                  // GPTQ: [K] when present ({}: aggregate initializers
                                        // above may leave it out)
+  // Float sources: element (n, k) of W is element offset + n * row + k * col of `weight` (row 0:
+  // k, a plain row-major [N, K]). Fused checkpoints that store y = x W ([K, N], transposed) and
+  // a slice of a wider shared expert are read in place this way.
+  struct Layout {
+    int64_t offset = 0, row = 0, col = 1;
+  } at{};
 };
+
+// A projection named `name` of logical W [n, k], its tensors not yet resolved; `at` where a float
+// source's weight holds it.
+ProjTensors proj_of(std::string name, int64_t n, int64_t k, const TensorView& weight = {},
+                    ProjTensors::Layout at = {});
 
 struct ExpertTensors {
   ProjTensors gate, up, down;
 };
+
+// Whether `from` is a float source (bf16, fp16, fp32), and the dtype its expert weights must have.
+bool is_float_source(SourceFormat from);
+DType source_dtype(SourceFormat f);
+
+// Expert e's slice of a tensor whose first dimension is the expert, as a tensor of `dims`.
+TensorView expert_slice(const TensorView& v, int64_t e, std::initializer_list<int64_t> dims);
 
 struct LayerSource {
   int index = 0;
@@ -54,13 +72,31 @@ struct LayerSource {
   TensorView router;             // [E, H], f32/f16/bf16
   TensorView router_bias;        // DeepSeek-V3: e_score_correction_bias [E], f32/f16/bf16
   TensorView router_logit_bias;  // gpt-oss: router.bias [E], added to the logits
+  // The routed experts, then the shared ones (MoeModelConfig::num_shared(): slices of the
+  // shared MLP of `inter` rows each).
   std::vector<ExpertTensors> experts;
+  // The shared experts' router column (Qwen2-MoE: shared_expert_gate [1, H], one row for every
+  // shared expert).
+  TensorView shared_gate;
   int64_t source_bytes = 0;
 };
 
 // Resolves and checks every tensor of decoder layer `index` (names, dtypes, shapes, GPTQ groups
 // and g_idx); errors name the shard file and the tensor.
 Status resolve_layer(const Checkpoint& ckpt, SourceFormat from, int index, LayerSource* out);
+
+// Resolves one projection p (name, n, k set) as `from` stores it (a float weight [N, K], or the
+// quantizer's tensors); *bytes grows by what it reads.
+Status resolve_proj(const Checkpoint& c, SourceFormat from, DType* scale_dtype, ProjTensors* p,
+                    int64_t* bytes);
+
+// Shared experts (shared_experts.cpp): appends the shared experts of the MoE block `prefix`
+// (e.g. model.layers.3.mlp.) to out->experts, and the shared gate where the model has one.
+Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string& prefix,
+                      DType* scale_dtype, LayerSource* out);
+
+// Llama-4 (llama4.cpp): resolves a whole MoE layer of float experts, routed and shared.
+Status resolve_llama4_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out);
 
 // The qmoe format a quantized checkpoint maps onto: int4/int8, block = group size (0 per channel),
 // zero points unless symmetric, scales in the checkpoint's scale dtype.
@@ -78,9 +114,11 @@ Status expect_float(const Checkpoint& c, const std::string& name,
 // Widens every element of a float tensor (f32, f16 or bf16) to fp32 (exact).
 void widen(const TensorView& v, float* out);
 
-// gpt-oss (gpt_oss.cpp): resolves a whole MoE layer of MXFP4 experts, each expert's FC1 in
-// `gate` and FC2 in `down` (slices of the fused tensors); transcode copies them into mxfp4.
-Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out);
+// gpt-oss (gpt_oss.cpp): resolves a whole MoE layer. MXFP4: each expert's FC1 in `gate` and FC2
+// in `down` (slices of the fused tensors), which transcode copies into mxfp4. Float: gate, up and
+// down read in place from the fused [E, H, 2I] and [E, I, H] tensors (ProjTensors::at), FC1's
+// bias [2I] in gate.bias and FC2's in down.bias.
+Status resolve_gpt_oss_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out);
 
 // Sets code `i` of an LSB-first bitstream of `bits`-bit codes (4 or 8).
 void put_code(uint8_t* stream, int64_t i, int bits, uint32_t code);
@@ -153,6 +191,11 @@ Status convert_gptq(const ExpertTensors& t, const GptqConfig& g, ExpertScratch* 
 
 // Drops the mapped pages of every tensor of one expert (it has been converted).
 void release_expert(const Checkpoint& ckpt, const ExpertTensors& t);
+
+// Float sources (float_experts.cpp): widens one expert's projections (ProjTensors::at) into
+// scratch's fp32 staging, FC1 rows interleaved, and quantizes them; biases where gate.bias is
+// present (FC1's, already interleaved) and down.bias.
+Status convert_float_expert(const ExpertTensors& t, ExpertScratch* s);
 
 // Converts one expert into scratch->fc1 / fc2 (allocated by the caller for one expert in the
 // target formats).

@@ -1,5 +1,6 @@
 // gpt-oss's MoE blocks (transformers modeling_gpt_oss.py and its MXFP4 integration), read into
-// qmoe's mxfp4. All experts of a layer live in one tensor per kind:
+// qmoe's mxfp4 (the unquantized release: below, quantized as floats). All experts of a layer live
+// in one tensor per kind:
 //
 //   mlp.router.weight                   [E, H]          logits = x W^T + bias
 //   mlp.router.bias                     [E]
@@ -22,13 +23,6 @@ namespace qmoe::convert {
 
 namespace {
 
-// Expert e's slice of a tensor whose first dimension is the expert, as a tensor of `dims`.
-TensorView expert_slice(const TensorView& v, int64_t e, std::initializer_list<int64_t> dims) {
-  const size_t bytes = v.bytes() / static_cast<size_t>(v.dims[0]);
-  return TensorView(static_cast<const uint8_t*>(v.data) + static_cast<size_t>(e) * bytes, v.dtype,
-                    dims);
-}
-
 // The blocks, scales and bias of one fused projection of logical [E, N, K].
 Status resolve_fused(const Checkpoint& c, const std::string& name, int64_t e, int64_t n, int64_t k,
                      TensorView* blocks, TensorView* scales, TensorView* bias, int64_t* bytes) {
@@ -46,9 +40,43 @@ Status resolve_fused(const Checkpoint& c, const std::string& name, int64_t e, in
   return Status::ok();
 }
 
+// The unquantized release (e.g. a bf16 export) stores each expert's projections as y = x W:
+//
+//   mlp.experts.gate_up_proj       [E, H, 2I]   column 2i: gate row i, column 2i + 1: up row i
+//   mlp.experts.gate_up_proj_bias  [E, 2I]
+//   mlp.experts.down_proj          [E, I, H]
+//   mlp.experts.down_proj_bias     [E, H]
+//
+// read in place (ProjTensors::at) and quantized like any float expert; the biases are the
+// MXFP4 release's.
+Status resolve_float_experts(const Checkpoint& c, SourceFormat from, const std::string& prefix,
+                             LayerSource* l) {
+  const MoeModelConfig& cfg = c.config();
+  const int64_t E = cfg.num_experts, H = cfg.hidden, I = cfg.inter;
+  const std::string fc1 = prefix + "experts.gate_up_proj", fc2 = prefix + "experts.down_proj";
+  TensorView w1, w2, bias1, bias2;
+  QMOE_RETURN_IF_ERROR(c.expect(fc1, source_dtype(from), {E, H, 2 * I}, &w1));
+  QMOE_RETURN_IF_ERROR(c.expect(fc2, source_dtype(from), {E, I, H}, &w2));
+  QMOE_RETURN_IF_ERROR(expect_float(c, fc1 + "_bias", {E, 2 * I}, &bias1));
+  QMOE_RETURN_IF_ERROR(expect_float(c, fc2 + "_bias", {E, H}, &bias2));
+  l->source_bytes += static_cast<int64_t>(w1.bytes() + w2.bytes() + bias1.bytes() + bias2.bytes());
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string at = "[" + std::to_string(e) + "]";
+    ExpertTensors t;
+    const TensorView gate_up = expert_slice(w1, e, {H, 2 * I});
+    t.gate = proj_of(fc1 + at + "[:, 0::2]", I, H, gate_up, {0, 2, 2 * I});
+    t.gate.bias = expert_slice(bias1, e, {2 * I});  // FC1's, interleaved as FC1
+    t.up = proj_of(fc1 + at + "[:, 1::2]", I, H, gate_up, {1, 2, 2 * I});
+    t.down = proj_of(fc2 + at, H, I, expert_slice(w2, e, {I, H}), {0, 1, H});
+    t.down.bias = expert_slice(bias2, e, {H});
+    l->experts.push_back(t);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
-Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out) {
+Status resolve_gpt_oss_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out) {
   const MoeModelConfig& cfg = c.config();
   const int64_t E = cfg.num_experts, H = cfg.hidden, I = cfg.inter;
   const std::string prefix = "model.layers." + std::to_string(index) + ".mlp.";
@@ -58,6 +86,11 @@ Status resolve_gpt_oss_layer(const Checkpoint& c, int index, LayerSource* out) {
   QMOE_RETURN_IF_ERROR(expect_float(c, l.router_name, {E, H}, &l.router));
   QMOE_RETURN_IF_ERROR(expect_float(c, prefix + "router.bias", {E}, &l.router_logit_bias));
   l.source_bytes = static_cast<int64_t>(l.router.bytes() + l.router_logit_bias.bytes());
+  if (from != SourceFormat::kMxfp4) {
+    QMOE_RETURN_IF_ERROR(resolve_float_experts(c, from, prefix, &l));
+    *out = std::move(l);
+    return Status::ok();
+  }
   TensorView b1, s1, bias1, b2, s2, bias2;
   const std::string fc1 = prefix + "experts.gate_up_proj", fc2 = prefix + "experts.down_proj";
   QMOE_RETURN_IF_ERROR(resolve_fused(c, fc1, E, 2 * I, H, &b1, &s1, &bias1, &l.source_bytes));

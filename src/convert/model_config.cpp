@@ -1,6 +1,7 @@
 // config.json of a Hugging Face MoE checkpoint: the fields that shape the MoE blocks, and
 // quantization_config for GPTQ, AWQ and compressed-tensors. Only what the conversion needs is
 // read; everything else is ignored.
+#include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -358,6 +359,38 @@ Status qwen3_layers(const Json& j, const Reader& r, const std::string& where, Mo
   return Status::ok();
 }
 
+// Llama-4: the layers listed in moe_layers, or else every interleave_moe_layer_step-th layer
+// counted from step - 1 (Llama4TextConfig's rule).
+Status llama4_layers(const Json& j, const Reader& r, const std::string& where, MoeModelConfig* c) {
+  auto it = j.find("moe_layers");
+  if (it == j.end() || it->is_null()) {
+    int64_t step = 1;
+    QMOE_RETURN_IF_ERROR(r.integer("interleave_moe_layer_step", &step, false));
+    if (step <= 0) {
+      return Status::invalid(where +
+                             ": 'interleave_moe_layer_step': expected a positive integer, got " +
+                             std::to_string(step));
+    }
+    for (int64_t i = step - 1; i < c->num_layers; i += step) {
+      c->moe_layers.push_back(static_cast<int>(i));
+    }
+    return Status::ok();
+  }
+  const Status bad =
+      Status::invalid(where + ": 'moe_layers': expected a list of layer indices below " +
+                      std::to_string(c->num_layers) + ", got " + it->dump());
+  if (!it->is_array()) return bad;
+  std::set<int64_t> layers;
+  for (const Json& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c->num_layers) {
+      return bad;
+    }
+    layers.insert(v.get<int64_t>());
+  }
+  for (int64_t i : layers) c->moe_layers.push_back(static_cast<int>(i));
+  return Status::ok();
+}
+
 }  // namespace
 
 Status parse_model_config(const std::string& json_text, const std::string& where,
@@ -366,24 +399,35 @@ Status parse_model_config(const std::string& json_text, const std::string& where
   if (j.is_discarded()) return Status::invalid(where + ": not valid JSON");
   if (!j.is_object()) return Status::invalid(where + ": expected a JSON object");
   MoeModelConfig c;
-  const Reader r(j, where);
-  QMOE_RETURN_IF_ERROR(r.string("model_type", &c.model_type));
-  if (c.model_type == "qwen3_moe") {
-    c.arch = MoeArch::kQwen3Moe;
-  } else if (c.model_type == "mixtral") {
-    c.arch = MoeArch::kMixtral;
-  } else if (c.model_type == "deepseek_v3") {
-    c.arch = MoeArch::kDeepseekV3;
-  } else if (c.model_type == "gpt_oss") {
-    c.arch = MoeArch::kGptOss;
-  } else if (c.model_type == "phimoe") {
-    c.arch = MoeArch::kPhiMoe;
-  } else {
+  QMOE_RETURN_IF_ERROR(Reader(j, where).string("model_type", &c.model_type));
+  static const std::pair<const char*, MoeArch> kTypes[] = {
+      {"qwen3_moe", MoeArch::kQwen3Moe},     {"mixtral", MoeArch::kMixtral},
+      {"deepseek_v3", MoeArch::kDeepseekV3}, {"gpt_oss", MoeArch::kGptOss},
+      {"phimoe", MoeArch::kPhiMoe},          {"qwen2_moe", MoeArch::kQwen2Moe},
+      {"llama4", MoeArch::kLlama4},          {"llama4_text", MoeArch::kLlama4}};
+  auto type = std::find_if(std::begin(kTypes), std::end(kTypes),
+                           [&](const auto& t) { return c.model_type == t.first; });
+  if (type == std::end(kTypes)) {
     return Status::unsupported(where + ": model_type '" + c.model_type +
-                               "' is not supported (qwen3_moe, mixtral, deepseek_v3, gpt_oss, "
-                               "phimoe)");
+                               "' is not supported (qwen3_moe, qwen2_moe, mixtral, deepseek_v3, "
+                               "gpt_oss, phimoe, llama4, llama4_text)");
   }
-  const bool qwen = c.arch == MoeArch::kQwen3Moe;
+  c.arch = type->second;
+  // Llama-4's multimodal config keeps the decoder's fields in text_config.
+  const Json* text = &j;
+  std::string tw = where;
+  if (c.model_type == "llama4") {
+    auto t = j.find("text_config");
+    if (t == j.end() || !t->is_object()) {
+      return Status::invalid(where +
+                             ": missing 'text_config' (an object: model_type llama4 keeps the "
+                             "decoder's fields there)");
+    }
+    text = &*t;
+    tw = where + ": text_config";
+  }
+  const Reader r(*text, tw);
+  const bool qwen = c.arch == MoeArch::kQwen3Moe || c.arch == MoeArch::kQwen2Moe;
   const bool deepseek = c.arch == MoeArch::kDeepseekV3;
   QMOE_RETURN_IF_ERROR(r.positive("hidden_size", &c.hidden));
   QMOE_RETURN_IF_ERROR(
@@ -394,7 +438,7 @@ Status parse_model_config(const std::string& json_text, const std::string& where
   int64_t k = 0;
   QMOE_RETURN_IF_ERROR(r.positive("num_experts_per_tok", &k));
   if (k > c.num_experts) {
-    return Status::invalid(where + ": num_experts_per_tok " + std::to_string(k) +
+    return Status::invalid(tw + ": num_experts_per_tok " + std::to_string(k) +
                            " exceeds the expert count " + std::to_string(c.num_experts));
   }
   c.top_k = static_cast<int>(k);
@@ -402,14 +446,25 @@ Status parse_model_config(const std::string& json_text, const std::string& where
   std::string act = "silu";
   QMOE_RETURN_IF_ERROR(r.string("hidden_act", &act));
   if (act != "silu") {
-    return Status::unsupported(where + ": hidden_act '" + act + "' is not supported (silu)");
+    return Status::unsupported(tw + ": hidden_act '" + act + "' is not supported (silu)");
   }
   if (qwen) {
-    c.normalize = false;  // Qwen3MoeConfig's default
+    c.normalize = false;  // Qwen3MoeConfig's and Qwen2MoeConfig's default
     QMOE_RETURN_IF_ERROR(r.boolean("norm_topk_prob", &c.normalize));
-    QMOE_RETURN_IF_ERROR(qwen3_layers(j, r, where, &c));
+    QMOE_RETURN_IF_ERROR(qwen3_layers(*text, r, tw, &c));
+    if (c.arch == MoeArch::kQwen2Moe) {
+      QMOE_RETURN_IF_ERROR(r.positive("shared_expert_intermediate_size", &c.shared_inter));
+      if (c.shared_inter % c.inter != 0) {
+        return Status::unsupported(
+            tw + ": shared_expert_intermediate_size " + std::to_string(c.shared_inter) +
+            " is not a multiple of moe_intermediate_size " + std::to_string(c.inter) +
+            ": the shared expert cannot be split into experts of the routed experts' size");
+      }
+    }
   } else if (deepseek) {
     QMOE_RETURN_IF_ERROR(deepseek_fields(r, where, &c));
+  } else if (c.arch == MoeArch::kLlama4) {
+    QMOE_RETURN_IF_ERROR(llama4_layers(*text, r, tw, &c));
   } else {
     if (c.arch == MoeArch::kGptOss) {
       double limit = c.swiglu_limit;
@@ -484,14 +539,23 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
   LayerSpec s;
   s.hidden = c.hidden;
   s.inter = c.inter;
-  s.num_experts = c.num_experts;
+  // The shared experts follow the routed ones, with router columns of their own (routing spec).
+  s.num_experts = c.num_experts + c.num_shared();
+  s.routing.num_shared = static_cast<int>(c.num_shared());
   s.activation.kind = Activation::kSwiGlu;  // silu(gate) * up: alpha 1, beta 0, no limit
   s.activation.glu = GluLayout::kInterleaved;
   s.routing.top_k = c.top_k;
-  if (c.arch == MoeArch::kQwen3Moe) {
-    // softmax over all experts in fp32, top-k, renormalized when norm_topk_prob.
+  if (c.arch == MoeArch::kQwen3Moe || c.arch == MoeArch::kQwen2Moe) {
+    // softmax over all (routed) experts in fp32, top-k, renormalized when norm_topk_prob.
+    // Qwen2-MoE's shared expert is weighted by sigmoid(x . shared_expert_gate): qmoe's shared
+    // experts' rule, with the gate as their router column.
     s.routing.method = RoutingMethod::kSoftmaxTopK;
     s.routing.normalize = c.normalize;
+  } else if (c.arch == MoeArch::kLlama4) {
+    // top-k of the logits, each weighted by sigmoid(logit), the weight scaling the expert's
+    // input (Llama4TextMoe: routed_in = x * score).
+    s.routing.method = RoutingMethod::kTopKSigmoid;
+    s.routing.combine = CombineMode::kScaleInput;
   } else if (c.arch == MoeArch::kPhiMoe) {
     // PhiMoE's sparsemixer at inference: two experts, each weighted by a softmax over the logits
     // within 2 eps (relative) of its maximum.

@@ -128,10 +128,16 @@ def test_gpt_oss_hostile(cli, tmp_path, rng):
                     frm="mxfp4")
     tensors["model.layers.0.mlp.router.bias"] = bias
     write_checkpoint(tmp_path / "ckpt", cfg, tensors, shards=1)
-    # gpt-oss is read as MXFP4 only, and MXFP4 only from gpt-oss.
+    # Without quantization_config the experts are read as floats (test_convert_archs), under
+    # their unquantized names.
     (tmp_path / "ckpt" / "config.json").write_text(
         json.dumps({k: v for k, v in cfg.items() if k != "quantization_config"}))
-    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["--from mxfp4", "gpt_oss"], frm="bf16")
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 2, ["model.layers.0.mlp.experts.gate_up_proj"],
+                    frm="bf16")
+    # gpt-oss is read from MXFP4 or floats only, and MXFP4 only from gpt-oss.
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(
+        cfg, quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 32})))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["--from mxfp4", "gpt_oss"], frm="gptq")
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(
         dict(qwen_config(layers=1), quantization_config={"quant_method": "mxfp4"})))
     _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["--from mxfp4", "qwen3_moe"],
