@@ -87,7 +87,11 @@ TEST(ConvertConfig, DeepseekV3GroupedTopKAndFp8) {
   EXPECT_EQ(s.routing.topk_group, 4);
   EXPECT_FLOAT_EQ(s.routing.routed_scaling_factor, 2.5f);
   EXPECT_TRUE(s.routing.normalize);
-  EXPECT_EQ(s.routing.num_shared, 0);  // DeepSeek's weight-1 shared experts are not in the layer
+  // The shared expert (n_shared_experts * I rows) is the last expert, added with weight 1.
+  EXPECT_EQ(c.shared_inter, 2048);
+  EXPECT_EQ(s.num_experts, 257);
+  EXPECT_EQ(s.routing.num_shared, 1);
+  EXPECT_EQ(s.routing.shared_weight, SharedWeight::kOne);
   EXPECT_TRUE(check_spec(s).is_ok());
 }
 
@@ -284,6 +288,7 @@ TEST(ConvertConfig, Qwen2MoeSharedExpertSplit) {
   EXPECT_EQ(s.routing.method, RoutingMethod::kSoftmaxTopK);
   EXPECT_FALSE(s.routing.normalize);
   EXPECT_EQ(s.routing.combine, CombineMode::kScaleOutput);
+  EXPECT_EQ(s.routing.shared_weight, SharedWeight::kSigmoid);  // sigmoid(shared_expert_gate)
   EXPECT_TRUE(check_spec(s).is_ok());
 
   std::string bad = kQwen2;
@@ -315,6 +320,9 @@ TEST(ConvertConfig, Llama4TextSigmoidScaleInput) {
   EXPECT_EQ(s.routing.method, RoutingMethod::kTopKSigmoid);
   EXPECT_EQ(s.routing.combine, CombineMode::kScaleInput);
   EXPECT_FALSE(s.routing.normalize);
+  EXPECT_EQ(s.num_experts, 129);  // the shared expert (I rows), weight 1, last
+  EXPECT_EQ(s.routing.num_shared, 1);
+  EXPECT_EQ(s.routing.shared_weight, SharedWeight::kOne);
   EXPECT_TRUE(check_spec(s).is_ok());
   // moe_layers, where given, overrides the step (Llama4TextConfig's rule).
   ASSERT_TRUE(parse_model_config(kLlama4Text + R"(, "moe_layers": [4, 0]})", "c", &c).is_ok());

@@ -273,18 +273,6 @@ Status convert_checkpoint(const ConvertOptions& o, ConvertReport* report) {
   r.layers = static_cast<int>(layers.size());
   r.pack_bytes = static_cast<int64_t>(w.file_bytes());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (cfg.arch == MoeArch::kLlama4) {
-    r.notes.push_back(
-        "the pack holds the routed experts only: the shared expert a layer "
-        "(feed_forward.shared_expert), which the model adds with weight 1, is not converted (qmoe "
-        "weights a shared expert by sigmoid(logit))");
-  }
-  if (cfg.n_shared > 0) {
-    r.notes.push_back(
-        "the pack holds the routed experts only: " + std::to_string(cfg.n_shared) +
-        " shared expert(s) a layer (mlp.shared_experts), which the model adds with weight 1, are "
-        "not converted (qmoe weights a shared expert by sigmoid(logit))");
-  }
   if (r.experts_reordered > 0) {
     r.notes.push_back("act-order: " + std::to_string(r.experts_reordered) +
                       " expert(s) had their intermediate index reordered (FC1 rows, FC2 columns) "

@@ -41,32 +41,40 @@ void widen_run(const TensorView& v, int64_t at, int64_t count, float* out) {
   }
 }
 
-float widen_one(const TensorView& v, int64_t at) {
-  float f;
-  widen_run(v, at, 1, &f);
-  return f;
-}
-
-// Widens projection p into rows row0, row0 + stride, ... of w [*, K].
-void load_proj(const ProjTensors& p, int64_t row0, int64_t stride, float* w) {
-  const ProjTensors::Layout& a = p.at;
-  const int64_t row = a.row > 0 ? a.row : p.k;
-  if (a.col == 1) {  // rows are contiguous runs
-    for (int64_t n = 0; n < p.n; ++n) {
-      widen_run(p.weight, a.offset + n * row, p.k, w + (row0 + n * stride) * p.k);
-    }
-    return;
-  }
-  // Stored transposed: read in tiles so that both sides stay in cache.
+// Copies element (n, k) of p's weight (ProjTensors::at) to w[(row0 + n * stride) * K + k] for a
+// weight stored transposed, in tiles so that both sides stay in cache; `load` widens one element.
+template <typename T, typename Load>
+void load_strided(const ProjTensors& p, int64_t row, int64_t row0, int64_t stride, Load load,
+                  float* w) {
+  const T* in = static_cast<const T*>(p.weight.data) + p.at.offset;
   constexpr int64_t kTile = 32;
   for (int64_t k0 = 0; k0 < p.k; k0 += kTile) {
     for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
       for (int64_t k = k0; k < std::min(p.k, k0 + kTile); ++k) {
         for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
-          w[(row0 + n * stride) * p.k + k] = widen_one(p.weight, a.offset + n * row + k * a.col);
+          w[(row0 + n * stride) * p.k + k] = load(in[n * row + k * p.at.col]);
         }
       }
     }
+  }
+}
+
+// Widens projection p into rows row0, row0 + stride, ... of w [*, K].
+void load_proj(const ProjTensors& p, int64_t row0, int64_t stride, float* w) {
+  const int64_t row = p.at.row > 0 ? p.at.row : p.k;
+  if (p.at.col == 1) {  // rows are contiguous runs
+    for (int64_t n = 0; n < p.n; ++n) {
+      widen_run(p.weight, p.at.offset + n * row, p.k, w + (row0 + n * stride) * p.k);
+    }
+  } else if (p.weight.dtype == DType::kF32) {
+    load_strided<float>(
+        p, row, row0, stride, [](float v) { return v; }, w);
+  } else if (p.weight.dtype == DType::kBF16) {
+    load_strided<uint16_t>(
+        p, row, row0, stride, [](uint16_t v) { return num::bf16_to_f32(v); }, w);
+  } else {
+    load_strided<uint16_t>(
+        p, row, row0, stride, [](uint16_t v) { return num::f16_to_f32(v); }, w);
   }
 }
 

@@ -17,7 +17,7 @@ namespace qmoe::convert {
 
 Status resolve_llama4_layer(const Checkpoint& c, SourceFormat from, int index, LayerSource* out) {
   const MoeModelConfig& cfg = c.config();
-  if (from != SourceFormat::kBf16 && from != SourceFormat::kFp16 && from != SourceFormat::kFp32) {
+  if (!is_float_source(from)) {
     return Status::unsupported(c.dir() + "/config.json: model_type '" + cfg.model_type +
                                "' is read from float checkpoints only (--from bf16, fp16, fp32), "
                                "not --from " +

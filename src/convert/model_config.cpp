@@ -318,6 +318,7 @@ Status deepseek_fields(const Reader& r, const std::string& where, MoeModelConfig
                            ": n_shared_experts, first_k_dense_replace (>= 0) or moe_layer_freq "
                            "(>= 1) out of range");
   }
+  c->shared_inter = c->n_shared * c->inter;  // mlp.shared_experts: one MLP of n_shared * I rows
   double scaling = 1.0;
   QMOE_RETURN_IF_ERROR(r.number("routed_scaling_factor", &scaling));
   c->n_group = static_cast<int>(groups);
@@ -465,6 +466,7 @@ Status parse_model_config(const std::string& json_text, const std::string& where
     QMOE_RETURN_IF_ERROR(deepseek_fields(r, where, &c));
   } else if (c.arch == MoeArch::kLlama4) {
     QMOE_RETURN_IF_ERROR(llama4_layers(*text, r, tw, &c));
+    c.shared_inter = c.inter;  // Llama4TextMLP(config): intermediate_size rows
   } else {
     if (c.arch == MoeArch::kGptOss) {
       double limit = c.swiglu_limit;
@@ -553,7 +555,8 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
     s.routing.normalize = c.normalize;
   } else if (c.arch == MoeArch::kLlama4) {
     // top-k of the logits, each weighted by sigmoid(logit), the weight scaling the expert's
-    // input (Llama4TextMoe: routed_in = x * score).
+    // input (Llama4TextMoe: routed_in = x * score); the shared expert added with weight 1.
+    s.routing.shared_weight = SharedWeight::kOne;
     s.routing.method = RoutingMethod::kTopKSigmoid;
     s.routing.combine = CombineMode::kScaleInput;
   } else if (c.arch == MoeArch::kPhiMoe) {
@@ -572,8 +575,8 @@ LayerSpec moe_layer_spec(const MoeModelConfig& c, const FcFormat& fc1, const FcF
     s.has_fc1_bias = s.has_fc2_bias = true;
   } else if (c.arch == MoeArch::kDeepseekV3) {
     // sigmoid scores + e_score_correction_bias, best topk_group of n_group groups, top-k, weights
-    // renormalized (norm_topk_prob) and scaled. The shared experts are not part of the layer:
-    // DeepSeek adds them with weight 1, a rule qmoe's shared experts (weight sigmoid(logit)) lack.
+    // renormalized (norm_topk_prob) and scaled; the shared experts added with weight 1.
+    s.routing.shared_weight = SharedWeight::kOne;
     s.routing.method = RoutingMethod::kGroupedTopK;
     s.routing.normalize = c.normalize;
     s.routing.n_group = c.n_group;

@@ -2,9 +2,12 @@
 // qmoe holds them as the last experts of the layer (RoutingSpec::num_shared), always on, with
 // router columns of their own:
 //
-//   Qwen2-MoE  mlp.shared_expert.{gate,up,down}_proj      [S, H], [S, H], [H, S]
-//              mlp.shared_expert_gate.weight               [1, H]   weight sigmoid(x . gate)
+//   Qwen2-MoE    mlp.shared_expert.{gate,up,down}_proj    [S, H], [S, H], [H, S]
+//                mlp.shared_expert_gate.weight             [1, H]   weight sigmoid(x . gate)
+//   DeepSeek-V3  mlp.shared_experts.{gate,up,down}_proj   S = n_shared_experts * I, weight 1
+//   Llama-4      feed_forward.shared_expert.*              S = I, weight 1
 //
+// A weight-1 expert (SharedWeight::kOne) reads no router column: it gets a row of zeros.
 // The layer's experts all have the routed experts' I rows, so a shared MLP of S = m * I rows
 // becomes m experts: an FFN is a sum over its intermediate rows,
 //
@@ -31,7 +34,8 @@ Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string&
                       DType* scale_dtype, LayerSource* out) {
   const MoeModelConfig& cfg = c.config();
   const int64_t H = cfg.hidden, I = cfg.inter, S = cfg.shared_inter, m = cfg.num_shared();
-  const std::string sp = prefix + "shared_expert.";
+  const std::string sp =
+      prefix + (cfg.arch == MoeArch::kDeepseekV3 ? "shared_experts." : "shared_expert.");
   if (cfg.arch == MoeArch::kQwen2Moe) {
     QMOE_RETURN_IF_ERROR(
         expect_float(c, prefix + "shared_expert_gate.weight", {1, H}, &out->shared_gate));

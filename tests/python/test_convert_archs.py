@@ -1,4 +1,5 @@
-"""`qmoe convert` of Qwen2-MoE, Llama-4 and gpt-oss float checkpoints written by transformers:
+"""`qmoe convert` of Qwen2-MoE, Llama-4, DeepSeek-V3 and gpt-oss float checkpoints written by
+transformers, shared experts included:
 a tiny, randomly initialised model of each (nothing downloaded) is saved with save_pretrained,
 converted, and every MoE layer of the pack, run by `qmoe run --model` on random inputs, is
 compared with the transformers MoE block on the same inputs.
@@ -12,6 +13,9 @@ Layouts followed (public), as transformers' modeling files define and save them:
   (y = x W), top-k of the logits scaling the expert's input by sigmoid(logit),
   feed_forward.shared_expert.{gate,up,down}_proj.weight added with weight 1; the MoE layers are
   moe_layers (or every interleave_moe_layer_step-th).
+- DeepSeek-V3 (modeling_deepseek_v3.py): mlp.gate.weight and mlp.gate.e_score_correction_bias,
+  mlp.experts.J.{gate,up,down}_proj.weight, mlp.shared_experts.{gate,up,down}_proj.weight of
+  n_shared_experts * moe_intermediate_size rows, added with weight 1.
 - gpt-oss unquantized (modeling_gpt_oss.py): mlp.experts.gate_up_proj [E, H, 2I] with gate and up
   columns alternating, gate_up_proj_bias [E, 2I], down_proj [E, I, H], down_proj_bias [E, H],
   mlp.router.{weight, bias}.
@@ -47,6 +51,14 @@ def tiny(kind, layers=3, **extra):
                   norm_topk_prob=False, mlp_only_layers=[0])
         kw.update(extra)
         return t.Qwen2MoeConfig(**kw, **common), t.Qwen2MoeForCausalLM
+    if kind == "deepseek_v3":
+        kw = dict(moe_intermediate_size=I, intermediate_size=4 * I, n_routed_experts=E,
+                  n_shared_experts=2, num_experts_per_tok=2, n_group=4, topk_group=2,
+                  first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                  q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                  v_head_dim=16)
+        kw.update(extra)
+        return t.DeepseekV3Config(**kw, **common), t.DeepseekV3ForCausalLM
     if kind == "llama4":
         kw = dict(intermediate_size=I, intermediate_size_mlp=4 * I, num_local_experts=E,
                   num_experts_per_tok=2, head_dim=16, moe_layers=[1, 2])
@@ -63,7 +75,8 @@ def moe_blocks(model):
     out = {}
     for i, layer in enumerate(model.model.layers):
         block = getattr(layer, "feed_forward", None) or layer.mlp
-        if type(block).__name__ in ("Qwen2MoeSparseMoeBlock", "Llama4TextMoe", "GptOssMLP"):
+        if type(block).__name__ in ("Qwen2MoeSparseMoeBlock", "Llama4TextMoe", "DeepseekV3MoE",
+                                    "GptOssMLP"):
             out[i] = block
     return out
 
@@ -79,6 +92,9 @@ def build(kind, seed, dtype=torch.float32, **extra):
         for name, p in block.named_parameters():
             routing = name.startswith(("gate.", "router.", "shared_expert_gate."))
             p.normal_(0, 0.5 if routing else 1 / np.sqrt(p.shape[-1] if p.dim() > 1 else H))
+        for name, b in block.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.1)
     return model.to(dtype)
 
 
@@ -90,19 +106,13 @@ def save(model, path):
 
 
 @torch.no_grad()
-def block_output(block, x, shared=True):
-    """The block's output on x [T, H] in fp32 (the weights widened exactly from the source);
-    without `shared`, less the shared expert's (Llama-4: added with weight 1)."""
-    ref = block.float()
-    xt = torch.from_numpy(x).float()
-    y = ref(xt[None])
-    y = (y[0] if isinstance(y, tuple) else y).reshape(x.shape)
-    if not shared:
-        y = y - ref.shared_expert(xt)
-    return y.double().numpy()
+def block_output(block, x):
+    """The block's output on x [T, H] in fp32 (the weights widened exactly from the source)."""
+    y = block.float()(torch.from_numpy(x).float()[None])
+    return (y[0] if isinstance(y, tuple) else y).reshape(x.shape).double().numpy()
 
 
-def check_pack(cli, tmp_path, model, pack, rng, shared=True):
+def check_pack(cli, tmp_path, model, pack, rng):
     """Every MoE layer of the pack against the model's block."""
     blocks = moe_blocks(model)
     _, meta = read_safetensors(pack)
@@ -110,7 +120,7 @@ def check_pack(cli, tmp_path, model, pack, rng, shared=True):
     for layer, block in blocks.items():
         x = rng.standard_normal((6, H)).astype(np.float32).astype(np.float64)
         y = run_model(cli, tmp_path, pack, layer, x)
-        err = rel_norm(y, block_output(block, x, shared))
+        err = rel_norm(y, block_output(block, x))
         assert err <= 2 * INT8_BUDGET, f"layer {layer}: {err}"
     return meta
 
@@ -133,7 +143,7 @@ def test_qwen2_moe_shared_expert_split_matches_transformers(cli, tmp_path, rng, 
     t, _ = read_safetensors(out)
     for layer, block in moe_blocks(model).items():
         p = f"layers.{layer}."
-        assert meta[p + "num_shared_experts"] == "2"
+        assert meta[p + "num_shared_experts"] == "2" and meta[p + "qmoe.shared_weight"] == "sigmoid"
         assert t[p + "fc1_experts_weights"].shape[0] == E + 2
         gate = block.shared_expert_gate.weight.detach().float().numpy()
         router = t[p + "router_weight"]
@@ -181,12 +191,34 @@ def test_llama4_matches_transformers(cli, tmp_path, rng, seed, src, multimodal):
     if multimodal:
         _multimodal(tmp_path / "ckpt", cfg)
     out = tmp_path / "pack.safetensors"
-    r = convert_ok(cli, tmp_path / "ckpt", out, src, "--format", "int8", "--block", "32")
-    assert "shared expert" in r.stdout, r.stdout  # said, not silently dropped
-    meta = check_pack(cli, tmp_path, model, out, rng, shared=False)
+    convert_ok(cli, tmp_path / "ckpt", out, src, "--format", "int8", "--block", "32")
+    meta = check_pack(cli, tmp_path, model, out, rng)
     assert meta["qmoe.model_type"] == ("llama4" if multimodal else "llama4_text")
     assert meta["layers.1.qmoe.routing_method"] == "topk_sigmoid"
     assert meta["layers.1.qmoe.combine"] == "input"
+    check_weight_one_shared(out, model, 1)
+
+
+def check_weight_one_shared(pack, model, count):
+    """Weight-1 shared experts: the last `count` experts, their router rows zeros."""
+    t, meta = read_safetensors(pack)
+    for layer, block in moe_blocks(model).items():
+        p = f"layers.{layer}."
+        assert meta[p + "num_shared_experts"] == str(count)
+        assert meta[p + "qmoe.shared_weight"] == "one"
+        router = t[p + "router_weight"]
+        assert router.shape == (E + count, H) and not router[E:].any()
+
+
+@pytest.mark.parametrize("src", ["fp32", "bf16"])
+def test_deepseek_v3_shared_experts_match_transformers(cli, tmp_path, rng, seed, src):
+    """n_shared_experts 2: one shared MLP of 2I rows, held as two weight-1 experts of I rows;
+    the correction bias covers the routed experts only."""
+    model, out, _ = convert_model(cli, tmp_path, "deepseek_v3", seed, src)
+    check_pack(cli, tmp_path, model, out, rng)
+    check_weight_one_shared(out, model, 2)
+    t, _ = read_safetensors(out)
+    assert t["layers.1.router_correction_bias"].shape == (E,)
 
 
 def test_refusals_name_the_reason(cli, tmp_path, rng, seed):
@@ -196,6 +228,21 @@ def test_refusals_name_the_reason(cli, tmp_path, rng, seed):
     _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4,
                     ["shared_expert_intermediate_size 48", "moe_intermediate_size 32"],
                     frm="fp32")
+    # A missing shared-expert tensor is named, with the file.
+    ckpt = tmp_path / "ds"
+    save(build("deepseek_v3", seed % 2**31), ckpt)
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    name = "model.layers.2.mlp.shared_experts.down_proj.weight"
+    del tensors[name]
+    save_file(tensors, str(ckpt / "model.safetensors"), {"format": "pt"})
+    _expect_failure(cli, tmp_path, ckpt, 2, ["model.safetensors", name], frm="fp32")
+    # Llama-4 is read from float checkpoints only.
+    ckpt = tmp_path / "l4"
+    cfg = save(build("llama4", seed % 2**31), ckpt)
+    (ckpt / "config.json").write_text(json.dumps(dict(cfg, quantization_config={
+        "quant_method": "fp8", "weight_block_size": [32, 32]})))
+    _expect_failure(cli, tmp_path, ckpt, 4, ["llama4_text", "float checkpoints only"], frm="fp8")
 
 
 def _qwen2_gptq(rng, shared_inter):

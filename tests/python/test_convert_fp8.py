@@ -7,7 +7,8 @@ Layouts followed (public):
   n_group, topk_group, routed_scaling_factor, norm_topk_prob, scoring_func "sigmoid", topk_method
   "noaux_tc", n_shared_experts, first_k_dense_replace, moe_layer_freq; tensors
   model.layers.L.mlp.gate.weight [E, H], mlp.gate.e_score_correction_bias [E],
-  mlp.experts.J.{gate,up,down}_proj.weight, mlp.shared_experts.{gate,up,down}_proj.weight.
+  mlp.experts.J.{gate,up,down}_proj.weight, mlp.shared_experts.{gate,up,down}_proj.weight (of
+  n_shared_experts * moe_intermediate_size rows, added with weight 1).
 - FP8 weights, quantization_config {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
   "dynamic", "weight_block_size": [b, b]}: weight float8_e4m3fn [N, K], weight_scale_inv float32
   [ceil(N/b), ceil(K/b)], W = weight * weight_scale_inv[n // b, k // b].
@@ -76,13 +77,15 @@ def fp8_model(cfg, rng, b, proj=fp8_proj, **quant):
         p = f"model.layers.{layer}.mlp."
         r = bf16(rng.standard_normal((E, H)))
         tensors[p + "gate.weight"] = r
-        bias = None
+        bias, shared = None, None
         if deepseek:
             bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
             tensors[p + "gate.e_score_correction_bias"] = bias
+            shared = []
             for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
-                t, _ = proj(rng, *shape, b)  # the shared expert: not in the pack
+                t, deq = proj(rng, *shape, b)
                 tensors.update({f"{p}shared_experts.{name}{s}": v for s, v in t.items()})
+                shared.append(deq)
         mats = [[], [], []]
         for e in range(E):
             for i, (name, n, k) in enumerate((("gate_proj", I, H), ("up_proj", I, H),
@@ -91,7 +94,7 @@ def fp8_model(cfg, rng, b, proj=fp8_proj, **quant):
                 tensors.update({f"{p}experts.{e}.{name}{s}": v for s, v in t.items()})
                 mats[i].append(deq)
         ref[layer] = (bf16_to_f32(r.bits).astype(np.float64), bias) + tuple(
-            np.stack(m) for m in mats)
+            np.stack(m) for m in mats) + (shared,)
     for layer in range(cfg["num_hidden_layers"]):  # dense parts, in FP8 as well
         t, _ = fp8_proj(rng, 4 * H, H, b)
         tensors.update({f"model.layers.{layer}.self_attn.o_proj{s}": v for s, v in t.items()})
@@ -100,8 +103,14 @@ def fp8_model(cfg, rng, b, proj=fp8_proj, **quant):
     return dict(cfg, quantization_config=q), tensors, ref
 
 
-def deepseek_block(cfg, x, router, bias, gate, up, down):
-    """modeling_deepseek_v3's MoE (routed experts only) in f64: noaux_tc grouped top-k."""
+def swiglu_mlp(x, gate, up, down):
+    g = x @ gate.T
+    return (g / (1 + np.exp(-g)) * (x @ up.T)) @ down.T
+
+
+def deepseek_block(cfg, x, router, bias, gate, up, down, shared=None):
+    """modeling_deepseek_v3's MoE in f64: noaux_tc grouped top-k over the routed experts, plus
+    the shared experts' MLP (gate, up, down) with weight 1 where given."""
     s = 1 / (1 + np.exp(-(x @ router.T)))
     out = np.zeros_like(x)
     groups = cfg["n_group"]
@@ -121,14 +130,14 @@ def deepseek_block(cfg, x, router, bias, gate, up, down):
         for j, e in zip(sel, w):
             g, u = gate[j] @ x[t], up[j] @ x[t]
             out[t] += e * (down[j] @ (g / (1 + np.exp(-g)) * u))
-    return out
+    return out if shared is None else out + swiglu_mlp(x, *shared)
 
 
 def fp8_fc(t, layer, fc, n, k, b):
     p = f"layers.{layer}."
-    codes = t[p + f"fc{fc}_experts_weights"].reshape(E, n, k)
+    codes = t[p + f"fc{fc}_experts_weights"].reshape(-1, n, k)
     s = t[p + f"fc{fc}_scales"].astype(np.float64)
-    assert s.shape == (E, math.ceil(n / b), math.ceil(k / b))
+    assert s.shape == (codes.shape[0], math.ceil(n / b), math.ceil(k / b))
     return E4M3_VALUES[codes] * np.repeat(np.repeat(s, b, 1), b, 2)[:, :n, :k]
 
 
@@ -140,30 +149,35 @@ def test_fp8_converts_bit_exact(cli, tmp_path, rng, arch, b):
     out = tmp_path / "pack.safetensors"
     r = convert_ok(cli, tmp_path / "ckpt", out, "fp8")
     assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
-    if arch == "deepseek_v3":
-        assert "shared expert" in r.stdout, r.stdout  # said, not silently dropped
     t, meta = read_safetensors(out)
     assert meta["qmoe.layers"] == ",".join(map(str, moe_layers(cfg)))
-    for layer, (router, bias, gate, up, down) in ref.items():
+    for layer, (router, bias, gate, up, down, shared) in ref.items():
         p = f"layers.{layer}."
         assert meta[p + "swiglu_fusion"] == "2", "FC1 must stack [gate; up]"
         assert int(meta[p + "block_size"]) == b
-        fc1 = fp8_fc(t, layer, 1, 2 * I, H, b)
-        assert np.array_equal(fc1[:, :I], gate), "gate rows differ from the FP8 dequantization"
-        assert np.array_equal(fc1[:, I:], up), "up rows differ from the FP8 dequantization"
-        assert np.array_equal(fp8_fc(t, layer, 2, H, I, b), down)
+        # DeepSeek-V3's shared expert is the last expert, weight 1: its router row is zeros.
+        fc1, fc2 = fp8_fc(t, layer, 1, 2 * I, H, b), fp8_fc(t, layer, 2, H, I, b)
+        if shared is not None:
+            assert meta[p + "num_shared_experts"] == "1"
+            assert meta[p + "qmoe.shared_weight"] == "one"
+            assert np.array_equal(fc1[E], np.concatenate(shared[:2])), "shared FC1 differs"
+            assert np.array_equal(fc2[E], shared[2]), "shared FC2 differs"
+            router = np.concatenate([router, np.zeros((1, H))])
+        assert fc1.shape[0] == E + (shared is not None)
+        assert np.array_equal(fc1[:E, :I], gate), "gate rows differ from the FP8 dequantization"
+        assert np.array_equal(fc1[:E, I:], up), "up rows differ from the FP8 dequantization"
+        assert np.array_equal(fc2[:E], down)
         assert np.array_equal(t[p + "router_weight"], router.astype(np.float32))
-        if bias is not None:
+        if bias is not None:  # the routed experts' only
             assert np.array_equal(t[p + "router_correction_bias"], bias)
             assert meta[p + "qmoe.routing_method"] == "grouped_topk"
-        assert not any(k.startswith(p) and "shared" in k for k in t)
     layer = moe_layers(cfg)[-1]
     x = rng.standard_normal((6, H)).astype(np.float32).astype(np.float64)
     y = run_model(cli, tmp_path, out, layer, x)
     if arch == "deepseek_v3":
         want = deepseek_block(cfg, x, *ref[layer])
     else:
-        want = hf_block(cfg, x, ref[layer][0], *ref[layer][2:])
+        want = hf_block(cfg, x, ref[layer][0], *ref[layer][2:5])
     assert rel_norm(y, want) <= 1e-5, rel_norm(y, want)
     info = run_cli(cli, ["info", out])
     assert info.returncode == 0 and "fp8_block" in info.stdout, info.stdout + info.stderr
@@ -214,6 +228,11 @@ def test_fp8_hostile(cli, tmp_path, rng):
         _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["config.json", needle], frm="fp8")
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, scoring_func="softmax")))
     _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4, ["scoring_func 'softmax'"], frm="fp8")
+    # Two shared experts are one MLP of 2I rows: slicing its FP8 blocks is not supported.
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(dict(cfg, n_shared_experts=2)))
+    _expect_failure(cli, tmp_path, tmp_path / "ckpt", 4,
+                    ["mlp.shared_experts.", "128 rows", "2 experts of 64", "--from fp8"],
+                    frm="fp8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +247,7 @@ def test_fp8_ue8m0_scales_convert_bit_exact(cli, tmp_path, rng):
     first = moe_layers(cfg)[0]
     extremes = f"model.layers.{first}.mlp.experts.1.down_proj.weight_scale_inv"
     tensors[extremes].bits[0, 0], tensors[extremes].bits[1, 1] = 0, 254
-    _, _, _, _, down = ref[first]
+    down = ref[first][4]
     down[1][:b, :b] = e4m3_decode(tensors[extremes.replace("_scale_inv", "")].bits[:b, :b]) \
         * 2.0 ** -127
     down[1][b:2 * b, b:2 * b] = e4m3_decode(
@@ -238,7 +257,7 @@ def test_fp8_ue8m0_scales_convert_bit_exact(cli, tmp_path, rng):
     r = convert_ok(cli, tmp_path / "ckpt", out, "fp8")
     assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
     t, meta = read_safetensors(out)
-    for layer, (_, _, gate, up, down) in ref.items():
+    for layer, (_, _, gate, up, down, _) in ref.items():
         p = f"layers.{layer}."
         assert t[p + "fc1_scales"].dtype == np.float32
         # Every pack scale is the power of two its exponent byte names, bit for bit.
@@ -246,10 +265,10 @@ def test_fp8_ue8m0_scales_convert_bit_exact(cli, tmp_path, rng):
             [tensors[f"model.layers.{layer}.mlp.experts.{x}.{n}_proj.weight_scale_inv"].bits
              for n in ("gate", "up")]) for x in range(E)])
         want = np.ldexp(np.float32(1), e.astype(np.int32) - 127)
-        assert np.array_equal(t[p + "fc1_scales"], want)
+        assert np.array_equal(t[p + "fc1_scales"][:E], want)  # the routed experts'
         fc1 = fp8_fc(t, layer, 1, 2 * I, H, b)
-        assert np.array_equal(fc1[:, :I], gate) and np.array_equal(fc1[:, I:], up)
-        assert np.array_equal(fp8_fc(t, layer, 2, H, I, b), down)
+        assert np.array_equal(fc1[:E, :I], gate) and np.array_equal(fc1[:E, I:], up)
+        assert np.array_equal(fp8_fc(t, layer, 2, H, I, b)[:E], down)
     assert t[f"layers.{first}.fc2_scales"][1, 0, 0] == np.float32(2.0 ** -127)
     layer = moe_layers(cfg)[-1]
     x = rng.standard_normal((6, H)).astype(np.float32).astype(np.float64)

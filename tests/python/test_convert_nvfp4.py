@@ -61,9 +61,9 @@ def nvfp4_model(cfg, rng, differ=None):
 
 def pack_nvfp4(t, layer, fc, n, k):
     p = f"layers.{layer}."
-    codes = t[p + f"fc{fc}_experts_weights"].reshape(E, n, k // 2)
-    s = e4m3_decode(t[p + f"fc{fc}_scales"].reshape(E, n, k // 16))
-    g = t[p + f"fc{fc}_global_scale"].astype(np.float64).reshape(E, 1, 1)
+    codes = t[p + f"fc{fc}_experts_weights"].reshape(-1, n, k // 2)
+    s = e4m3_decode(t[p + f"fc{fc}_scales"].reshape(-1, n, k // 16))
+    g = t[p + f"fc{fc}_global_scale"].astype(np.float64).reshape(-1, 1, 1)
     return fp4_decode(codes) * np.repeat(s, 16, axis=2) * g
 
 
@@ -78,13 +78,20 @@ def test_nvfp4_converts_bit_exact(cli, tmp_path, rng):
 
 def test_nvfp4_deepseek_with_hf_quant_config(cli, tmp_path, rng):
     """An older export (DeepSeek-R1-FP4's layout): no quantization_config in config.json, the
-    scheme in hf_quant_config.json."""
+    scheme in hf_quant_config.json. The shared expert (weight 1) is the layer's last expert."""
     cfg, tensors, ref = nvfp4_model(deepseek_config(), rng)
     del cfg["quantization_config"]
-    biases = {}
+    biases, shared = {}, {}
     for layer in moe_layers(cfg):
         biases[layer] = (rng.standard_normal(E) * 0.1).astype(np.float32)
         tensors[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"] = biases[layer]
+        g = rng.uniform(0.5, 2.0) * 2.0 ** -9  # gate and up share it (one FC1 global scale)
+        shared[layer] = []
+        for name, n, k in (("gate_proj", I, H), ("up_proj", I, H), ("down_proj", H, I)):
+            t, deq = nvfp4_proj(rng, n, k, g)
+            tensors.update({f"model.layers.{layer}.mlp.shared_experts.{name}{s}": v
+                            for s, v in t.items()})
+            shared[layer].append(deq)
     write_checkpoint(tmp_path / "ckpt", cfg, tensors)
     (tmp_path / "ckpt" / "hf_quant_config.json").write_text(json.dumps(
         {"producer": {"name": "modelopt", "version": "0.23.0"},
@@ -92,16 +99,20 @@ def test_nvfp4_deepseek_with_hf_quant_config(cli, tmp_path, rng):
                           "exclude_modules": ["lm_head"]}}))
     out = tmp_path / "pack.safetensors"
     r = convert_ok(cli, tmp_path / "ckpt", out, "nvfp4")
-    assert "exact" in r.stdout and "shared expert" in r.stdout, r.stdout
+    assert "exact" in r.stdout and "requantized" not in r.stdout, r.stdout
     t, _ = read_safetensors(out)
     for layer, (router, gate, up, down) in ref.items():
-        fc1 = pack_nvfp4(t, layer, 1, 2 * I, H)
-        assert np.array_equal(fc1[:, 0::2], gate) and np.array_equal(fc1[:, 1::2], up)
-        assert np.array_equal(pack_nvfp4(t, layer, 2, H, I), down)
+        fc1, fc2 = pack_nvfp4(t, layer, 1, 2 * I, H), pack_nvfp4(t, layer, 2, H, I)
+        assert np.array_equal(fc1[:E, 0::2], gate) and np.array_equal(fc1[:E, 1::2], up)
+        assert np.array_equal(fc2[:E], down)
+        sg, su, sd = shared[layer]
+        assert np.array_equal(fc1[E, 0::2], sg) and np.array_equal(fc1[E, 1::2], su)
+        assert np.array_equal(fc2[E], sd) and fc1.shape[0] == E + 1
     layer = moe_layers(cfg)[-1]
     router, gate, up, down = ref[layer]
     x = rng.standard_normal((5, H)).astype(np.float32).astype(np.float64)
-    want = deepseek_block(cfg, x, router, biases[layer].astype(np.float64), gate, up, down)
+    want = deepseek_block(cfg, x, router, biases[layer].astype(np.float64), gate, up, down,
+                          shared[layer])
     assert rel_norm(run_model(cli, tmp_path, out, layer, x), want) <= 1e-5
     (tmp_path / "ckpt" / "hf_quant_config.json").write_text(json.dumps(
         {"quantization": {"quant_algo": "W4A8_AWQ"}}))
