@@ -50,10 +50,11 @@ void load_strided(const ProjTensors& p, int64_t row, int64_t row0, int64_t strid
   constexpr int64_t kTile = 32;
   for (int64_t k0 = 0; k0 < p.k; k0 += kTile) {
     for (int64_t n0 = 0; n0 < p.n; n0 += kTile) {
-      for (int64_t k = k0; k < std::min(p.k, k0 + kTile); ++k) {
-        for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
-          w[(row0 + n * stride) * p.k + k] = load(in[n * row + k * p.at.col]);
-        }
+      const int64_t k1 = std::min(p.k, k0 + kTile);
+      for (int64_t n = n0; n < std::min(p.n, n0 + kTile); ++n) {
+        float* out = w + (row0 + n * stride) * p.k;
+        const T* src = in + n * row;
+        for (int64_t k = k0; k < k1; ++k) out[k] = load(src[k * p.at.col]);
       }
     }
   }
