@@ -93,6 +93,11 @@ TEST(ConvertConfig, DeepseekV3GroupedTopKAndFp8) {
   EXPECT_EQ(s.routing.num_shared, 1);
   EXPECT_EQ(s.routing.shared_weight, SharedWeight::kOne);
   EXPECT_TRUE(check_spec(s).is_ok());
+  expect_error(parse_model_config(R"({"model_type": "deepseek_v3", "hidden_size": 64,
+    "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 1,
+    "topk_group": 1, "n_shared_experts": 9, "num_hidden_layers": 1})",
+                                  "c", &c),
+               StatusCode::kInvalidArgument, {"n_shared_experts (0 .. n_routed_experts)"});
 }
 
 TEST(ConvertConfig, Fp8ScaleFmt) {

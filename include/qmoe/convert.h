@@ -97,8 +97,9 @@ struct MoeModelConfig {
   float routed_scaling_factor = 1.0f;
   int64_t n_shared = 0;  // n_shared_experts: always-on experts of inter * n_shared rows
   // The always-on MLP a layer adds to the routed experts: its intermediate rows (Qwen2-MoE's
-  // shared_expert_intermediate_size; 0: none the pack holds), a multiple of `inter`. The pack
-  // holds it as shared_inter / inter experts of `inter` rows each, appended after the routed ones.
+  // shared_expert_intermediate_size, DeepSeek-V3's n_shared * inter, Llama-4's inter; 0: none), a
+  // multiple of `inter`. The pack holds it as shared_inter / inter experts of `inter` rows each,
+  // appended after the routed ones.
   int64_t shared_inter = 0;
   int64_t num_shared() const { return inter > 0 ? shared_inter / inter : 0; }
   float swiglu_limit = 7.0f;    // gpt-oss: the clamp of its SwiGLU

@@ -313,10 +313,10 @@ Status deepseek_fields(const Reader& r, const std::string& where, MoeModelConfig
   QMOE_RETURN_IF_ERROR(r.integer("n_shared_experts", &c->n_shared, false));
   QMOE_RETURN_IF_ERROR(r.integer("first_k_dense_replace", &first_dense, false));
   QMOE_RETURN_IF_ERROR(r.integer("moe_layer_freq", &freq, false));
-  if (c->n_shared < 0 || first_dense < 0 || freq < 1) {
+  if (c->n_shared < 0 || c->n_shared > c->num_experts || first_dense < 0 || freq < 1) {
     return Status::invalid(where +
-                           ": n_shared_experts, first_k_dense_replace (>= 0) or moe_layer_freq "
-                           "(>= 1) out of range");
+                           ": n_shared_experts (0 .. n_routed_experts), first_k_dense_replace "
+                           "(>= 0) or moe_layer_freq (>= 1) out of range");
   }
   c->shared_inter = c->n_shared * c->inter;  // mlp.shared_experts: one MLP of n_shared * I rows
   double scaling = 1.0;
