@@ -24,9 +24,12 @@ Status resolve_llama4_layer(const Checkpoint& c, SourceFormat from, int index, L
                                source_format_name(from));
   }
   const int64_t E = cfg.num_experts, H = cfg.hidden, I = cfg.inter;
-  const std::string layer = "model.layers." + std::to_string(index) + ".feed_forward.";
-  std::string prefix = "language_model." + layer;
-  if (!c.has(prefix + "router.weight") && c.has(layer + "router.weight")) prefix = layer;
+  // Where the model type says, else where the tensors are (errors name the expected place).
+  const std::string text = "model.layers." + std::to_string(index) + ".feed_forward.";
+  const std::string multimodal = "language_model." + text;
+  std::string prefix = cfg.model_type == "llama4" ? multimodal : text;
+  const std::string other = cfg.model_type == "llama4" ? text : multimodal;
+  if (!c.has(prefix + "router.weight") && c.has(other + "router.weight")) prefix = other;
   LayerSource l;
   l.index = index;
   l.router_name = prefix + "router.weight";

@@ -237,9 +237,18 @@ def test_refusals_name_the_reason(cli, tmp_path, rng, seed):
     del tensors[name]
     save_file(tensors, str(ckpt / "model.safetensors"), {"format": "pt"})
     _expect_failure(cli, tmp_path, ckpt, 2, ["model.safetensors", name], frm="fp32")
-    # Llama-4 is read from float checkpoints only.
+    # Llama-4 is read from float checkpoints only; a missing router is named where
+    # llama4_text keeps it.
     ckpt = tmp_path / "l4"
     cfg = save(build("llama4", seed % 2**31), ckpt)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    router = tensors.pop("model.layers.2.feed_forward.router.weight")
+    save_file(tensors, str(ckpt / "model.safetensors"), {"format": "pt"})
+    _expect_failure(cli, tmp_path, ckpt, 2,
+                    ["model.safetensors", "'model.layers.2.feed_forward.router.weight'"],
+                    frm="fp32")
+    tensors["model.layers.2.feed_forward.router.weight"] = router
+    save_file(tensors, str(ckpt / "model.safetensors"), {"format": "pt"})
     (ckpt / "config.json").write_text(json.dumps(dict(cfg, quantization_config={
         "quant_method": "fp8", "weight_block_size": [32, 32]})))
     _expect_failure(cli, tmp_path, ckpt, 4, ["llama4_text", "float checkpoints only"], frm="fp8")
