@@ -130,7 +130,9 @@ Status convert_layer(const convert::Checkpoint& ckpt, const LayerSource& l, cons
   pool->parallel_for(static_cast<int64_t>(l.experts.size()), [&](int64_t e, int worker) {
     ExpertStats stats;
     ExpertScratch& s = (*scratch)[static_cast<size_t>(worker)];
-    Status st = convert::convert_expert(l.experts[static_cast<size_t>(e)], o.from, cfg, &s, &stats);
+    const convert::ExpertTensors& t = l.experts[static_cast<size_t>(e)];
+    Status st = t.slices > 1 ? convert::convert_slice(t, o.from, cfg, &s, &stats)
+                             : convert::convert_expert(t, o.from, cfg, &s, &stats);
     if (st.is_ok()) st = write_fc(w, l.index, kFc1Names, s.fc1, e);
     if (st.is_ok()) st = write_fc(w, l.index, kFc2Names, s.fc2, e);
     if (st.is_ok()) st = write_bias(w, l.index, kOrtFc1Bias, s.b1, e);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ ProjTensors proj_of(std::string name, int64_t n, int64_t k, const TensorView& we
 
 struct ExpertTensors {
   ProjTensors gate, up, down;
+  // Slice `slice` of `slices` of a quantized shared MLP wider than the routed experts: gate, up
+  // and down are the whole MLP's projections (slice_expert.cpp).
+  int64_t slice = 0, slices = 1;
 };
 
 // Whether `from` is a float source (bf16, fp16, fp32), and the dtype its expert weights must have.
@@ -161,7 +165,8 @@ struct ExpertStats {
 struct ExpertScratch {
   QuantizedFc fc1, fc2;
   std::vector<float> w1, w2;
-  std::vector<float> b1, b2;  // FC biases (gpt-oss); empty for unbiased layers
+  std::vector<float> b1, b2;            // FC biases (gpt-oss); empty for unbiased layers
+  std::unique_ptr<ExpertScratch> wide;  // a wide shared MLP before slicing (convert_slice)
 };
 
 // Requantizes expert 0 of fc from w [n, k] with qmoe's quantizer; *err receives the relative-norm
@@ -201,5 +206,14 @@ Status convert_float_expert(const ExpertTensors& t, ExpertScratch* s);
 // target formats).
 Status convert_expert(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
                       ExpertScratch* scratch, ExpertStats* stats);
+
+// Slicing a quantized shared MLP (slice_expert.cpp): slice_rows copies FC rows
+// [row0, row0 + out->n) and slice_columns FC columns [col0, col0 + out->k) (cut on a group
+// boundary) of `wide` into expert 0 of *out, for int4/int8 formats; convert_slice transcodes
+// t.slices' whole MLP into scratch->wide, then cuts slice t.slice out of it into scratch's FCs.
+Status slice_rows(const QuantizedFc& wide, int64_t row0, QuantizedFc* out);
+Status slice_columns(const QuantizedFc& wide, int64_t col0, QuantizedFc* out);
+Status convert_slice(const ExpertTensors& t, SourceFormat from, const MoeModelConfig& cfg,
+                     ExpertScratch* scratch, ExpertStats* stats);
 
 }  // namespace qmoe::convert

@@ -16,8 +16,9 @@
 //
 // so slice c takes gate and up rows [cI, (c+1)I) and down columns [cI, (c+1)I), and every slice
 // gets the same weight (the same router column). Float sources read the slices in place
-// (ProjTensors::at); a quantized shared expert is read only whole (m = 1), since its codes and
-// scales would need slicing along packed dimensions.
+// (ProjTensors::at). Integer sources (GPTQ, AWQ, compressed-tensors pack-quantized) are
+// transcoded whole and then cut (slice_expert.cpp), which needs down_proj's groups to divide I;
+// FP8 and NVFP4 shared MLPs wider than I are refused.
 #include "convert/experts.h"
 
 namespace qmoe::convert {
@@ -45,11 +46,14 @@ Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string&
   whole.gate = proj_of(sp + "gate_proj", S, H);
   whole.up = proj_of(sp + "up_proj", S, H);
   whole.down = proj_of(sp + "down_proj", H, S);
-  if (m > 1 && !is_float_source(from)) {
+  const bool integer = from == SourceFormat::kGptq || from == SourceFormat::kAwq ||
+                       (from == SourceFormat::kCompressedTensors && !cfg.ct.fp8);
+  if (m > 1 && !is_float_source(from) && !integer) {
     return Status::unsupported(
         c.dir() + ": " + sp + "*: a shared expert of " + std::to_string(S) + " rows is held as " +
         std::to_string(m) + " experts of " + std::to_string(I) +
-        " rows; slicing it is supported for float sources (--from bf16, fp16, fp32), not --from " +
+        " rows; slicing it is supported for float and integer sources (bf16, fp16, fp32, gptq, "
+        "awq, compressed-tensors pack-quantized), not --from " +
         source_format_name(from));
   }
   for (ProjTensors* p : {&whole.gate, &whole.up, &whole.down}) {
@@ -57,6 +61,24 @@ Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string&
   }
   if (m == 1) {
     out->experts.push_back(whole);
+    return Status::ok();
+  }
+  if (!is_float_source(from)) {
+    const int64_t group = quantized_fc_format(cfg, from, DType::kF32).block_size;
+    if (group > 0 && I % group != 0) {
+      return Status::unsupported(c.dir() + ": " + sp + "down_proj: its groups of " +
+                                 std::to_string(group) + " columns straddle the cuts every " +
+                                 std::to_string(I) + " columns that make the shared expert of " +
+                                 std::to_string(S) + " rows " + std::to_string(m) +
+                                 " experts; the cut needs a group size that divides " +
+                                 std::to_string(I));
+    }
+    for (int64_t s = 0; s < m; ++s) {
+      ExpertTensors t = whole;
+      t.slice = s;
+      t.slices = m;
+      out->experts.push_back(t);
+    }
     return Status::ok();
   }
   for (int64_t s = 0; s < m; ++s) {

@@ -231,7 +231,7 @@ def pack_fc(tensors, meta, layer, fc, n, k):
     block = int(meta.get(p + "block_size", 0))
     zp = tensors.get(p + f"fc{fc}_zero_points")
     return dequantize_int(tensors[p + f"fc{fc}_experts_weights"], tensors[p + f"fc{fc}_scales"],
-                          zp, bits, block, k).reshape(E, n, k)
+                          zp, bits, block, k).reshape(-1, n, k)
 
 
 def hf_block(cfg, x, router, gate, up, down):

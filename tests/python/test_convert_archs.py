@@ -273,19 +273,24 @@ def _qwen2_gptq(rng, shared_inter):
     return cfg, tensors, ref, (bf16_to_f32(g.bits).astype(np.float64),) + tuple(shared)
 
 
-def test_qwen2_moe_gptq_shared_expert_converts_bit_exact(cli, tmp_path, rng):
-    """A quantized shared expert of the routed size is transcoded like a routed one; a wider one
-    would need its packed codes sliced and is refused, naming the sizes."""
-    cfg, tensors, ref, (g, sg, su, sd) = _qwen2_gptq(rng, tc.I)
+@pytest.mark.parametrize("m", [1, 3])
+def test_qwen2_moe_gptq_shared_expert_converts_bit_exact(cli, tmp_path, rng, m):
+    """A quantized shared expert of the routed size is transcoded like a routed one; one of m
+    times that size is transcoded whole and cut into m experts (FC1 rows, FC2 columns and their
+    groups copied): each cut dequantizes bit for bit to its rows and columns of the source."""
+    cfg, tensors, ref, (g, sg, su, sd) = _qwen2_gptq(rng, m * tc.I)
     out, t, meta = tc.convert_exact(cli, tmp_path, cfg, tensors, "gptq")
-    assert meta["layers.0.num_shared_experts"] == "1"
+    assert meta["layers.0.num_shared_experts"] == str(m)
+    d1 = tc.pack_fc(t, meta, 0, 1, 2 * tc.I, tc.H)
+    d2 = tc.pack_fc(t, meta, 0, 2, tc.H, tc.I)
+    assert d1.shape[0] == d2.shape[0] == tc.E + m
+    for c in range(m):
+        rows = slice(c * tc.I, (c + 1) * tc.I)
+        assert np.array_equal(d1[tc.E + c, 0::2], sg[rows])
+        assert np.array_equal(d1[tc.E + c, 1::2], su[rows])
+        assert np.array_equal(d2[tc.E + c], sd[:, rows])
     x = rng.standard_normal((5, tc.H)).astype(np.float32).astype(np.float64)
     want = tc.hf_block(tc.qwen_config(layers=1, norm=False), x, *ref[0])
     h = x @ sg.T
     want += 1 / (1 + np.exp(-(x @ g.T))) * ((h / (1 + np.exp(-h)) * (x @ su.T)) @ sd.T)
     assert rel_norm(run_model(cli, tmp_path, out, 0, x), want) <= 1e-5
-
-    cfg, tensors, _, _ = _qwen2_gptq(rng, 2 * tc.I)
-    tc.write_checkpoint(tmp_path / "wide", cfg, tensors)
-    _expect_failure(cli, tmp_path, tmp_path / "wide", 4,
-                    ["shared_expert.", "2 experts", "float sources", "--from gptq"], frm="gptq")
