@@ -46,9 +46,11 @@ Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string&
   whole.gate = proj_of(sp + "gate_proj", S, H);
   whole.up = proj_of(sp + "up_proj", S, H);
   whole.down = proj_of(sp + "down_proj", H, S);
-  const bool integer = from == SourceFormat::kGptq || from == SourceFormat::kAwq ||
-                       (from == SourceFormat::kCompressedTensors && !cfg.ct.fp8);
-  if (m > 1 && !is_float_source(from) && !integer) {
+  // The format the source transcodes into decides whether its codes can be cut (integers only).
+  const bool is_float = is_float_source(from);
+  const FcFormat quantized = is_float ? FcFormat{} : quantized_fc_format(cfg, from, DType::kF32);
+  const bool integer = !is_float && quantized.info().kind == FormatKind::kInteger;
+  if (m > 1 && !is_float && !integer) {
     return Status::unsupported(
         c.dir() + ": " + sp + "*: a shared expert of " + std::to_string(S) + " rows is held as " +
         std::to_string(m) + " experts of " + std::to_string(I) +
@@ -63,8 +65,8 @@ Status resolve_shared(const Checkpoint& c, SourceFormat from, const std::string&
     out->experts.push_back(whole);
     return Status::ok();
   }
-  if (!is_float_source(from)) {
-    const int64_t group = quantized_fc_format(cfg, from, DType::kF32).block_size;
+  if (!is_float) {
+    const int64_t group = quantized.block_size;
     if (group > 0 && I % group != 0) {
       return Status::unsupported(c.dir() + ": " + sp + "down_proj: its groups of " +
                                  std::to_string(group) + " columns straddle the cuts every " +
