@@ -66,6 +66,10 @@ Status measure_read_ceiling(ReadCeiling* out);
 
 // The name of device 0 ("NVIDIA H200"), for the report.
 std::string cuda_device_name();
+
+// Device memory in use on the current device (total less free): the difference across a
+// prepare_layer call is what the prepared layer holds.
+Status device_used_bytes(size_t* used);
 #endif
 
 #if defined(QMOE_WITH_CUDA) && defined(QMOE_BENCH_READ_KERNEL)

@@ -116,6 +116,13 @@ Status l2_bytes(int* bytes) {
 
 }  // namespace
 
+Status device_used_bytes(size_t* used) {
+  size_t free_bytes = 0, total_bytes = 0;
+  QMOE_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  *used = total_bytes - free_bytes;
+  return Status::ok();
+}
+
 Status rotation_copies(double expert_bytes, int experts_per_token, double layer_bytes, int* copies,
                        bool* enough) {
   int l2 = 0;

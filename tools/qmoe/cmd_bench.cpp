@@ -409,12 +409,29 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   PrepareOptions po;
   po.num_threads = a.threads;
   std::unique_ptr<PreparedLayer> layer;
+  size_t used_before = 0, used_after = 0;
+#ifdef QMOE_WITH_CUDA
+  if (ctx.backend == BackendKind::kCuda) QMOE_RETURN_IF_ERROR(device_used_bytes(&used_before));
+#endif
   t0 = Clock::now();
   {
     StepNote note("preparing the layer");
     QMOE_RETURN_IF_ERROR(prepare_layer(ctx.backend, spec, synth.weights(), po, &layer));
   }
   const double prepare_ms = seconds_since(t0) * 1e3;
+  std::string memory;
+#ifdef QMOE_WITH_CUDA
+  if (ctx.backend == BackendKind::kCuda) {
+    QMOE_RETURN_IF_ERROR(device_used_bytes(&used_after));
+    const double held = static_cast<double>(used_after) - static_cast<double>(used_before);
+    const double weights =
+        static_cast<double>(expert_bytes(spec)) * static_cast<double>(spec.weight_experts());
+    char text[96];
+    std::snprintf(text, sizeof(text), "; device memory %.1f MB (%.2fx the weights)", held / 1e6,
+                  held / std::max(1.0, weights));
+    memory = text;
+  }
+#endif
   // --l2-flush rotate: copies of the prepared layer, each call running the next.
   std::vector<std::unique_ptr<PreparedLayer>> copies;
   Layers layers{layer.get()};
@@ -442,8 +459,9 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
       QMOE_RETURN_IF_ERROR(l->apply_tune_file(a.tune));  // the cases below run the tuned table
     }
   }
-  std::printf("weights synthesized in %.2f s, prepared in %.1f ms; %.3f MB per expert%s\n", synth_s,
-              prepare_ms, static_cast<double>(expert_bytes(spec)) / 1e6, rotation.c_str());
+  std::printf("weights synthesized in %.2f s, prepared in %.1f ms%s; %.3f MB per expert%s\n",
+              synth_s, prepare_ms, memory.c_str(), static_cast<double>(expert_bytes(spec)) / 1e6,
+              rotation.c_str());
   print_table_header();
   for (int64_t tokens : a.tokens) {
     CaseResult r;

@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "cuda/fused/fused_decode.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
+#include "cuda/prepare/uploader.h"
 #include "cuda/routing/device_routing.h"
 #include "qmoe/backend.h"
 #include "qmoe/tuning.h"
@@ -170,7 +172,7 @@ class CudaLayer final : public PreparedLayer {
   Status layout(int64_t t, Layout* l) const;
 
   // codes: upload the codes and scales in ORT's layout (FP4 and FP8 that the decode path packs
-  // keep only the packed copy).
+  // keep only the packed copy, unless the mixed-input GEMM reads the codes as they are).
   Status upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
                    DeviceFc* out);
   // Whether the decode path takes this layer (sets pack1_ and pack2_).
@@ -191,12 +193,15 @@ class CudaLayer final : public PreparedLayer {
   // Whether the fused kernel takes this layer (after pack_for_decode), and up to what count.
   Status plan_fused();
   Status upload(const TensorView& v, const void** dst);
+  // A device buffer of `bytes` the layer keeps (filled by the caller, e.g. a packing kernel).
+  Status keep(size_t bytes, void** dst);
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
                 int64_t ld_b, cudaStream_t stream);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
-  // `raw` is the FC as uploaded (its shape, and ORT's codes where they were uploaded).
-  Status prepare_mixed(const FcFormat& f, const FcWeights& w, const DeviceFc& raw, MixedFc* out);
+  // `fc` is the FC as uploaded (its shape, and ORT's codes where they were uploaded); int4 codes
+  // become the signed copy in place (fc->weight then null: the mixed copy is their only reader).
+  Status prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out);
   bool all_mixed() const {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }
@@ -242,6 +247,8 @@ class CudaLayer final : public PreparedLayer {
   const uint8_t* tiled_zp1_ = nullptr;
   const uint8_t* tiled_zp2_ = nullptr;
   std::vector<DeviceBuffer> buffers_;
+  // Prepare's copies to the device (init() only; released when it returns).
+  std::unique_ptr<Uploader> uploader_;
   const float* router_bias_ = nullptr;
   // int32[4]: the record every call adds to (error bits, first token; see device_routing.h),
   // then take_error_kernel's copy of it.

@@ -1,7 +1,9 @@
 // Prepare (cuda_layer.h): the checks, the weights uploaded or packed once, the dispatch table.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "cuda/fused/fused_decode.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/cuda_layer.h"
+#include "cuda/prepare/device_pack.h"
 #include "qmoe/quantize.h"
 
 namespace qmoe {
@@ -21,14 +24,41 @@ namespace cuda {
 Status CudaLayer::upload(const TensorView& v, const void** dst) {
   *dst = nullptr;
   if (!v.present()) return Status::ok();
+  if (uploader_ == nullptr) return Status::internal("CudaLayer::upload outside init()");
+  void* p = nullptr;
+  QMOE_RETURN_IF_ERROR(keep(v.bytes(), &p));
+  QMOE_RETURN_IF_ERROR(uploader_->copy(p, v.data, v.bytes(), "a weight tensor"));
+  *dst = p;
+  return Status::ok();
+}
+
+Status CudaLayer::keep(size_t bytes, void** dst) {
   DeviceBuffer b;
-  QMOE_RETURN_IF_ERROR(b.allocate(v.bytes()));
-  // cudaMemcpyDefault: the source may be host or device memory.
-  QMOE_CUDA_TRY(cudaMemcpy(b.get(), v.data, v.bytes(), cudaMemcpyDefault));
+  QMOE_RETURN_IF_ERROR(b.allocate(bytes));
   *dst = b.get();
   buffers_.push_back(std::move(b));
   return Status::ok();
 }
+
+namespace {
+
+// The device copy of an ORT tensor that a packing kernel reads: `kept` where prepare uploaded the
+// tensor already, else a temporary upload into *tmp (null for an absent tensor).
+Status stage(Uploader& up, const TensorView& v, const void* kept, DeviceBuffer* tmp,
+             const uint8_t** out) {
+  *out = static_cast<const uint8_t*>(kept);
+  if (kept != nullptr || !v.present()) return Status::ok();
+  QMOE_RETURN_IF_ERROR(tmp->allocate(v.bytes()));
+  QMOE_RETURN_IF_ERROR(up.copy(tmp->get(), v.data, v.bytes(), "a weight tensor"));
+  *out = tmp->as<uint8_t>();
+  return Status::ok();
+}
+
+// Prepare's packing kernels run on the legacy default stream, ordered with its synchronous
+// copies; a temporary buffer is freed (cudaFree waits for the device) only after its readers.
+constexpr cudaStream_t kPrepareStream = 0;
+
+}  // namespace
 
 Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
                             DeviceFc* out) {
@@ -39,12 +69,15 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
   if (!codes) {  // the codes and scales live in the packed copy only
     out->format.fp4_layout = Fp4Layout::kKPacked;
   } else if (f.info().kind == FormatKind::kFp4 && f.fp4_layout == Fp4Layout::kNPacked) {
-    // The kernels read K-packed rows; repack ORT's N-packed layout once, exactly.
-    std::vector<uint8_t> src(w.weight.bytes()), dst(w.weight.bytes());
-    QMOE_CUDA_TRY(cudaMemcpy(src.data(), w.weight.data, src.size(), cudaMemcpyDefault));
-    fp4_repack(Fp4Layout::kNPacked, src.data(), spec_.weight_experts(), n, k, dst.data());
-    QMOE_RETURN_IF_ERROR(
-        upload(TensorView(dst.data(), DType::kU8, {static_cast<int64_t>(dst.size())}), &p));
+    // The kernels read K-packed rows; repack ORT's N-packed layout once, exactly, on the device.
+    DeviceBuffer staged;
+    const uint8_t* src = nullptr;
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, w.weight, nullptr, &staged, &src));
+    void* dst = nullptr;
+    QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &dst));
+    QMOE_RETURN_IF_ERROR(device_fp4_k_packed(src, spec_.weight_experts(), n, k,
+                                             static_cast<uint8_t*>(dst), kPrepareStream));
+    p = dst;
     out->format.fp4_layout = Fp4Layout::kKPacked;
   } else {
     QMOE_RETURN_IF_ERROR(upload(w.weight, &p));
@@ -63,20 +96,24 @@ Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, in
 }
 
 Status CudaLayer::init(const LayerWeights& w) {
-  // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode).
+  // Up to 8 copy workers: two or three already fill a PCIe 5 link from host memory.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  uploader_ = std::make_unique<Uploader>(static_cast<int>(std::min(8u, cores)));
+  // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode), except the codes
+  // the mixed-input GEMM reads as ORT stores them (e4m3): those are uploaded once and shared.
   decode_planned_ = plan_decode();
-  auto raw = [&](const FcFormat& f) {
-    return !decode_planned_ ||
-           (f.info().kind != FormatKind::kFp4 && f.info().kind != FormatKind::kFp8);
+  auto raw = [&](const FcFormat& f, int64_t n, int64_t k) {
+    const FormatKind kind = f.info().kind;
+    return !decode_planned_ || (kind != FormatKind::kFp4 && kind != FormatKind::kFp8) ||
+           (mixed_ && mixed_codes_for(f, cdt_, n, k) == MixedCodes::kE4m3);
   };
   // A separate FC3 the decode path takes lives in FC1's packed copy (plan_decode).
+  const int64_t H = spec_.hidden, I = spec_.inter;
   QMOE_RETURN_IF_ERROR(
-      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), spec_.hidden, raw(spec_.fc1), &fc1_));
-  QMOE_RETURN_IF_ERROR(
-      upload_fc(spec_.fc2, w.fc2, spec_.hidden, spec_.inter, raw(spec_.fc2), &fc2_));
+      upload_fc(spec_.fc1, w.fc1, spec_.fc1_rows(), H, raw(spec_.fc1, spec_.fc1_rows(), H), &fc1_));
+  QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc2, w.fc2, H, I, raw(spec_.fc2, H, I), &fc2_));
   if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(
-        upload_fc(spec_.fc3, w.fc3, spec_.inter, spec_.hidden, raw(spec_.fc3), &fc3_));
+    QMOE_RETURN_IF_ERROR(upload_fc(spec_.fc3, w.fc3, I, H, raw(spec_.fc3, I, H), &fc3_));
   }
   const void* p = nullptr;
   if (spec_.routing.method == RoutingMethod::kGroupedTopK) {
@@ -84,59 +121,63 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, fc1_, &mixed1_));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, fc2_, &mixed2_));
-  if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, fc3_, &mixed3_));
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_));
+  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
+  if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, &fc3_, &mixed3_));
   const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
+  uploader_.reset();                   // its pinned chunks
   QMOE_RETURN_IF_ERROR(plan_fused());  // after error_: its arguments hold the record
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
   QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
   return Status::ok();
 }
 
-// The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the host once: transposed
-// scales (and zeros) always; int4's signed codes beside ORT's; u8 and e4m3 codes are ORT's own,
-// shared with the uploaded raw copy where there is one (FP8 under the decode path has none).
-Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, const DeviceFc& raw,
-                                MixedFc* out) {
+// The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
+// (device_pack.h): transposed scales (and zeros) always; int4's signed codes in place of ORT's; u8
+// and e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
+Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out) {
+  const DeviceFc& raw = *fc;
   *out = MixedFc{};
   const MixedCodes c = mixed_ ? mixed_codes_for(f, cdt_, raw.n, raw.k) : MixedCodes::kNone;
   if (c == MixedCodes::kNone) return Status::ok();
-  auto to_host = [](const TensorView& v, std::vector<uint8_t>* h) -> Status {
-    h->resize(v.present() ? v.bytes() : 0);
-    if (!h->empty()) QMOE_CUDA_TRY(cudaMemcpy(h->data(), v.data, h->size(), cudaMemcpyDefault));
-    return Status::ok();
-  };
-  std::vector<uint8_t> codes, scales, zero_points, global;
-  const bool own_codes = c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero;
-  if (own_codes) QMOE_RETURN_IF_ERROR(to_host(w.weight, &codes));
-  QMOE_RETURN_IF_ERROR(to_host(w.scales, &scales));
-  QMOE_RETURN_IF_ERROR(to_host(w.zero_points, &zero_points));
-  QMOE_RETURN_IF_ERROR(to_host(w.global_scale, &global));
-  MixedCopy copy;
-  mixed_prepare(c, f, cdt_, spec_.weight_experts(), raw.n, raw.k, codes.data(), scales.data(),
-                zero_points.data(), reinterpret_cast<const float*>(global.data()), &copy);
-  auto bytes = [](const void* p, size_t n) {
-    return TensorView(p, DType::kU8, {static_cast<int64_t>(n)});
-  };
-  const void* p = nullptr;
-  if (own_codes) {
-    QMOE_RETURN_IF_ERROR(upload(bytes(copy.codes.data(), copy.codes.size()), &p));
-  } else if (raw.weight != nullptr) {
-    p = raw.weight;
+  const int64_t E = spec_.weight_experts();
+  DeviceBuffer staged[1];
+  const uint8_t* scales = nullptr;
+  QMOE_RETURN_IF_ERROR(stage(*uploader_, w.scales, raw.scales, &staged[0], &scales));
+  if ((c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero) && raw.weight != nullptr) {
+    // run_fc never dequantizes an FC that has a mixed copy, and the decode path has packed its
+    // own (pack_for_decode ran first): the raw upload, the layer's own buffer, becomes the signed
+    // copy in place, and the FC no longer has ORT's codes.
+    uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
+    QMOE_RETURN_IF_ERROR(device_mixed_codes(signed_codes, static_cast<int64_t>(w.weight.bytes()),
+                                            signed_codes, kPrepareStream));
+    out->codes = signed_codes;
+    fc->weight = nullptr;
+  } else if (c != MixedCodes::kInt4 && c != MixedCodes::kInt4Zero && raw.weight != nullptr) {
+    out->codes = raw.weight;
   } else {
-    QMOE_RETURN_IF_ERROR(upload(w.weight, &p));
+    return Status::internal("prepare_mixed: the " + std::string(mixed_codes_name(c)) +
+                            " codes were not uploaded");
   }
-  out->codes = static_cast<const uint8_t*>(p);
-  QMOE_RETURN_IF_ERROR(upload(bytes(copy.scales.data(), copy.scales.size()), &p));
-  out->scales = p;
-  if (!copy.zeros.empty()) {
-    QMOE_RETURN_IF_ERROR(upload(bytes(copy.zeros.data(), 4 * copy.zeros.size()), &p));
-    out->zeros = static_cast<const float*>(p);
+  const int64_t chunk = f.block_size == 0 ? raw.k : f.block_size;
+  const size_t entries = static_cast<size_t>(E * (raw.k / chunk) * raw.n);
+  void* scales_out = nullptr;
+  QMOE_RETURN_IF_ERROR(keep(entries * static_cast<size_t>(mixed_scale_bytes(c)), &scales_out));
+  out->scales = scales_out;
+  float* zeros = nullptr;
+  if (mixed_has_zeros(c)) {
+    void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(keep(entries * sizeof(float), &p));
+    zeros = static_cast<float*>(p);
+    out->zeros = zeros;
   }
-  out->chunk = copy.chunk;
+  QMOE_RETURN_IF_ERROR(device_mixed_scales(c, f, cdt_, E, raw.n, raw.k, scales, raw.zero_points,
+                                           raw.global_scale, scales_out, zeros, kPrepareStream));
+  out->chunk = chunk;
   out->kind = c;
+  // The staged tensors are freed on return: the kernels must be done with them.
+  QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
   return Status::ok();
 }
 
@@ -174,102 +215,119 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   if (!decode_planned_) return Status::ok();
   QMOE_RETURN_IF_ERROR(prepare_decode_kernels());
   const int64_t E = spec_.weight_experts();  // the experts the weight tensors hold
-  auto to_host = [](const TensorView& v, std::vector<uint8_t>* host) -> Status {
-    host->resize(v.bytes());
-    QMOE_CUDA_TRY(cudaMemcpy(host->data(), v.data, host->size(), cudaMemcpyDefault));
+  // Every packed tensor is built on the device (device_pack.h) from ORT's tensors: the uploaded
+  // raw copy where there is one, else a temporary upload.
+  DeviceBuffer staged[4];
+  auto words_of = [&](const MmaPackShape& shape, uint32_t** dst) -> Status {
+    void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * shape.words_per_expert()) * 4, &p));
+    *dst = static_cast<uint32_t*>(p);
     return Status::ok();
   };
-  // The packed words and the tile-ordered scales or zero points, uploaded.
-  auto upload_vector = [&](const auto& v, auto** dst) -> Status {
-    const void* p = nullptr;
-    const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(v[0]));
-    QMOE_RETURN_IF_ERROR(upload(TensorView(v.data(), DType::kU8, {bytes}), &p));
-    *dst = static_cast<std::remove_reference_t<decltype(*dst)>>(p);
+  // The tile-ordered scales (elem_bytes each) or zero points (one byte each) of a shape.
+  auto tiled_of = [&](const MmaPackShape& shape, int elem_bytes, uint8_t** dst) -> Status {
+    void* p = nullptr;
+    QMOE_RETURN_IF_ERROR(
+        keep(static_cast<size_t>(E * shape.tiles * 16 * shape.scale_blocks * elem_bytes), &p));
+    *dst = static_cast<uint8_t*>(p);
     return Status::ok();
   };
   // FP4: K-packed codes (ORT's N-packed layout repacked) and the 8-bit scales in tile order (NVFP4
   // in blocks of 16 over the padded K). The kernels turn the scales into what they apply.
-  auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                      const uint32_t** packed, const uint8_t** scales) -> Status {
-    std::vector<uint8_t> host, k_packed;
-    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
-    if (f.fp4_layout == Fp4Layout::kNPacked) {
-      k_packed.resize(host.size());
-      fp4_repack(Fp4Layout::kNPacked, host.data(), E, shape.n, shape.k, k_packed.data());
-      host.swap(k_packed);
+  auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const DeviceFc& raw,
+                      const MmaPackShape& shape, uint32_t** packed, uint8_t** scales) -> Status {
+    const uint8_t *codes = nullptr, *sc = nullptr;
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.weight, raw.weight, &staged[0], &codes));
+    if (raw.weight == nullptr && f.fp4_layout == Fp4Layout::kNPacked) {
+      QMOE_RETURN_IF_ERROR(staged[1].allocate(fw.weight.bytes()));
+      QMOE_RETURN_IF_ERROR(
+          device_fp4_k_packed(codes, E, shape.n, shape.k, staged[1].as<uint8_t>(), kPrepareStream));
+      codes = staged[1].as<uint8_t>();
     }
-    std::vector<uint32_t> words;
-    mma_pack_fp4(shape, host.data(), E, &words);
-    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
-    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
-    std::vector<uint8_t> tiled;
-    mma_pack_scales(mma_fp4_scale_shape(shape), host.data(), 1, E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
-    return Status::ok();
+    QMOE_RETURN_IF_ERROR(words_of(shape, packed));
+    QMOE_RETURN_IF_ERROR(device_pack_fp4(shape, codes, E, *packed, kPrepareStream));
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.scales, raw.scales, &staged[2], &sc));
+    const MmaPackShape blocks = mma_fp4_scale_shape(shape);
+    QMOE_RETURN_IF_ERROR(tiled_of(blocks, 1, scales));
+    QMOE_RETURN_IF_ERROR(device_pack_scales(blocks, sc, 1, E, *scales, kPrepareStream));
+    return cuda_status(cudaStreamSynchronize(kPrepareStream), "pack_fp4");
   };
   // FP8: the e4m3 codes; fp8_block's scales per packed row in tile order, fp8 none (its global).
-  auto pack_fp8 = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                      const uint32_t** packed, const uint8_t** scales) -> Status {
-    std::vector<uint8_t> host;
-    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
-    std::vector<uint32_t> words;
-    mma_pack_fp8(shape, host.data(), E, &words);
-    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
+  auto pack_fp8 = [&](const FcFormat& f, const FcWeights& fw, const DeviceFc& raw,
+                      const MmaPackShape& shape, uint32_t** packed, uint8_t** scales) -> Status {
+    const uint8_t *codes = nullptr, *sc = nullptr;
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.weight, raw.weight, &staged[0], &codes));
+    QMOE_RETURN_IF_ERROR(words_of(shape, packed));
+    QMOE_RETURN_IF_ERROR(device_pack_fp8(shape, codes, nullptr, E, *packed, kPrepareStream));
     *scales = nullptr;
-    if (shape.block_size == 0) return Status::ok();
-    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
-    std::vector<uint8_t> tiled;
-    mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
-    return Status::ok();
+    if (shape.block_size != 0) {
+      const int eb = static_cast<int>(dtype_size(f.scale_dtype));
+      QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.scales, raw.scales, &staged[2], &sc));
+      QMOE_RETURN_IF_ERROR(tiled_of(shape, eb, scales));
+      QMOE_RETURN_IF_ERROR(device_pack_scales(shape, sc, eb, E, *scales, kPrepareStream));
+    }
+    return cuda_status(cudaStreamSynchronize(kPrepareStream), "pack_fp8");
   };
   // FP8 FC1 (gate) and a separate FC3 (linear) as one FC (plan_decode): the codes of both, and
   // each row's scales (fp8_block's block of rows; fp8's global scale, f32) in tile order.
-  auto pack_fp8_fc3 = [&](const FcFormat& f, const MmaPackShape& shape, const uint32_t** packed,
-                          const uint8_t** scales) -> Status {
+  auto pack_fp8_fc3 = [&](const FcFormat& f, const MmaPackShape& shape, uint32_t** packed,
+                          uint8_t** scales) -> Status {
     const bool block = f.format == WeightFormat::kFp8Block;
     const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
-    std::vector<uint8_t> gate, lin, src[2];
-    QMOE_RETURN_IF_ERROR(to_host(w.fc1.weight, &gate));
-    QMOE_RETURN_IF_ERROR(to_host(w.fc3.weight, &lin));
-    std::vector<uint32_t> words;
-    mma_pack_fp8(shape, gate.data(), E, &words, lin.data());
-    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
-    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc1.scales : w.fc1.global_scale, &src[0]));
-    QMOE_RETURN_IF_ERROR(to_host(block ? w.fc3.scales : w.fc3.global_scale, &src[1]));
-    std::vector<uint8_t> rows, tiled;
-    mma_gated_row_scales(shape, src[0].data(), src[1].data(), eb,
-                         block ? f.block_size : spec_.inter, E, &rows);
-    mma_pack_scales(shape, rows.data(), eb, E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
-    return Status::ok();
+    const uint8_t *gate = nullptr, *lin = nullptr, *src[2] = {nullptr, nullptr};
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, w.fc1.weight, fc1_.weight, &staged[0], &gate));
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, w.fc3.weight, fc3_.weight, &staged[1], &lin));
+    QMOE_RETURN_IF_ERROR(words_of(shape, packed));
+    QMOE_RETURN_IF_ERROR(device_pack_fp8(shape, gate, lin, E, *packed, kPrepareStream));
+    auto scales_of = [&](const DeviceFc& raw) {
+      return block ? static_cast<const void*>(raw.scales) : raw.global_scale;
+    };
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, block ? w.fc1.scales : w.fc1.global_scale,
+                               scales_of(fc1_), &staged[2], &src[0]));
+    QMOE_RETURN_IF_ERROR(stage(*uploader_, block ? w.fc3.scales : w.fc3.global_scale,
+                               scales_of(fc3_), &staged[3], &src[1]));
+    DeviceBuffer rows;
+    QMOE_RETURN_IF_ERROR(
+        rows.allocate(static_cast<size_t>(E * 2 * shape.units * shape.k_blocks() * eb)));
+    QMOE_RETURN_IF_ERROR(device_gated_row_scales(shape, src[0], src[1], eb,
+                                                 block ? f.block_size : spec_.inter, E,
+                                                 rows.as<uint8_t>(), kPrepareStream));
+    QMOE_RETURN_IF_ERROR(tiled_of(shape, eb, scales));
+    QMOE_RETURN_IF_ERROR(
+        device_pack_scales(shape, rows.as<uint8_t>(), eb, E, *scales, kPrepareStream));
+    return cuda_status(cudaStreamSynchronize(kPrepareStream), "pack_fp8_fc3");
   };
-  auto pack = [&](const FcFormat& f, const FcWeights& fw, const MmaPackShape& shape,
-                  const uint32_t** packed, const uint8_t** scales, const uint8_t** zp) -> Status {
+  auto pack = [&](const FcFormat& f, const FcWeights& fw, const DeviceFc& raw,
+                  const MmaPackShape& shape, uint32_t** packed, uint8_t** scales,
+                  uint8_t** zp) -> Status {
     *zp = nullptr;
     if (shape.codes == MmaCodes::kFp8 && &fw == &w.fc1 && spec_.has_fc3()) {
       return pack_fp8_fc3(f, shape, packed, scales);
     }
-    if (shape.codes == MmaCodes::kFp8) return pack_fp8(f, fw, shape, packed, scales);
-    if (shape.codes != MmaCodes::kInt) return pack_fp4(f, fw, shape, packed, scales);
-    std::vector<uint8_t> host;
-    QMOE_RETURN_IF_ERROR(to_host(fw.weight, &host));
-    std::vector<uint32_t> words;
-    mma_pack_int(shape, host.data(), E, &words);
-    QMOE_RETURN_IF_ERROR(upload_vector(words, packed));
-    std::vector<uint8_t> tiled;
-    QMOE_RETURN_IF_ERROR(to_host(fw.scales, &host));
-    mma_pack_scales(shape, host.data(), static_cast<int>(dtype_size(f.scale_dtype)), E, &tiled);
-    QMOE_RETURN_IF_ERROR(upload_vector(tiled, scales));
+    if (shape.codes == MmaCodes::kFp8) return pack_fp8(f, fw, raw, shape, packed, scales);
+    if (shape.codes != MmaCodes::kInt) return pack_fp4(f, fw, raw, shape, packed, scales);
+    // Integer codes, scales and zero points were uploaded raw (init).
+    QMOE_RETURN_IF_ERROR(words_of(shape, packed));
+    QMOE_RETURN_IF_ERROR(device_pack_int(shape, raw.weight, E, *packed, kPrepareStream));
+    const int eb = static_cast<int>(dtype_size(f.scale_dtype));
+    QMOE_RETURN_IF_ERROR(tiled_of(shape, eb, scales));
+    QMOE_RETURN_IF_ERROR(device_pack_scales(shape, raw.scales, eb, E, *scales, kPrepareStream));
     if (f.zero_points) {
-      QMOE_RETURN_IF_ERROR(to_host(fw.zero_points, &host));
-      mma_pack_zero_points(shape, host.data(), E, &tiled);
-      QMOE_RETURN_IF_ERROR(upload_vector(tiled, zp));
+      QMOE_RETURN_IF_ERROR(tiled_of(shape, 1, zp));
+      QMOE_RETURN_IF_ERROR(device_pack_zero_points(shape, raw.zero_points, E, *zp, kPrepareStream));
     }
-    return Status::ok();
+    return cuda_status(cudaStreamSynchronize(kPrepareStream), "pack_int");
   };
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, pack1_, &packed1_, &tiled_scales1_, &tiled_zp1_));
-  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, pack2_, &packed2_, &tiled_scales2_, &tiled_zp2_));
+  uint32_t *words1 = nullptr, *words2 = nullptr;
+  uint8_t *scales1 = nullptr, *scales2 = nullptr, *zp1 = nullptr, *zp2 = nullptr;
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc1, w.fc1, fc1_, pack1_, &words1, &scales1, &zp1));
+  QMOE_RETURN_IF_ERROR(pack(spec_.fc2, w.fc2, fc2_, pack2_, &words2, &scales2, &zp2));
+  packed1_ = words1;
+  packed2_ = words2;
+  tiled_scales1_ = scales1;
+  tiled_scales2_ = scales2;
+  tiled_zp1_ = zp1;
+  tiled_zp2_ = zp2;
   // FP4 and FP8 FCs keep only this copy: the generic path dequantizes from it (a separate FC3
   // from FC1's, its rows from I on).
   for (auto [fc, shape, words, scales, row0] :

@@ -1,0 +1,287 @@
+// Prepare's packing on the device (src/cuda/prepare/device_pack.h) against the host functions it
+// replaced, bit for bit: every integer width, FP4 and FP8 format, row map, activation dtype, scale
+// dtype and block, with partial tiles, chunks and unit groups. Outputs start poisoned (0xFF) with
+// canaries after them, so an entry left unwritten or a write past the end fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/formats/mma_pack.h"
+#include "cuda/gemm/cutlass_mixed.h"
+#include "cuda/prepare/device_pack.h"
+#include "gpu_test_util.h"
+#include "layer_factory.h"
+
+namespace qmoe::test {
+namespace {
+
+constexpr size_t kCanary = 64;
+
+// Uploads a host vector.
+template <typename T>
+void up(const std::vector<T>& v, GpuBuffer* b) {
+  ASSERT_TRUE(b->upload(v.data(), std::max<size_t>(1, v.size() * sizeof(T))));
+}
+
+// A poisoned output of `bytes` with canaries.
+void out_buffer(size_t bytes, GpuBuffer* b) { ASSERT_TRUE(b->allocate(bytes, 0xFF, kCanary)); }
+
+// The device result equals `want` byte for byte, and nothing was written past it.
+template <typename T>
+::testing::AssertionResult same(const std::vector<T>& want, const GpuBuffer& got) {
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    return ::testing::AssertionFailure() << "kernel: " << cudaGetErrorString(cudaGetLastError());
+  }
+  std::vector<T> g;
+  auto r = got.download(&g);
+  if (!r) return r;
+  if (g.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << g.size() << ", want " << want.size();
+  }
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (g[i] != want[i]) {
+      return ::testing::AssertionFailure()
+             << "first difference at element " << i << " of " << g.size() << ": device "
+             << static_cast<uint64_t>(g[i]) << ", host " << static_cast<uint64_t>(want[i]);
+    }
+  }
+  return got.canary_intact();
+}
+
+#define EXPECT_OK(expr)                        \
+  do {                                         \
+    const Status s_ = (expr);                  \
+    ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
+  } while (0)
+
+// The codes, scales and zero points of one integer FC, packed on both sides.
+void check_int(FcFormat f, int64_t n, int64_t k, MmaRowMap map, int64_t inter, DType act) {
+  SCOPED_TRACE(f.to_string() + " n " + std::to_string(n) + " k " + std::to_string(k) + " map " +
+               std::to_string(static_cast<int>(map)));
+  const int64_t E = 3;
+  QuantizedFc q;
+  make_fc(f, E, n, k, fresh_seed(), &q);
+  if (::testing::Test::HasFatalFailure()) return;
+  const MmaPackShape s = mma_pack_shape(f, n, k, map, inter, act);
+  std::vector<uint32_t> words;
+  mma_pack_int(s, q.weight.data(), E, &words);
+  const int eb = static_cast<int>(dtype_size(f.scale_dtype));
+  std::vector<uint8_t> scales, zp;
+  mma_pack_scales(s, q.scales.data(), eb, E, &scales);
+  GpuBuffer raw, sc, z, ow, os, oz;
+  up(q.weight, &raw);
+  up(q.scales, &sc);
+  out_buffer(words.size() * 4, &ow);
+  out_buffer(scales.size(), &os);
+  EXPECT_OK(cuda::device_pack_int(s, raw.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
+  EXPECT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
+  EXPECT_TRUE(same(words, ow)) << "codes";
+  EXPECT_TRUE(same(scales, os)) << "scales";
+  if (!f.zero_points) return;
+  mma_pack_zero_points(s, q.zero_points.data(), E, &zp);
+  up(q.zero_points, &z);
+  out_buffer(zp.size(), &oz);
+  EXPECT_OK(cuda::device_pack_zero_points(s, z.as<uint8_t>(), E, oz.as<uint8_t>(), 0));
+  EXPECT_TRUE(same(zp, oz)) << "zero points";
+}
+
+TEST(DevicePack, IntegerCodesScalesAndZeroPoints) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf :
+       {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (int block : {16, 0, 64}) {
+      for (bool zp : {false, true}) {
+        FcFormat f = default_fc_format(wf);
+        f.block_size = block;
+        f.zero_points = zp;
+        f.scale_dtype = zp ? DType::kF16 : DType::kBF16;
+        check_int(f, 48, 128, MmaRowMap::kIdentity, 0, DType::kBF16);
+        check_int(f, 40, 192, MmaRowMap::kIdentity, 0, DType::kF16);  // partial tile and chunk
+        check_int(f, 2 * 24, 64, MmaRowMap::kGatedInterleaved, 24, DType::kBF16);
+        check_int(f, 2 * 20, 320, MmaRowMap::kGatedConcatenated, 20, DType::kF16);
+      }
+    }
+  }
+}
+
+// FP4: ORT's N-packed codes repacked K-packed, the codes in the FP4 layout, the 8-bit scales.
+TEST(DevicePack, Fp4CodesAndScales) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf : {WeightFormat::kNvFp4, WeightFormat::kMxFp4}) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      for (auto [n, k, map, inter] :
+           {std::tuple{48L, 128L, MmaRowMap::kIdentity, 0L},
+            std::tuple{40L, 96L, MmaRowMap::kIdentity, 0L},
+            std::tuple{2 * 20L, 160L, MmaRowMap::kGatedInterleaved, 20L}}) {
+        FcFormat f = default_fc_format(wf);
+        f.fp4_layout = Fp4Layout::kNPacked;
+        SCOPED_TRACE(f.to_string() + " act " + dtype_name(act) + " n " + std::to_string(n) + " k " +
+                     std::to_string(k));
+        const int64_t E = 2;
+        QuantizedFc q;
+        make_fc(f, E, n, k, fresh_seed(), &q);
+        if (HasFatalFailure()) return;
+        std::vector<uint8_t> kp(q.weight.size());
+        fp4_repack(Fp4Layout::kNPacked, q.weight.data(), E, n, k, kp.data());
+        const MmaPackShape s = mma_pack_shape(f, n, k, map, inter, act);
+        std::vector<uint32_t> words;
+        mma_pack_fp4(s, kp.data(), E, &words);
+        const MmaPackShape bs = mma_fp4_scale_shape(s);
+        std::vector<uint8_t> scales;
+        mma_pack_scales(bs, q.scales.data(), 1, E, &scales);
+        GpuBuffer np, sc, okp, ow, os;
+        up(q.weight, &np);
+        up(q.scales, &sc);
+        out_buffer(kp.size(), &okp);
+        out_buffer(words.size() * 4, &ow);
+        out_buffer(scales.size(), &os);
+        EXPECT_OK(cuda::device_fp4_k_packed(np.as<uint8_t>(), E, n, k, okp.as<uint8_t>(), 0));
+        EXPECT_TRUE(same(kp, okp)) << "K-packed codes";
+        EXPECT_OK(cuda::device_pack_fp4(s, okp.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
+        EXPECT_OK(cuda::device_pack_scales(bs, sc.as<uint8_t>(), 1, E, os.as<uint8_t>(), 0));
+        EXPECT_TRUE(same(words, ow)) << "codes";
+        EXPECT_TRUE(same(scales, os)) << "scales";
+      }
+    }
+  }
+}
+
+// FP8: the codes in the FP8 layout, fp8_block's square-block scales per packed row, and FC1 with a
+// separate FC3 packed as one gated FC (both codes; each row's scales).
+TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat wf : {WeightFormat::kFp8Block, WeightFormat::kFp8}) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      const FcFormat f = default_fc_format(wf);
+      const bool block = wf == WeightFormat::kFp8Block;
+      const int eb = block ? static_cast<int>(dtype_size(f.scale_dtype)) : 4;
+      SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
+      const int64_t E = 3, n = 200, k = 160, inter = 208;
+      {  // one FC, identity rows
+        QuantizedFc q;
+        make_fc(f, E, n, k, fresh_seed(), &q);
+        if (HasFatalFailure()) return;
+        const MmaPackShape s = mma_pack_shape(f, n, k, MmaRowMap::kIdentity, 0, act);
+        std::vector<uint32_t> words;
+        mma_pack_fp8(s, q.weight.data(), E, &words);
+        GpuBuffer raw, ow;
+        up(q.weight, &raw);
+        out_buffer(words.size() * 4, &ow);
+        EXPECT_OK(cuda::device_pack_fp8(s, raw.as<uint8_t>(), nullptr, E, ow.as<uint32_t>(), 0));
+        EXPECT_TRUE(same(words, ow)) << "codes";
+        if (block) {
+          std::vector<uint8_t> scales;
+          mma_pack_scales(s, q.scales.data(), eb, E, &scales);
+          GpuBuffer sc, os;
+          up(q.scales, &sc);
+          out_buffer(scales.size(), &os);
+          EXPECT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
+          EXPECT_TRUE(same(scales, os)) << "block scales";
+        }
+      }
+      QuantizedFc gate, lin;
+      make_fc(f, E, inter, k, fresh_seed(), &gate);
+      make_fc(f, E, inter, k, fresh_seed(), &lin);
+      if (HasFatalFailure()) return;
+      MmaPackShape s = mma_pack_shape(f, 2 * inter, k, MmaRowMap::kGatedConcatenated, inter, act);
+      s.scale_rows = 1;  // as plan_decode sets it for a separate FC3
+      std::vector<uint32_t> words;
+      mma_pack_fp8(s, gate.weight.data(), E, &words, lin.weight.data());
+      auto src = [&](const QuantizedFc& q) {
+        return block ? q.scales
+                     : std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(q.global_scale.data()),
+                                            reinterpret_cast<const uint8_t*>(
+                                                q.global_scale.data() + q.global_scale.size()));
+      };
+      const std::vector<uint8_t> sg = src(gate), sl = src(lin);
+      const int64_t block_rows = block ? f.block_size : inter;
+      std::vector<uint8_t> rows, tiled;
+      mma_gated_row_scales(s, sg.data(), sl.data(), eb, block_rows, E, &rows);
+      mma_pack_scales(s, rows.data(), eb, E, &tiled);
+      GpuBuffer g, l, dg, dl, ow, orows, ot;
+      up(gate.weight, &g);
+      up(lin.weight, &l);
+      up(sg, &dg);
+      up(sl, &dl);
+      out_buffer(words.size() * 4, &ow);
+      out_buffer(rows.size(), &orows);
+      out_buffer(tiled.size(), &ot);
+      EXPECT_OK(
+          cuda::device_pack_fp8(s, g.as<uint8_t>(), l.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
+      EXPECT_OK(cuda::device_gated_row_scales(s, dg.as<uint8_t>(), dl.as<uint8_t>(), eb, block_rows,
+                                              E, orows.as<uint8_t>(), 0));
+      EXPECT_OK(cuda::device_pack_scales(s, orows.as<uint8_t>(), eb, E, ot.as<uint8_t>(), 0));
+      EXPECT_TRUE(same(words, ow)) << "gate and linear codes";
+      EXPECT_TRUE(same(rows, orows)) << "row scales";
+      EXPECT_TRUE(same(tiled, ot)) << "tiled row scales";
+    }
+  }
+}
+
+// The mixed-input GEMM's copy (codes, scales, zeros) of every kind against mixed_prepare.
+TEST(DevicePack, MixedCopyOfEveryKind) {
+  QMOE_REQUIRE_GPU();
+  struct Case {
+    WeightFormat w;
+    int block;
+    DType sdt;
+    bool zp;
+  };
+  const Case cases[] = {{WeightFormat::kInt4, 64, DType::kF32, false},
+                        {WeightFormat::kInt4, 0, DType::kBF16, false},
+                        {WeightFormat::kInt4, 128, DType::kF16, true},
+                        {WeightFormat::kInt4, 0, DType::kF32, true},
+                        {WeightFormat::kInt8, 128, DType::kF32, false},
+                        {WeightFormat::kInt8, 64, DType::kBF16, true},
+                        {WeightFormat::kInt8, 0, DType::kF16, true},
+                        {WeightFormat::kFp8, 0, DType::kF32, false},
+                        {WeightFormat::kFp8Block, 128, DType::kF32, false},
+                        {WeightFormat::kFp8Block, 64, DType::kBF16, false}};
+  const int64_t E = 3, n = 200, k = 256;
+  for (const Case& c : cases) {
+    for (DType act : {DType::kBF16, DType::kF16}) {
+      FcFormat f = default_fc_format(c.w);
+      f.block_size = c.block;
+      if (c.w != WeightFormat::kFp8) f.scale_dtype = c.sdt;
+      f.zero_points = c.zp;
+      SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
+      const cuda::MixedCodes kind = cuda::mixed_codes_for(f, act, n, k);
+      ASSERT_NE(kind, cuda::MixedCodes::kNone);
+      QuantizedFc q;
+      make_fc(f, E, n, k, fresh_seed(), &q);
+      if (HasFatalFailure()) return;
+      cuda::MixedCopy copy;
+      cuda::mixed_prepare(kind, f, act, E, n, k, q.weight.data(), q.scales.data(),
+                          q.zero_points.data(), q.global_scale.data(), &copy);
+      GpuBuffer codes, sc, zp, gs, oc, os, oz;
+      up(q.weight, &codes);
+      up(q.scales, &sc);
+      up(q.zero_points, &zp);
+      up(q.global_scale, &gs);
+      if (!copy.codes.empty()) {
+        out_buffer(copy.codes.size(), &oc);
+        EXPECT_OK(cuda::device_mixed_codes(
+            codes.as<uint8_t>(), static_cast<int64_t>(q.weight.size()), oc.as<uint8_t>(), 0));
+        EXPECT_TRUE(same(copy.codes, oc)) << "codes";
+      }
+      out_buffer(copy.scales.size(), &os);
+      if (!copy.zeros.empty()) out_buffer(copy.zeros.size() * 4, &oz);
+      EXPECT_OK(cuda::device_mixed_scales(kind, f, act, E, n, k, sc.as<uint8_t>(), zp.as<uint8_t>(),
+                                          gs.as<float>(), os.get(),
+                                          copy.zeros.empty() ? nullptr : oz.as<float>(), 0));
+      EXPECT_TRUE(same(copy.scales, os)) << "scales";
+      if (copy.zeros.empty()) continue;
+      // Bitwise: compare the floats' bits.
+      std::vector<uint32_t> bits(copy.zeros.size());
+      std::memcpy(bits.data(), copy.zeros.data(), bits.size() * 4);
+      EXPECT_TRUE(same(bits, oz)) << "zeros";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qmoe::test
