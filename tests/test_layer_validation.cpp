@@ -2,8 +2,10 @@
 // the argument and what was expected.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "layer_factory.h"
 
@@ -108,6 +110,55 @@ TEST(CheckLayer, RejectsMismatchedTensors) {
   w = tl.weights;
   w.fc1.scales.data = scales.data();
   expect_error(check_layer(tl.spec, w), "fc1_scales: non-finite value");
+}
+
+// expect_finite tests bits: every non-finite pattern of every float dtype is found (and no finite
+// one), and a tensor scanned by several threads reports its lowest bad index.
+TEST(ExpectFinite, EveryDtypeAndTheLowestIndex) {
+  struct Case {
+    DType t;
+    std::vector<uint64_t> bad, good;  // element bit patterns
+  };
+  const Case cases[] = {
+      {DType::kF32,
+       {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u},
+       {0x7F7FFFFFu, 0x80000001u}},
+      {DType::kF16, {0x7C00u, 0xFC00u, 0x7E00u, 0x7C01u}, {0x7BFFu, 0xFBFFu, 0x0001u}},
+      {DType::kBF16, {0x7F80u, 0xFF80u, 0x7FC0u, 0x7F81u}, {0x7F7Fu, 0xFF7Fu}},
+      {DType::kF64, {0x7FF0000000000000ull, 0xFFF8000000000000ull}, {0x7FEFFFFFFFFFFFFFull}},
+      {DType::kF8E4M3, {0x7Fu, 0xFFu}, {0x7Eu, 0xFEu, 0x78u, 0x80u}},
+      {DType::kF8E8M0, {0xFFu}, {0xFEu, 0x00u}},
+  };
+  for (const Case& c : cases) {
+    const int eb = static_cast<int>(dtype_size(c.t));
+    const int64_t n = 1000;
+    for (uint64_t good : c.good) {
+      std::vector<uint8_t> buf(static_cast<size_t>(n * eb));
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&buf[static_cast<size_t>(i * eb)], &good, eb);
+      EXPECT_TRUE(expect_finite(TensorView(buf.data(), c.t, {n}), "t").is_ok())
+          << dtype_name(c.t) << " " << good;
+      for (uint64_t bad : c.bad) {
+        std::memcpy(&buf[static_cast<size_t>(777 * eb)], &bad, eb);
+        std::memcpy(&buf[static_cast<size_t>(901 * eb)], &bad, eb);
+        const Status st = expect_finite(TensorView(buf.data(), c.t, {n}), "t");
+        EXPECT_NE(st.message().find("at flat index 777"), std::string::npos)
+            << dtype_name(c.t) << " " << bad << ": " << st.message();
+        std::memcpy(&buf[static_cast<size_t>(777 * eb)], &good, eb);
+        std::memcpy(&buf[static_cast<size_t>(901 * eb)], &good, eb);
+      }
+    }
+  }
+  // 160 MB of e4m3 codes: scanned in parts by several threads where the machine has the cores;
+  // two NaNs in different parts, the error names the lower.
+  const int64_t n = int64_t{160} << 20;
+  std::vector<uint8_t> codes(static_cast<size_t>(n), 0x38);
+  EXPECT_TRUE(expect_finite(TensorView(codes.data(), DType::kF8E4M3, {n}), "w").is_ok());
+  codes[static_cast<size_t>(n - 5)] = 0x7F;
+  codes[static_cast<size_t>(n / 2 + 3)] = 0xFF;
+  const Status st = expect_finite(TensorView(codes.data(), DType::kF8E4M3, {n}), "w");
+  EXPECT_EQ(st.message().rfind("w: non-finite value", 0), 0u) << st.message();
+  EXPECT_NE(st.message().find("at flat index " + std::to_string(n / 2 + 3)), std::string::npos)
+      << st.message();
 }
 
 TEST(CheckLayer, GroupedTopKNeedsTheCorrectionBias) {

@@ -293,9 +293,7 @@ struct MixedScales {
   __device__ void operator()(int64_t i) const {  // i = (e * kb + b) * n + r, mixed_prepare's at
     const int64_t r = i % n, eb = i / n;
     const int64_t b = eb % kb, e = eb / kb;
-    const int64_t es = format == WeightFormat::kFp8Block || format == WeightFormat::kFp8
-                           ? 4
-                           : static_cast<int64_t>(scale_dtype == DType::kF32 ? 4 : 2);
+    const int64_t es = scale_dtype == DType::kF32 ? 4 : 2;  // f32, f16 or bf16 scales
     float s;
     if (format == WeightFormat::kFp8) {
       s = global[e];

@@ -27,7 +27,7 @@ namespace qmoe::cuda {
 
 class Uploader {
  public:
-  static constexpr size_t kChunk = size_t{8} << 20;
+  static constexpr size_t kChunk = size_t{4} << 20;
   static constexpr size_t kStaged = size_t{64} << 20;
 
   // workers: the threads of a staged copy (at least 1).
