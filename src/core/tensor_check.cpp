@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
+
 namespace qmoe {
 
 Status expect_tensor(const TensorView& v, const std::string& name, DType dtype, const int64_t* dims,
@@ -114,16 +116,7 @@ Status expect_finite(const TensorView& v, const std::string& name) {
     bad[static_cast<size_t>(t)] =
         first_bad(data, std::min(n, t * part), std::min(n, (t + 1) * part), rule);
   };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(scan, t);
-    } catch (...) {  // no thread to be had: scan that part here
-      scan(t);
-    }
-  }
-  scan(0);
-  for (std::thread& t : pool) t.join();
+  run_parts(threads, scan);
   for (int64_t i : bad) {
     if (i < 0) continue;
     const float x = v.dtype == DType::kF8E4M3   ? num::e4m3_to_f32(data[i])

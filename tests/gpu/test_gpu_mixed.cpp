@@ -17,6 +17,7 @@
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "gpu_layer_harness.h"
+#include "mixed_formats.h"
 #include "qmoe/quantize.h"
 
 namespace qmoe::test {
@@ -287,29 +288,9 @@ TEST(MixedPrepare, SupportedFormats) {
 // the final rounding); kInt4 is within one activation-dtype rounding of the scale.
 TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
   using cuda::MixedCodes;
-  struct Case {
-    WeightFormat w;
-    int block;
-    DType sdt;
-    bool zp;
-  };
-  const Case cases[] = {{WeightFormat::kInt4, 64, DType::kF32, false},
-                        {WeightFormat::kInt4, 0, DType::kBF16, false},
-                        {WeightFormat::kInt4, 128, DType::kF16, true},
-                        {WeightFormat::kInt4, 0, DType::kF32, true},
-                        {WeightFormat::kInt8, 128, DType::kF32, false},
-                        {WeightFormat::kInt8, 64, DType::kBF16, true},
-                        {WeightFormat::kInt8, 0, DType::kF16, true},
-                        {WeightFormat::kFp8, 0, DType::kF32, false},
-                        {WeightFormat::kFp8Block, 128, DType::kF32, false},
-                        {WeightFormat::kFp8Block, 64, DType::kBF16, false}};
   const int64_t E = 3, n = 200, k = 256;
-  for (const Case& c : cases) {
+  for (const FcFormat& f : mixed_test_formats()) {
     for (DType act : {DType::kBF16, DType::kF16}) {
-      FcFormat f = default_fc_format(c.w);
-      f.block_size = c.block;
-      if (c.w != WeightFormat::kFp8) f.scale_dtype = c.sdt;
-      f.zero_points = c.zp;
       SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
       const MixedCodes kind = cuda::mixed_codes_for(f, act, n, k);
       ASSERT_NE(kind, MixedCodes::kNone);
@@ -366,7 +347,7 @@ TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
             }
             const float prod = x * s;
             got = cuda::mixed_has_zeros(kind) ? prod + copy.zeros[at] : prod;
-            if (kind == MixedCodes::kE4m3 || c.sdt != DType::kF32) {
+            if (kind == MixedCodes::kE4m3 || f.scale_dtype != DType::kF32) {
               // Exact: e4m3 * s is the library's product; with 16-bit scales q * s and zp * s
               // are exact in f32, so their difference is (q - zp) * s rounded once.
               ASSERT_EQ(got, ref[i]) << "e " << e << " r " << r << " k " << i;

@@ -14,6 +14,7 @@
 #include "cuda/prepare/device_pack.h"
 #include "gpu_test_util.h"
 #include "layer_factory.h"
+#include "mixed_formats.h"
 
 namespace qmoe::test {
 namespace {
@@ -228,29 +229,9 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
 // The mixed-input GEMM's copy (codes, scales, zeros) of every kind against mixed_prepare.
 TEST(DevicePack, MixedCopyOfEveryKind) {
   QMOE_REQUIRE_GPU();
-  struct Case {
-    WeightFormat w;
-    int block;
-    DType sdt;
-    bool zp;
-  };
-  const Case cases[] = {{WeightFormat::kInt4, 64, DType::kF32, false},
-                        {WeightFormat::kInt4, 0, DType::kBF16, false},
-                        {WeightFormat::kInt4, 128, DType::kF16, true},
-                        {WeightFormat::kInt4, 0, DType::kF32, true},
-                        {WeightFormat::kInt8, 128, DType::kF32, false},
-                        {WeightFormat::kInt8, 64, DType::kBF16, true},
-                        {WeightFormat::kInt8, 0, DType::kF16, true},
-                        {WeightFormat::kFp8, 0, DType::kF32, false},
-                        {WeightFormat::kFp8Block, 128, DType::kF32, false},
-                        {WeightFormat::kFp8Block, 64, DType::kBF16, false}};
   const int64_t E = 3, n = 200, k = 256;
-  for (const Case& c : cases) {
+  for (const FcFormat& f : mixed_test_formats()) {
     for (DType act : {DType::kBF16, DType::kF16}) {
-      FcFormat f = default_fc_format(c.w);
-      f.block_size = c.block;
-      if (c.w != WeightFormat::kFp8) f.scale_dtype = c.sdt;
-      f.zero_points = c.zp;
       SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
       const cuda::MixedCodes kind = cuda::mixed_codes_for(f, act, n, k);
       ASSERT_NE(kind, cuda::MixedCodes::kNone);

@@ -29,6 +29,18 @@ QMOE_HD unsigned read_bits(const uint8_t* p, int64_t idx, int bits) {
   return v & ((1u << bits) - 1u);
 }
 
+// Codes k0..k0 + 3 of an LSB-first stream of `bits`-bit codes (4 bits <= 32 bits), reading only the
+// bytes they occupy (at most 5). Host and device (the decode layout's packers on both sides).
+QMOE_HD unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
+  const int64_t bit = k0 * bits;
+  const uint8_t* p = row + (bit >> 3);
+  const int shift = static_cast<int>(bit & 7);
+  const int bytes = (shift + 4 * bits + 7) / 8;
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<unsigned>((v >> shift) & ((uint64_t{1} << (4 * bits)) - 1));
+}
+
 // ORs code `v` (< 2^bits) into a stream whose bits for idx are still zero.
 inline void write_bits(uint8_t* p, int64_t idx, int bits, unsigned v) {
   const int64_t bit = idx * bits;

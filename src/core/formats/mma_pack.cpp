@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/formats/codec.h"
+#include "core/parallel.h"
 
 namespace qmoe {
 
@@ -119,17 +120,6 @@ void mma_pack_zero_points(const MmaPackShape& s, const uint8_t* zp, int64_t expe
 
 namespace {
 
-// Codes k0..k0 + 3 of an LSB-first row (4 bits <= 32 bits, from at most 5 bytes, none past the
-// codes' own).
-unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
-  const int64_t bit = k0 * bits;
-  const uint8_t* p = row + (bit >> 3);
-  const int shift = static_cast<int>(bit & 7);
-  const int bytes = (shift + 4 * bits + 7) / 8;
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<unsigned>((v >> shift) & ((uint64_t{1} << (4 * bits)) - 1));
-}
 
 // Calls f(words, st, k0, ra, rb) for every lane and K step of expert e's packed tiles: words is
 // the lane's 4 words of the chunk, k0 the step's first K of the lane's codes (4 t into the step),
@@ -180,7 +170,7 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
       [&](uint32_t* words, int st, int64_t k0, const uint8_t* ra, const uint8_t* rb) {
         for (int rr = 0; rr < 2; ++rr) {
           const uint8_t* row = rr ? rb : ra;
-          const unsigned quad = row != nullptr && k0 >= 0 ? read_quad(row, k0, b) : mid_quad;
+          const unsigned quad = row != nullptr && k0 >= 0 ? formats::read_quad(row, k0, b) : mid_quad;
           for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
             const int pair = 4 * st + rr + 2 * (q >> 1);
             const unsigned code = (quad >> (b * q)) & mask;
@@ -256,19 +246,9 @@ template <typename F>
 void for_experts_in_parallel(int64_t experts, F&& pack) {
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(experts, static_cast<int64_t>(std::thread::hardware_concurrency())));
-  auto share = [&](int64_t w) {
+  run_parts(threads, [&](int64_t w) {
     for (int64_t e = w; e < experts; e += threads) pack(e);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < threads; ++w) {
-    try {
-      pool.emplace_back(share, w);
-    } catch (...) {  // no thread to be had: do this share here
-      share(w);
-    }
-  }
-  share(0);
-  for (std::thread& t : pool) t.join();
+  });
 }
 
 }  // namespace

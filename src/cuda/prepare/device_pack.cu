@@ -36,17 +36,6 @@ Status launch_each(int64_t count, const F& f, cudaStream_t stream, const char* w
   return cuda_status(cudaGetLastError(), what);
 }
 
-// Codes k0..k0 + 3 of an LSB-first row of `bits`-bit codes, reading only the bytes they occupy.
-__device__ unsigned read_quad(const uint8_t* row, int64_t k0, int bits) {
-  const int64_t bit = k0 * bits;
-  const uint8_t* p = row + (bit >> 3);
-  const int shift = static_cast<int>(bit & 7);
-  const int bytes = (shift + 4 * bits + 7) / 8;
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return static_cast<unsigned>((v >> shift) & ((uint64_t{1} << (4 * bits)) - 1));
-}
-
 // The source row of packed row pr of expert e, or null for padding. linear: the gated
 // concatenated map's linear rows from a tensor of their own (mma_pack_fp8's raw_linear).
 __device__ const uint8_t* source_row(const MmaPackShape& s, const uint8_t* raw,
@@ -60,18 +49,25 @@ __device__ const uint8_t* source_row(const MmaPackShape& s, const uint8_t* raw,
 }
 
 // One lane's chunk: unit i = ((e * tiles + m) * chunks + c) * 32 + lane, its four words at 4 i.
+// Lane (g, t) = (lane / 4, lane % 4) packs codes of rows g and g + 8 of tile m (mma_pack.h).
 struct LaneUnit {
   int64_t e, m, c;
-  int lane;
+  int t;
+  const uint8_t* rows[2];  // the source rows of packed rows 16 m + g and 16 m + g + 8, or null
 };
-__device__ LaneUnit lane_unit(const MmaPackShape& s, int64_t i) {
+__device__ LaneUnit lane_unit(const MmaPackShape& s, int64_t i, const uint8_t* raw,
+                              const uint8_t* linear, int64_t row_bytes) {
   LaneUnit u;
-  u.lane = static_cast<int>(i % 32);
+  const int lane = static_cast<int>(i % 32);
   int64_t rest = i / 32;
   u.c = rest % s.chunks;
   rest /= s.chunks;
   u.m = rest % s.tiles;
   u.e = rest / s.tiles;
+  u.t = lane % 4;
+  for (int h = 0; h < 2; ++h) {
+    u.rows[h] = source_row(s, raw, linear, u.e, 16 * u.m + lane / 4 + 8 * h, row_bytes);
+  }
   return u;
 }
 
@@ -80,21 +76,18 @@ struct PackInt {
   const uint8_t* raw;
   uint32_t* out;
   __device__ void operator()(int64_t i) const {
-    const LaneUnit u = lane_unit(s, i);
     const int b = s.bits, per_word = 16 / b, sc = s.steps_per_chunk;
+    const LaneUnit u = lane_unit(s, i, raw, nullptr, formats::packed_bytes(s.k, b));
     const unsigned mask = (1u << b) - 1u;
     const unsigned mid = 1u << (b - 1);
-    const int64_t row_bytes = formats::packed_bytes(s.k, b), steps = s.k / 16;
-    const int g = u.lane / 4, t = u.lane % 4;
-    const uint8_t* rows[2] = {source_row(s, raw, nullptr, u.e, 16 * u.m + g, row_bytes),
-                              source_row(s, raw, nullptr, u.e, 16 * u.m + g + 8, row_bytes)};
+    const int64_t steps = s.k / 16;
     uint32_t w[4] = {0, 0, 0, 0};
     for (int st = 0; st < sc; ++st) {
       const int64_t step = u.c * sc + st;
-      const int64_t k0 = 16 * step + 4 * t;
+      const int64_t k0 = 16 * step + 4 * u.t;
       for (int rr = 0; rr < 2; ++rr) {
-        const bool real = rows[rr] != nullptr && step < steps;
-        const unsigned quad = real ? read_quad(rows[rr], k0, b) : 0u;
+        const bool real = u.rows[rr] != nullptr && step < steps;
+        const unsigned quad = real ? formats::read_quad(u.rows[rr], k0, b) : 0u;
         for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
           const int pair = 4 * st + rr + 2 * (q >> 1);
           const unsigned code = real ? (quad >> (b * q)) & mask : mid;
@@ -121,16 +114,14 @@ struct PackFp4 {
   const uint8_t* raw;
   uint32_t* out;
   __device__ void operator()(int64_t i) const {
-    const LaneUnit u = lane_unit(s, i);
+    const LaneUnit u = lane_unit(s, i, raw, nullptr, s.k / 2);
     const int64_t steps = s.k / 16;
-    const int g = u.lane / 4, t = u.lane % 4;
-    const uint8_t* ra = source_row(s, raw, nullptr, u.e, 16 * u.m + g, s.k / 2);
-    const uint8_t* rb = source_row(s, raw, nullptr, u.e, 16 * u.m + g + 8, s.k / 2);
+    const uint8_t *ra = u.rows[0], *rb = u.rows[1];
     uint32_t w[4] = {0, 0, 0, 0};
     for (int st = 0; st < 4; ++st) {
       const int64_t step = u.c * 4 + st;
       if (step >= steps) break;  // +0
-      const int64_t at = (16 * step + 4 * t) / 2;
+      const int64_t at = (16 * step + 4 * u.t) / 2;
       if (ra != nullptr) {
         w[st] |= fp4_spread(s.fp4_mag_bit, 0, ra[at]) | fp4_spread(s.fp4_mag_bit, 2, ra[at + 1]);
       }
@@ -154,21 +145,19 @@ struct PackFp8 {
   const uint8_t *raw, *linear;
   uint32_t* out;
   __device__ void operator()(int64_t i) const {
-    const LaneUnit u = lane_unit(s, i);
+    const LaneUnit u = lane_unit(s, i, raw, linear, s.k);
     const int64_t steps = s.k / 16;
-    const int g = u.lane / 4, t = u.lane % 4;
-    const uint8_t* rows[2] = {source_row(s, raw, linear, u.e, 16 * u.m + g, s.k),
-                              source_row(s, raw, linear, u.e, 16 * u.m + g + 8, s.k)};
     uint32_t w[4] = {0, 0, 0, 0};
     for (int st = 0; st < 2; ++st) {
       const int64_t step = u.c * 2 + st;
       if (step >= steps) break;  // +0
-      const int64_t k0 = 16 * step + 4 * t;
+      const int64_t k0 = 16 * step + 4 * u.t;
       for (int jj = 0; jj < 2; ++jj) {  // pair j = jj + 2 j2: row g + 8 jj, k0 + 2 j2 + {0, 1}
-        if (rows[jj] == nullptr) continue;
+        const uint8_t* row = u.rows[jj];
+        if (row == nullptr) continue;
         for (int j2 = 0; j2 < 2; ++j2) {
-          w[2 * st + j2] |= fp8_spread(s.fp8_mag_bit, jj, 0, rows[jj][k0 + 2 * j2]) |
-                            fp8_spread(s.fp8_mag_bit, jj, 1, rows[jj][k0 + 2 * j2 + 1]);
+          w[2 * st + j2] |= fp8_spread(s.fp8_mag_bit, jj, 0, row[k0 + 2 * j2]) |
+                            fp8_spread(s.fp8_mag_bit, jj, 1, row[k0 + 2 * j2 + 1]);
         }
       }
     }

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 
+#include "core/parallel.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/prepare/uploader.h"
 
@@ -66,7 +66,7 @@ Status Uploader::copy(void* dst, const void* src, size_t bytes, const char* what
   const size_t chunks = (bytes + kChunk - 1) / kChunk;
   const int used = static_cast<int>(std::min<size_t>(w_.size(), chunks));
   std::vector<Status> result(static_cast<size_t>(used), Status::ok());
-  auto run = [&](int i) {
+  auto run = [&](int64_t i) {
     Worker& w = w_[static_cast<size_t>(i)];
     Status& st = result[static_cast<size_t>(i)];
     auto fail = [&](cudaError_t e, const char* call) {
@@ -92,16 +92,7 @@ Status Uploader::copy(void* dst, const void* src, size_t bytes, const char* what
     }
     if ((e = cudaStreamSynchronize(w.stream)) != cudaSuccess) fail(e, "cudaStreamSynchronize");
   };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < used; ++i) {
-    try {
-      pool.emplace_back(run, i);
-    } catch (...) {  // no thread to be had: this one does that share
-      run(i);
-    }
-  }
-  run(0);
-  for (std::thread& t : pool) t.join();
+  run_parts(used, run);
   for (const Status& s : result) QMOE_RETURN_IF_ERROR(s);
   return Status::ok();
 }
