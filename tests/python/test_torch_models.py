@@ -98,16 +98,27 @@ def untied_rel(got_model, ref_model, ids):
     computes them, do not tie at the top-k boundary (the k-th and (k+1)-th largest equal). In
     bf16 such exact ties happen (a logit near 5 has a step of 1/32): qmoe takes the lower expert
     index, torch's topk promises no order, so the two may route that token to different experts,
-    a legitimate difference. The routers are found as the Linear layers with E outputs; at least
-    half the tokens must remain."""
+    a legitimate difference. The routers are found as the Linear layers with E outputs, or the
+    router modules of their own (transformers 5's `*Router`, a [E, H] weight); every MoE layer's
+    router must be seen, and at least half the tokens must remain."""
     e, k = _routing_of(ref_model.config)
     seen = []
 
     def hook(m, inp, out):
-        seen.append(torch.nn.functional.linear(inp[0], m.weight, m.bias).reshape(-1, e))
+        bias = getattr(m, "bias", None)
+        seen.append(torch.nn.functional.linear(inp[0], m.weight, bias).reshape(-1, e))
 
-    hooks = [m.register_forward_hook(hook) for m in ref_model.modules()
-             if isinstance(m, torch.nn.Linear) and m.out_features == e]
+    def is_router(m):
+        if isinstance(m, torch.nn.Linear):
+            return m.out_features == e
+        w = getattr(m, "weight", None)
+        return (type(m).__name__.endswith("Router") and isinstance(w, torch.Tensor)
+                and w.dim() == 2 and w.shape[0] == e)
+
+    routers = [m for m in ref_model.modules() if is_router(m)]
+    moe_layers = [m for m in ref_model.modules() if type(m).__name__.endswith("SparseMoeBlock")]
+    assert routers and len(routers) >= len(moe_layers), "the routers were not found"
+    hooks = [m.register_forward_hook(hook) for m in routers]
     try:
         want = ref_model(ids).logits
     finally:
