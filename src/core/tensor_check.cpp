@@ -28,33 +28,23 @@ namespace {
 
 // A value is non-finite exactly when its exponent field is all ones (e4m3: exponent and mantissa
 // all ones, its only NaN, as it has no infinity; e8m0: 0xFF), so the scan tests bits, not floats.
-struct NonFinite {
-  int bytes;      // element size
-  uint64_t mask;  // the bits that are all ones in a non-finite element
-};
-
-bool non_finite_rule(DType t, NonFinite* r) {
+// The bits that are all ones in a non-finite element of a float dtype; 0 for other dtypes.
+uint64_t non_finite_mask(DType t) {
   switch (t) {
     case DType::kF32:
-      *r = {4, 0x7F800000u};
-      return true;
+      return 0x7F800000u;
     case DType::kF16:
-      *r = {2, 0x7C00u};
-      return true;
+      return 0x7C00u;
     case DType::kBF16:
-      *r = {2, 0x7F80u};
-      return true;
+      return 0x7F80u;
     case DType::kF64:
-      *r = {8, 0x7FF0000000000000ull};
-      return true;
+      return 0x7FF0000000000000ull;
     case DType::kF8E4M3:
-      *r = {1, 0x7Fu};
-      return true;
+      return 0x7Fu;
     case DType::kF8E8M0:
-      *r = {1, 0xFFu};
-      return true;
+      return 0xFFu;
     default:
-      return false;
+      return 0;
   }
 }
 
@@ -81,17 +71,17 @@ int64_t first_bad_of(const uint8_t* data, int64_t begin, int64_t end, U mask) {
   return -1;
 }
 
-// The first non-finite element of [begin, end), or -1.
-int64_t first_bad(const uint8_t* data, int64_t begin, int64_t end, const NonFinite& r) {
-  switch (r.bytes) {
+// The first non-finite element of [begin, end) of `bytes`-byte elements, or -1.
+int64_t first_bad(const uint8_t* data, int64_t begin, int64_t end, size_t bytes, uint64_t mask) {
+  switch (bytes) {
     case 1:
-      return first_bad_of<uint8_t>(data, begin, end, static_cast<uint8_t>(r.mask));
+      return first_bad_of<uint8_t>(data, begin, end, static_cast<uint8_t>(mask));
     case 2:
-      return first_bad_of<uint16_t>(data, begin, end, static_cast<uint16_t>(r.mask));
+      return first_bad_of<uint16_t>(data, begin, end, static_cast<uint16_t>(mask));
     case 4:
-      return first_bad_of<uint32_t>(data, begin, end, static_cast<uint32_t>(r.mask));
+      return first_bad_of<uint32_t>(data, begin, end, static_cast<uint32_t>(mask));
     default:
-      return first_bad_of<uint64_t>(data, begin, end, r.mask);
+      return first_bad_of<uint64_t>(data, begin, end, mask);
   }
 }
 
@@ -99,14 +89,15 @@ int64_t first_bad(const uint8_t* data, int64_t begin, int64_t end, const NonFini
 
 Status expect_finite(const TensorView& v, const std::string& name) {
   if (!v.present()) return Status::ok();
-  NonFinite rule;
-  if (!non_finite_rule(v.dtype, &rule)) return Status::ok();
+  const uint64_t mask = non_finite_mask(v.dtype);
+  if (mask == 0) return Status::ok();
+  const size_t elem = dtype_size(v.dtype);
   const int64_t n = v.numel();
   const uint8_t* data = static_cast<const uint8_t*>(v.data);
   // A tensor of gigabytes (DeepSeek-V3's FP8 experts) is scanned by several threads, each over a
   // contiguous part; the error names the lowest bad index whatever the split.
   constexpr int64_t kPerThread = int64_t{64} << 20;  // bytes
-  const int64_t bytes = n * rule.bytes;
+  const int64_t bytes = n * static_cast<int64_t>(elem);
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(
              {bytes / kPerThread, 16, static_cast<int64_t>(std::thread::hardware_concurrency())}));
@@ -114,7 +105,7 @@ Status expect_finite(const TensorView& v, const std::string& name) {
   const int64_t part = (n + threads - 1) / threads;
   auto scan = [&](int64_t t) {
     bad[static_cast<size_t>(t)] =
-        first_bad(data, std::min(n, t * part), std::min(n, (t + 1) * part), rule);
+        first_bad(data, std::min(n, t * part), std::min(n, (t + 1) * part), elem, mask);
   };
   run_parts(threads, scan);
   for (int64_t i : bad) {

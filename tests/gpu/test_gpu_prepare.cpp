@@ -56,7 +56,7 @@ template <typename T>
   return got.canary_intact();
 }
 
-#define EXPECT_OK(expr)                        \
+#define ASSERT_OK(expr)                        \
   do {                                         \
     const Status s_ = (expr);                  \
     ASSERT_TRUE(s_.is_ok()) << s_.to_string(); \
@@ -81,15 +81,15 @@ void check_int(FcFormat f, int64_t n, int64_t k, MmaRowMap map, int64_t inter, D
   up(q.scales, &sc);
   out_buffer(words.size() * 4, &ow);
   out_buffer(scales.size(), &os);
-  EXPECT_OK(cuda::device_pack_int(s, raw.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
-  EXPECT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
+  ASSERT_OK(cuda::device_pack_int(s, raw.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
+  ASSERT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
   EXPECT_TRUE(same(words, ow)) << "codes";
   EXPECT_TRUE(same(scales, os)) << "scales";
   if (!f.zero_points) return;
   mma_pack_zero_points(s, q.zero_points.data(), E, &zp);
   up(q.zero_points, &z);
   out_buffer(zp.size(), &oz);
-  EXPECT_OK(cuda::device_pack_zero_points(s, z.as<uint8_t>(), E, oz.as<uint8_t>(), 0));
+  ASSERT_OK(cuda::device_pack_zero_points(s, z.as<uint8_t>(), E, oz.as<uint8_t>(), 0));
   EXPECT_TRUE(same(zp, oz)) << "zero points";
 }
 
@@ -143,10 +143,10 @@ TEST(DevicePack, Fp4CodesAndScales) {
         out_buffer(kp.size(), &okp);
         out_buffer(words.size() * 4, &ow);
         out_buffer(scales.size(), &os);
-        EXPECT_OK(cuda::device_fp4_k_packed(np.as<uint8_t>(), E, n, k, okp.as<uint8_t>(), 0));
+        ASSERT_OK(cuda::device_fp4_k_packed(np.as<uint8_t>(), E, n, k, okp.as<uint8_t>(), 0));
         EXPECT_TRUE(same(kp, okp)) << "K-packed codes";
-        EXPECT_OK(cuda::device_pack_fp4(s, okp.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
-        EXPECT_OK(cuda::device_pack_scales(bs, sc.as<uint8_t>(), 1, E, os.as<uint8_t>(), 0));
+        ASSERT_OK(cuda::device_pack_fp4(s, okp.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
+        ASSERT_OK(cuda::device_pack_scales(bs, sc.as<uint8_t>(), 1, E, os.as<uint8_t>(), 0));
         EXPECT_TRUE(same(words, ow)) << "codes";
         EXPECT_TRUE(same(scales, os)) << "scales";
       }
@@ -175,7 +175,7 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
         GpuBuffer raw, ow;
         up(q.weight, &raw);
         out_buffer(words.size() * 4, &ow);
-        EXPECT_OK(cuda::device_pack_fp8(s, raw.as<uint8_t>(), nullptr, E, ow.as<uint32_t>(), 0));
+        ASSERT_OK(cuda::device_pack_fp8(s, raw.as<uint8_t>(), nullptr, E, ow.as<uint32_t>(), 0));
         EXPECT_TRUE(same(words, ow)) << "codes";
         if (block) {
           std::vector<uint8_t> scales;
@@ -183,7 +183,7 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
           GpuBuffer sc, os;
           up(q.scales, &sc);
           out_buffer(scales.size(), &os);
-          EXPECT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
+          ASSERT_OK(cuda::device_pack_scales(s, sc.as<uint8_t>(), eb, E, os.as<uint8_t>(), 0));
           EXPECT_TRUE(same(scales, os)) << "block scales";
         }
       }
@@ -214,11 +214,11 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
       out_buffer(words.size() * 4, &ow);
       out_buffer(rows.size(), &orows);
       out_buffer(tiled.size(), &ot);
-      EXPECT_OK(
+      ASSERT_OK(
           cuda::device_pack_fp8(s, g.as<uint8_t>(), l.as<uint8_t>(), E, ow.as<uint32_t>(), 0));
-      EXPECT_OK(cuda::device_gated_row_scales(s, dg.as<uint8_t>(), dl.as<uint8_t>(), eb, block_rows,
+      ASSERT_OK(cuda::device_gated_row_scales(s, dg.as<uint8_t>(), dl.as<uint8_t>(), eb, block_rows,
                                               E, orows.as<uint8_t>(), 0));
-      EXPECT_OK(cuda::device_pack_scales(s, orows.as<uint8_t>(), eb, E, ot.as<uint8_t>(), 0));
+      ASSERT_OK(cuda::device_pack_scales(s, orows.as<uint8_t>(), eb, E, ot.as<uint8_t>(), 0));
       EXPECT_TRUE(same(words, ow)) << "gate and linear codes";
       EXPECT_TRUE(same(rows, orows)) << "row scales";
       EXPECT_TRUE(same(tiled, ot)) << "tiled row scales";
@@ -248,13 +248,13 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
       up(q.global_scale, &gs);
       if (!copy.codes.empty()) {
         out_buffer(copy.codes.size(), &oc);
-        EXPECT_OK(cuda::device_mixed_codes(
+        ASSERT_OK(cuda::device_mixed_codes(
             codes.as<uint8_t>(), static_cast<int64_t>(q.weight.size()), oc.as<uint8_t>(), 0));
         EXPECT_TRUE(same(copy.codes, oc)) << "codes";
       }
       out_buffer(copy.scales.size(), &os);
       if (!copy.zeros.empty()) out_buffer(copy.zeros.size() * 4, &oz);
-      EXPECT_OK(cuda::device_mixed_scales(kind, f, act, E, n, k, sc.as<uint8_t>(), zp.as<uint8_t>(),
+      ASSERT_OK(cuda::device_mixed_scales(kind, f, act, E, n, k, sc.as<uint8_t>(), zp.as<uint8_t>(),
                                           gs.as<float>(), os.get(),
                                           copy.zeros.empty() ? nullptr : oz.as<float>(), 0));
       EXPECT_TRUE(same(copy.scales, os)) << "scales";
