@@ -5,7 +5,6 @@
 #include <string>
 #include <thread>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "core/formats/mma_pack.h"
