@@ -135,11 +135,12 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
   }
 }
 
-// The narrow (32-row) tile and the wide one, each forced, on the kinds that have both (bf16), and
-// the automatic choice on both sides of its threshold; f16 has only the wide tile, which a forced
-// narrow choice falls back to. 100 tokens x 4 routes over 16 experts average 25 rows (one or two
-// 32-row tiles, the last ragged), 333 average 83 rows; the automatic choice takes the narrow
-// tile at 60 tokens (15 rows on average) and the wide one at 100.
+// The narrow (32-row), the 128-row and the wide (256-row) tile, each forced, on the kinds that
+// have them (bf16), and the automatic choice on each side of its thresholds; f16 has only the
+// 128-row tile, which a forced narrow or wide choice falls back to. 100 tokens x 4 routes over 16
+// experts average 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows, 700
+// average 175 (ragged 256-row tiles); the automatic choice takes the narrow tile at 60 tokens (15
+// rows on average), the 128-row one at 100 and the wide one at 700 (175 rows).
 TEST(GpuMixedLayer, NarrowAndWideTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
@@ -147,18 +148,22 @@ TEST(GpuMixedLayer, NarrowAndWideTiles) {
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
+  EXPECT_TRUE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kF16));
+  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kUint8, DType::kBF16));
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
       spec_of(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       int4_spec(DType::kF16, 256, 128, 16, 4, 128, DType::kF32)};
   for (const LayerSpec& s : specs) {
-    for (int tile : {32, 128}) {
+    for (int tile : {32, 128, 256}) {
       check_mixed_against_dequant(s, 100, tile);
       check_mixed_against_dequant(s, 333, tile);
     }
     check_mixed_against_dequant(s, 60);   // automatic: narrow where it exists
-    check_mixed_against_dequant(s, 100);  // automatic: wide
+    check_mixed_against_dequant(s, 100);  // automatic: 128 rows
+    check_mixed_against_dequant(s, 700);  // automatic: wide where it exists
   }
   // The narrow tile's output does not depend on the wide tile's existence: graph replay and
   // poison as for the wide one.
@@ -288,7 +293,7 @@ TEST(MixedPrepare, SupportedFormats) {
 // the final rounding); kInt4 is within one activation-dtype rounding of the scale.
 TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
   using cuda::MixedCodes;
-  const int64_t E = 3, n = 200, k = 256;
+  const int64_t E = 3, n = 208, k = 256;  // n: kInt4's 16-row multiple, a partial 128-row tile
   for (const FcFormat& f : mixed_test_formats()) {
     for (DType act : {DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -229,7 +230,7 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
 // The mixed-input GEMM's copy (codes, scales, zeros) of every kind against mixed_prepare.
 TEST(DevicePack, MixedCopyOfEveryKind) {
   QMOE_REQUIRE_GPU();
-  const int64_t E = 3, n = 200, k = 256;
+  const int64_t E = 3, n = 208, k = 256;  // n: kInt4's 16-row multiple, a partial 128-row tile
   for (const FcFormat& f : mixed_test_formats()) {
     for (DType act : {DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(f.to_string() + " act " + dtype_name(act));
@@ -265,6 +266,53 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
       EXPECT_TRUE(same(bits, oz)) << "zeros";
     }
   }
+}
+
+// kInt4's shuffle (cutlass_mixed_shuffle.cuh): the device kernel against its host twin (CuTe's
+// layout of the whole matrix), and both against the order drawn there, recomputed here from the
+// wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4) + {0, 1, 8, 9}). Shapes with
+// one atom, with several along n and k, and the 64 x 208 of a partial 128-row tile.
+TEST(DevicePack, MixedShuffleOfInt4) {
+  QMOE_REQUIRE_GPU();
+  struct Shape {
+    int64_t e, n, k;
+  };
+  for (const Shape& sh : {Shape{1, 16, 16}, Shape{3, 48, 128}, Shape{2, 208, 64}}) {
+    SCOPED_TRACE("E " + std::to_string(sh.e) + " n " + std::to_string(sh.n) + " k " +
+                 std::to_string(sh.k));
+    const size_t bytes = static_cast<size_t>(sh.e * sh.n * sh.k / 2);
+    std::vector<uint8_t> codes(bytes);
+    std::mt19937_64 rng(fresh_seed());
+    for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> host(bytes);
+    cuda::mixed_shuffle_codes_host(codes.data(), host.data(), sh.e, sh.n, sh.k);
+    for (int64_t e = 0; e < sh.e; ++e) {
+      for (int64_t m = 0; m < sh.n; ++m) {
+        for (int64_t kk = 0; kk < sh.k; ++kk) {
+          const int64_t r = m % 16, c = kk % 16;
+          const int64_t lane = (r % 8) * 4 + (c % 8) / 2;
+          const int64_t v = (c % 2) + 2 * (r / 8) + 4 * (c / 8);
+          const int64_t at = 8 * lane + (v >> 1) + 4 * (v & 1) +
+                             256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
+          const int want = (codes[static_cast<size_t>((e * sh.n * sh.k + m * sh.k + kk) / 2)] >>
+                            (4 * (kk & 1))) & 15;
+          const int got = (host[static_cast<size_t>(at / 2)] >> (4 * (at & 1))) & 15;
+          ASSERT_EQ(got, want) << "e " << e << " m " << m << " k " << kk;
+        }
+      }
+    }
+    GpuBuffer in, out;
+    up(codes, &in);
+    out_buffer(bytes, &out);
+    ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), out.as<uint8_t>(), sh.e, sh.n, sh.k, 0));
+    EXPECT_TRUE(same(host, out));
+  }
+  GpuBuffer a, b;
+  out_buffer(64, &a);
+  out_buffer(64, &b);
+  const Status bad = cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 8, 16, 0);
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("n a multiple of 16"), std::string::npos) << bad.message();
 }
 
 }  // namespace

@@ -96,7 +96,10 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
     return none("block size " + std::to_string(f.block_size) + " (a multiple of " +
                 std::to_string(kMixedTileK) + " dividing k, or per channel)");
   }
-  if (n <= 0 || n % 8 != 0) return none("n = " + std::to_string(n) + " not a multiple of 8");
+  const int64_t rows = mixed_codes_shuffled(c) ? kMixedShuffleRows : 8;
+  if (n <= 0 || n % rows != 0) {
+    return none("n = " + std::to_string(n) + " not a multiple of " + std::to_string(rows));
+  }
   if (n > INT32_MAX || k > INT32_MAX) return none("n or k beyond int32");
   return c;
 }
@@ -179,9 +182,10 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");
-  if (a.tile_n != 128 && !(a.tile_n == 32 && mixed_has_narrow_tile(a.codes_kind, a.dtype))) {
-    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 where " +
-                         mixed_codes_name(a.codes_kind) + " has the narrow tile)");
+  if (a.tile_n != 128 && !(a.tile_n == 32 && mixed_has_narrow_tile(a.codes_kind, a.dtype)) &&
+      !(a.tile_n == 256 && mixed_has_wide_tile(a.codes_kind, a.dtype))) {
+    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 / 256 where " +
+                         mixed_codes_name(a.codes_kind) + " has the narrow / wide tile)");
   }
   if (mixed_codes_for(f, a.dtype, a.n, a.k, why) != a.codes_kind) return false;
   if (mixed_has_zeros(a.codes_kind) && (a.zeros == nullptr || !aligned16(a.zeros))) {
@@ -205,10 +209,19 @@ bool mixed_has_narrow_tile(MixedCodes c, DType dtype) {
   return false;
 }
 
+bool mixed_has_wide_tile(MixedCodes c, DType dtype) {
+  const bool bf16 = dtype == DType::kBF16;
+#define QMOE_MIXED_WIDE(kCodes, kBf16, kTileN) \
+  if (kTileN == 256 && c == kCodes && bf16 == kBf16 && dtype != DType::kF32) return true;
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_WIDE)
+#undef QMOE_MIXED_WIDE
+  return false;
+}
+
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count) {
   if (max_groups <= 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) return 0;
   const bool bf16 = dtype == DType::kBF16;
-  // Either of the kind's tiles may run a call: the larger of their needs.
+  // Any of the kind's tiles may run a call: the largest of their needs.
   size_t bytes = 0;
 #define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN)                                                 \
   if (c == kCodes && bf16 == kBf16) {                                                           \

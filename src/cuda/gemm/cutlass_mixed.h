@@ -20,7 +20,7 @@
 //
 //   kind       codes (A)                         scale, zero               w, rounded once to act
 //   kInt4      signed int4 q - 8 (ORT's q ^ 8,   act dtype, none           (q - 8) * s, the scale
-//              a prepared copy)                                            rounded to act first
+//              a prepared copy, shuffled)                                  rounded to act first
 //   kInt4Zero  the same signed copy              f32 s, f32 -(zp - 8) s    q' s + z in f32
 //   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (zp 128
 //                                                                          without zero points)
@@ -63,6 +63,11 @@ constexpr int64_t mixed_scale_bytes(MixedCodes c) { return c == MixedCodes::kInt
 constexpr bool mixed_has_zeros(MixedCodes c) {
   return c == MixedCodes::kInt4Zero || c == MixedCodes::kUint8;
 }
+// Whether the kind reads its codes shuffled into the wgmma fragment order
+// (cutlass_mixed_shuffle.cuh) rather than K-contiguous: kInt4, whose conversion is the kernel's
+// main cost. Its n must then be a multiple of kMixedShuffleRows.
+constexpr bool mixed_codes_shuffled(MixedCodes c) { return c == MixedCodes::kInt4; }
+constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 
 struct MixedGemmArgs {
   MixedCodes codes_kind = MixedCodes::kInt4;
@@ -72,13 +77,14 @@ struct MixedGemmArgs {
   float* c = nullptr;  // [rows, ldc]; rows of touched experts, columns < n are written
   int64_t ldc = 0;
   int64_t n = 0, k = 0;
-  const uint8_t* codes = nullptr;  // [E, n, k * bits / 8] (table above)
+  const uint8_t* codes = nullptr;  // [E, n, k * bits / 8] (table above; shuffled kinds in
+                                   // cutlass_mixed_shuffle.cuh's order)
   const void* scales = nullptr;    // [E, k / chunk, n] (the prepared copy)
   const float* zeros = nullptr;    // [E, k / chunk, n] f32, kinds with a zero term only
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
-  int tile_n = 128;                // the tile's rows: 128, or 32 (mixed_has_narrow_tile)
+  int tile_n = 128;  // the tile's rows: 128, or 32 / 256 where the kind has them (below)
 };
 
 // The automatic tile choice takes the narrow tile while a call averages at most this many routes
@@ -86,22 +92,28 @@ struct MixedGemmArgs {
 // (bench/results/2026-12-02-h200-tiles.md): narrow / wide 287 / 381 us at 8 routes, 301 / 384 at
 // 16, 429 / 409 at 32, 698 / 471 at 64.
 constexpr int64_t kMixedNarrowRoutes = 16;
+// ... and the wide tile from this many routes per expert on.
+constexpr int64_t kMixedWideRoutes = 128;
 
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kUint8,
 // kE4m3); every kind has the 128-row one.
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
+// Whether the kind has the wide (256-row) tile for this activation dtype (bf16: kInt4).
+bool mixed_has_wide_tile(MixedCodes c, DType dtype);
 
 // The kind that runs an FC of this format, activation dtype and [n, k] shape, or kNone (with the
 // reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, bf16/f16
 // activations, k a multiple of kMixedTileK, scale blocks per channel or a multiple of kMixedTileK
-// dividing k (fp8_block: the square block along k), n a multiple of 8. Host-only.
+// dividing k (fp8_block: the square block along k), n a multiple of 8 (of kMixedShuffleRows for
+// the shuffled kinds). Host-only.
 MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k,
                            std::string* why = nullptr);
 
 // The prepared copy of one FC of E experts (host side), built from ORT's tensors (codes, scales,
 // zero points, fp8's global scale [E]) for mixed_codes_for(f, act, n, k) = c.
 struct MixedCopy {
-  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero: the signed copy; empty: ORT's codes serve
+  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero: the signed copy (K-contiguous; kInt4's is
+                                // shuffled after, mixed_shuffle_codes); empty: ORT's codes serve
   std::vector<uint8_t> scales;  // [E, k / chunk, n], mixed_scale_bytes(c) each
   std::vector<float> zeros;     // [E, k / chunk, n]; empty without a zero term
   int64_t chunk = 0;            // the scale block along k
@@ -109,6 +121,15 @@ struct MixedCopy {
 void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
                    int64_t k, const uint8_t* codes, const uint8_t* scales,
                    const uint8_t* zero_points, const float* global_scale, MixedCopy* out);
+
+// The shuffle of kInt4's signed codes [experts, n, k / 2] (K-contiguous, low nibble = even k)
+// into the kernel's order, out of place on `stream`; n a multiple of kMixedShuffleRows, k of
+// kMixedShuffleCols. mixed_shuffle_codes_host is its host twin for the tests: it places each code
+// by CuTe's layout of the whole matrix, element by element.
+Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n, int64_t k,
+                           cudaStream_t stream);
+void mixed_shuffle_codes_host(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n,
+                              int64_t k);
 
 // Whether these arguments can run (the kind's shape rules, plus strides and 16-byte aligned
 // pointers); `why` names the first that cannot. Host-only.

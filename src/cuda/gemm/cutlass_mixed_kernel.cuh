@@ -8,8 +8,9 @@
 // mainloop loads the codes and a [128 x 1] scale (and zero) column per K tile by TMA, converts
 // the codes in registers (ConvertAndScale: q * s; ConvertAndScaleWithZero: q * s + z; in f32
 // where the scale is f32, then one rounding to the activation type), then issues wgmma with A
-// from registers. The codes are in the plain K-contiguous order (no offline value shuffle): the
-// simplest layout the collective takes; the shuffled layout is a measured follow-up.
+// from registers. kInt4's codes are shuffled at prepare (cutlass_mixed_shuffle.cuh) so that a
+// thread's eight codes arrive as one word in the order the fast conversion takes; the other kinds
+// read their codes K-contiguous.
 //
 // Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
 //   shapes   G x Shape<int, int, int>        (n, rows of the group, k)
@@ -18,7 +19,9 @@
 //   ptr_d    G x pointer                     c + row0 * ldc
 //   ptr_s    G x pointer                     scales of the group's expert
 //   ptr_z    G x pointer                     zeros of the group's expert (null without them)
-//   stride_a, stride_b, stride_d   G x 8 bytes (one 64-bit leading dimension each)
+//   stride_a, stride_b, stride_d   G x 8 bytes (one 64-bit leading dimension each); a shuffled
+//                                  kind's stride_a is its layout, G x 12 bytes (n / 16, k / 16
+//                                  and the K step of its atoms)
 //   stride_s G x 16 bytes                    (_1, n, n k / chunk)
 //   cutlass  Gemm::get_workspace_size (TMA descriptors per SM: codes, activations, scales, zeros)
 #pragma once
@@ -33,6 +36,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cuda/gemm/cutlass_mixed_instances.h"
+#include "cuda/gemm/cutlass_mixed_shuffle.cuh"
 
 namespace qmoe::cuda::cutlass_detail {
 
@@ -142,8 +146,14 @@ struct MixedGemm {
   using Tile = MixedTile<kTileN>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
-  using LayoutA = cutlass::layout::RowMajor;         // codes [n, k]: K-contiguous along M
   using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
+  static constexpr bool kShuffled = mixed_codes_shuffled(kCodes);
+  // codes [n, k]: K-contiguous along M, or the shuffled layout (the collective takes a CuTe layout
+  // in place of the stride).
+  using PlainStrideA = cute::remove_pointer_t<
+      cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor*>>;
+  using LayoutA = std::conditional_t<kShuffled, ShuffledLayoutA<PlainStrideA>,
+                                     cutlass::layout::RowMajor>;
   static constexpr int kBits = mixed_code_bits(kCodes);
   static constexpr int kAlignA = 128 / kBits;  // TMA: 16-byte rows of codes
   static constexpr int kAlignB = 16 / sizeof(Element);
@@ -168,8 +178,9 @@ struct MixedGemm {
   using StrideD = typename Kernel::InternalStrideD;
   using StrideS = typename Mainloop::StrideScale;
   // docs/cuda-backend.md's workspace formula counts these sizes.
-  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
-                "one 64-bit leading dimension per stride");
+  static_assert(sizeof(StrideA) == (kShuffled ? 12 : 8) && sizeof(StrideB) == 8 &&
+                    sizeof(StrideD) == 8,
+                "one 64-bit leading dimension per stride; the shuffled layout's three ints");
   static_assert(sizeof(StrideS) == 16, "scale stride (_1, int64, int64)");
   static_assert(sizeof(Shape3) == 12, "(M, N, K) as three ints");
   static constexpr int64_t kScaleBytes = mixed_scale_bytes(kCodes);
@@ -207,9 +218,13 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
     ptr_d[j] = p.c + row0 * p.ldc;
     ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
     ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
-    typename G::StrideA sa{};
-    cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
-    stride_a[j] = sa;
+    if constexpr (G::kShuffled) {
+      stride_a[j] = shuffled_layout(static_cast<int>(p.n), static_cast<int>(p.k));
+    } else {
+      typename G::StrideA sa{};
+      cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
+      stride_a[j] = sa;
+    }
     typename G::StrideB sb{};
     cute::get<0>(sb) = p.lda;
     stride_b[j] = sb;

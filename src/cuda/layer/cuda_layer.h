@@ -195,6 +195,8 @@ class CudaLayer final : public PreparedLayer {
   Status upload(const TensorView& v, const void** dst);
   // A device buffer of `bytes` the layer keeps (filled by the caller, e.g. a packing kernel).
   Status keep(size_t bytes, void** dst);
+  // Frees a buffer keep() gave (the device must be done with it).
+  void release(const void* p);
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
                 int64_t ld_b, cudaStream_t stream);

@@ -39,6 +39,12 @@ Status CudaLayer::keep(size_t bytes, void** dst) {
   return Status::ok();
 }
 
+void CudaLayer::release(const void* p) {
+  buffers_.erase(std::remove_if(buffers_.begin(), buffers_.end(),
+                                [p](const DeviceBuffer& b) { return b.get() == p; }),
+                 buffers_.end());
+}
+
 namespace {
 
 // The device copy of an ORT tensor that a packing kernel reads: `kept` where prepare uploaded the
@@ -133,8 +139,9 @@ Status CudaLayer::init(const LayerWeights& w) {
 }
 
 // The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
-// (device_pack.h): transposed scales (and zeros) always; int4's signed codes in place of ORT's; u8
-// and e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
+// (device_pack.h): transposed scales (and zeros) always; int4's signed codes in place of ORT's
+// (kInt4's then shuffled into a buffer of their own, and ORT's freed); u8 and e4m3 codes are
+// ORT's own, those of the raw copy (init uploads every one of them).
 Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out) {
   const DeviceFc& raw = *fc;
   *out = MixedFc{};
@@ -151,8 +158,17 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
     QMOE_RETURN_IF_ERROR(device_mixed_codes(signed_codes, static_cast<int64_t>(w.weight.bytes()),
                                             signed_codes, kPrepareStream));
-    out->codes = signed_codes;
     fc->weight = nullptr;
+    if (mixed_codes_shuffled(c)) {
+      void* shuffled = nullptr;
+      QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
+      QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E,
+                                               raw.n, raw.k, kPrepareStream));
+      QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
+      release(signed_codes);
+      signed_codes = static_cast<uint8_t*>(shuffled);
+    }
+    out->codes = signed_codes;
   } else if (c != MixedCodes::kInt4 && c != MixedCodes::kInt4Zero && raw.weight != nullptr) {
     out->codes = raw.weight;
   } else {
