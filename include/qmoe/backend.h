@@ -73,7 +73,7 @@ struct PrepareOptions {
   // many as the device holds. QMOE_FUSED_GRID.
   int fused_grid_ctas = 0;
   // CUDA: the mixed-input GEMM's tile rows: 0 chooses per call (the 32-row tile while the call
-  // averages at most 16 routes per expert, the 256-row one from 128 on, where the kind has them),
+  // averages at most 16 routes per expert, the 256-row one from 256 on, where the kind has them),
   // 32, 128 or 256 take that tile wherever it exists (A/B runs). QMOE_MIXED_TILE.
   int mixed_tile = 0;
 };

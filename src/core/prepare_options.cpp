@@ -117,8 +117,8 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   if (tile_from_env) {
     const std::string v = env_value("QMOE_MIXED_TILE");
     if (v != "0" && v != "32" && v != "128" && v != "256") {
-      return Status::invalid("QMOE_MIXED_TILE: expected 0 (automatic), 32, 128 or 256, got '" +
-                             v + "'");
+      return Status::invalid("QMOE_MIXED_TILE: expected 0 (automatic), 32, 128 or 256, got '" + v +
+                             "'");
     }
     o.mixed_tile = std::stoi(v);
   } else if (o.mixed_tile != 0 && o.mixed_tile != 32 && o.mixed_tile != 128 &&

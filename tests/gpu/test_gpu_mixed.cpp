@@ -138,9 +138,9 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
 // The narrow (32-row), the 128-row and the wide (256-row) tile, each forced, on the kinds that
 // have them (bf16), and the automatic choice on each side of its thresholds; f16 has only the
 // 128-row tile, which a forced narrow or wide choice falls back to. 100 tokens x 4 routes over 16
-// experts average 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows, 700
-// average 175 (ragged 256-row tiles); the automatic choice takes the narrow tile at 60 tokens (15
-// rows on average), the 128-row one at 100 and the wide one at 700 (175 rows).
+// experts average 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows; the
+// automatic choice takes the narrow tile at 60 tokens (15 rows on average), the 128-row one at
+// 100 and the wide one at 1100 (275 rows: ragged 256-row tiles).
 TEST(GpuMixedLayer, NarrowAndWideTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
@@ -163,7 +163,7 @@ TEST(GpuMixedLayer, NarrowAndWideTiles) {
     }
     check_mixed_against_dequant(s, 60);   // automatic: narrow where it exists
     check_mixed_against_dequant(s, 100);  // automatic: 128 rows
-    check_mixed_against_dequant(s, 700);  // automatic: wide where it exists
+    check_mixed_against_dequant(s, 1100);  // automatic: wide where it exists
   }
   // The narrow tile's output does not depend on the wide tile's existence: graph replay and
   // poison as for the wide one.

@@ -268,16 +268,18 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
   }
 }
 
-// kInt4's shuffle (cutlass_mixed_shuffle.cuh): the device kernel against its host twin (CuTe's
-// layout of the whole matrix), and both against the order drawn there, recomputed here from the
-// wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4) + {0, 1, 8, 9}). Shapes with
-// one atom, with several along n and k, and the 64 x 208 of a partial 128-row tile.
+// kInt4's shuffle (cutlass_mixed_shuffle.cuh): the device kernel, with and without the flip,
+// against its host twin (CuTe's layout of the whole matrix), and the twin against the order drawn
+// there, recomputed here from the wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4)
+// + {0, 1, 8, 9}). Shapes with one atom, with several along n and k (k = 64 and 272: a block's
+// eight atoms past the row's end), and the 208 rows of a partial 128-row tile.
 TEST(DevicePack, MixedShuffleOfInt4) {
   QMOE_REQUIRE_GPU();
   struct Shape {
     int64_t e, n, k;
   };
-  for (const Shape& sh : {Shape{1, 16, 16}, Shape{3, 48, 128}, Shape{2, 208, 64}}) {
+  for (const Shape& sh :
+       {Shape{1, 16, 16}, Shape{3, 48, 128}, Shape{2, 208, 64}, Shape{1, 32, 272}}) {
     SCOPED_TRACE("E " + std::to_string(sh.e) + " n " + std::to_string(sh.n) + " k " +
                  std::to_string(sh.k));
     const size_t bytes = static_cast<size_t>(sh.e * sh.n * sh.k / 2);
@@ -295,22 +297,31 @@ TEST(DevicePack, MixedShuffleOfInt4) {
           const int64_t at = 8 * lane + (v >> 1) + 4 * (v & 1) +
                              256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
           const int want = (codes[static_cast<size_t>((e * sh.n * sh.k + m * sh.k + kk) / 2)] >>
-                            (4 * (kk & 1))) & 15;
+                            (4 * (kk & 1))) &
+                           15;
           const int got = (host[static_cast<size_t>(at / 2)] >> (4 * (at & 1))) & 15;
           ASSERT_EQ(got, want) << "e " << e << " m " << m << " k " << kk;
         }
       }
     }
-    GpuBuffer in, out;
+    GpuBuffer in, out, flipped;
     up(codes, &in);
     out_buffer(bytes, &out);
-    ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), out.as<uint8_t>(), sh.e, sh.n, sh.k, 0));
+    ASSERT_OK(
+        cuda::mixed_shuffle_codes(in.as<uint8_t>(), out.as<uint8_t>(), sh.e, sh.n, sh.k, false, 0));
     EXPECT_TRUE(same(host, out));
+    // With the flip: each nibble XOR 8, nothing else.
+    for (uint8_t& b : host) b ^= 0x88;
+    out_buffer(bytes, &flipped);
+    ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), flipped.as<uint8_t>(), sh.e, sh.n, sh.k,
+                                        true, 0));
+    EXPECT_TRUE(same(host, flipped));
   }
   GpuBuffer a, b;
   out_buffer(64, &a);
   out_buffer(64, &b);
-  const Status bad = cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 8, 16, 0);
+  const Status bad =
+      cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 8, 16, false, 0);
   EXPECT_FALSE(bad.is_ok());
   EXPECT_NE(bad.message().find("n a multiple of 16"), std::string::npos) << bad.message();
 }

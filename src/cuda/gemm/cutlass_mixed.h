@@ -92,8 +92,10 @@ struct MixedGemmArgs {
 // (bench/results/2026-12-02-h200-tiles.md): narrow / wide 287 / 381 us at 8 routes, 301 / 384 at
 // 16, 429 / 409 at 32, 698 / 471 at 64.
 constexpr int64_t kMixedNarrowRoutes = 16;
-// ... and the wide tile from this many routes per expert on.
-constexpr int64_t kMixedWideRoutes = 128;
+// ... and the wide tile from this many routes per expert on. Measured (bench/results/
+// 2026-12-02-h200-shuffle.md), wide / 128-row: qwen3-30b-a3b INT4 685 / 639 us at 128 routes,
+// 1062 / 1073 at 256; mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
+constexpr int64_t kMixedWideRoutes = 256;
 
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kUint8,
 // kE4m3); every kind has the 128-row one.
@@ -122,12 +124,14 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
                    int64_t k, const uint8_t* codes, const uint8_t* scales,
                    const uint8_t* zero_points, const float* global_scale, MixedCopy* out);
 
-// The shuffle of kInt4's signed codes [experts, n, k / 2] (K-contiguous, low nibble = even k)
-// into the kernel's order, out of place on `stream`; n a multiple of kMixedShuffleRows, k of
-// kMixedShuffleCols. mixed_shuffle_codes_host is its host twin for the tests: it places each code
-// by CuTe's layout of the whole matrix, element by element.
+// The shuffle of int4 codes [experts, n, k / 2] (K-contiguous, low nibble = even k) into the
+// kernel's order, out of place (out 4-byte aligned) on `stream`; n a multiple of
+// kMixedShuffleRows, k of kMixedShuffleCols. `flip` also XORs each code with 8 (ORT's codes to
+// kInt4's signed copy in the same pass). The kernel follows the order drawn in
+// cutlass_mixed_shuffle.cuh; mixed_shuffle_codes_host, its twin for the tests, places each code
+// by CuTe's layout of the whole matrix instead, element by element (no flip).
 Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n, int64_t k,
-                           cudaStream_t stream);
+                           bool flip, cudaStream_t stream);
 void mixed_shuffle_codes_host(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n,
                               int64_t k);
 

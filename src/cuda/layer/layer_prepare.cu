@@ -156,17 +156,19 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     // own (pack_for_decode ran first): the raw upload, the layer's own buffer, becomes the signed
     // copy in place, and the FC no longer has ORT's codes.
     uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
-    QMOE_RETURN_IF_ERROR(device_mixed_codes(signed_codes, static_cast<int64_t>(w.weight.bytes()),
-                                            signed_codes, kPrepareStream));
+    const int64_t n = raw.n, k = raw.k;
     fc->weight = nullptr;
-    if (mixed_codes_shuffled(c)) {
+    if (mixed_codes_shuffled(c)) {  // signed and shuffled in one pass, into a buffer of its own
       void* shuffled = nullptr;
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
-      QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E,
-                                               raw.n, raw.k, kPrepareStream));
+      QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,
+                                               k, /*flip=*/true, kPrepareStream));
       QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
       release(signed_codes);
       signed_codes = static_cast<uint8_t*>(shuffled);
+    } else {
+      QMOE_RETURN_IF_ERROR(device_mixed_codes(signed_codes, static_cast<int64_t>(w.weight.bytes()),
+                                              signed_codes, kPrepareStream));
     }
     out->codes = signed_codes;
   } else if (c != MixedCodes::kInt4 && c != MixedCodes::kInt4Zero && raw.weight != nullptr) {
