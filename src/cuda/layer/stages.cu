@@ -54,6 +54,28 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
 }
 
+// A bf16/f16 row in 16-byte pieces (8 elements): hidden and ld multiples of 8, the input 16-byte
+// aligned (launch_gather checks). A 16-bit element is non-finite when its exponent field is all
+// ones, tested on both halves of each 32-bit word at once.
+__global__ void gather16_kernel(const uint4* input, uint32_t exp_mask2, int64_t hidden8,
+                                const int32_t* permuted_route, int slots, uint4* x_perm,
+                                int64_t ld8, int32_t* error) {
+  const int64_t p = blockIdx.x;
+  const int64_t token = permuted_route[p] / slots;
+  const uint4* src = input + token * hidden8;
+  uint4* dst = x_perm + p * ld8;
+  bool bad = false;
+  for (int64_t c = threadIdx.x; c < ld8; c += blockDim.x) {
+    const uint4 v = c < hidden8 ? src[c] : make_uint4(0, 0, 0, 0);
+    for (uint32_t w : {v.x, v.y, v.z, v.w}) {
+      const uint32_t e = w & exp_mask2;
+      bad |= (e & 0xFFFFu) == (exp_mask2 & 0xFFFFu) || (e >> 16) == (exp_mask2 >> 16);
+    }
+    dst[c] = v;
+  }
+  if (bad) record_error(error, kErrorInput, token);
+}
+
 __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
                               const int32_t* permuted_route, int slots, void* x_perm, int64_t ld,
                               int32_t* error) {
@@ -82,6 +104,8 @@ __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
   if (bad) record_error(error, kErrorInput, token);
 }
 
+constexpr int kActVec = 4;
+
 __global__ void activation_kernel(ActivationArgs a) {
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
@@ -102,34 +126,42 @@ __global__ void activation_kernel(ActivationArgs a) {
     const float b = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
     return scale * h3[n] + b;
   };
-  for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
-    float v = 0.0f;
-    if (i < I) {
-      if (!is_gated(a.act.kind)) {
-        v = scalar_act(a.act.kind, fc1(i));
-      } else {
-        float gate, lin;
-        switch (a.act.glu) {
-          case GluLayout::kInterleaved:
-            gate = fc1(2 * i), lin = fc1(2 * i + 1);
-            break;
-          case GluLayout::kConcatenated:
-            gate = fc1(i), lin = fc1(I + i);
-            break;
-          default:
-            gate = fc1(i), lin = fc3(i);
-            break;
-        }
-        v = gated_act(a.act, gate, lin);
-      }
+  auto value = [&](int64_t i) {
+    if (i >= I) return 0.0f;
+    if (!is_gated(a.act.kind)) return scalar_act(a.act.kind, fc1(i));
+    float gate, lin;
+    switch (a.act.glu) {
+      case GluLayout::kInterleaved:
+        gate = fc1(2 * i), lin = fc1(2 * i + 1);
+        break;
+      case GluLayout::kConcatenated:
+        gate = fc1(i), lin = fc1(I + i);
+        break;
+      default:
+        gate = fc1(i), lin = fc3(i);
+        break;
     }
-    store_float(a.out, a.out_dtype, p * a.ld + i, v);
+    return gated_act(a.act, gate, lin);
+  };
+  // kActVec consecutive outputs per thread: their loads are issued together (a row's few
+  // hundred outputs are one pass), each output's arithmetic unchanged.
+  for (int64_t i0 = threadIdx.x * kActVec; i0 < a.ld; i0 += blockDim.x * kActVec) {
+    float v[kActVec];
+#pragma unroll
+    for (int u = 0; u < kActVec; ++u) v[u] = value(i0 + u);
+#pragma unroll
+    for (int u = 0; u < kActVec; ++u) {
+      if (i0 + u < a.ld) store_float(a.out, a.out_dtype, p * a.ld + i0 + u, v[u]);
+    }
   }
 }
 
 // The token's slots (position, weight, expert) go to shared memory first: read from global inside
 // the sum, each would cost two dependent memory round trips per slot. The sum then runs in slot
 // order with four FC2 outputs loaded ahead.
+// kCols columns per thread: 4 where hidden and ldy are multiples of 4 (16-byte loads of y rows,
+// launch_finalize checks), else 1.
+template <int kCols>
 __global__ void finalize_kernel(FinalizeArgs a) {
   extern __shared__ int32_t slot_info[];  // [slots] positions, [slots] expert ids, [slots] weights
   const int64_t t = blockIdx.y;
@@ -144,10 +176,17 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   }
   pdl_wait();  // FC2's outputs
   __syncthreads();
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
   if (c >= a.hidden) return;
-  store_float(a.out, a.out_dtype, t * a.hidden + c,
-              combine_column(a, s_pos, s_expert, s_weight, c));
+  if constexpr (kCols == 4) {
+    const float4 v = combine_columns4(a, s_pos, s_expert, s_weight, c);
+    const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, vs[u]);
+  } else {
+    store_float(a.out, a.out_dtype, t * a.hidden + c,
+                combine_column(a, s_pos, s_expert, s_weight, c));
+  }
 }
 
 }  // namespace
@@ -167,6 +206,17 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
                      cudaStream_t stream) {
   if (routes <= 0) return Status::ok();
   if (routes > 0x7FFFFFFF) return Status::invalid("gather: too many routes");
+  if (dtype != DType::kF32 && hidden % 8 == 0 && ld % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(x_perm) % 16 == 0) {
+    // 16-byte pieces; 128 threads cover a 2048-wide row in two passes.
+    const uint32_t mask = dtype == DType::kF16 ? 0x7C00u : 0x7F80u;
+    gather16_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
+        static_cast<const uint4*>(input), mask | (mask << 16), hidden / 8, permuted_route, slots,
+        static_cast<uint4*>(x_perm), ld / 8, error);
+    QMOE_CUDA_CHECK_LAUNCH("gather16_kernel");
+    return Status::ok();
+  }
   gather_kernel<<<static_cast<unsigned>(routes), 256, 0, stream>>>(
       input, dtype, hidden, permuted_route, slots, x_perm, ld, error);
   QMOE_CUDA_CHECK_LAUNCH("gather_kernel");
@@ -175,7 +225,7 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
 
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
-  activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
+  activation_kernel<<<static_cast<unsigned>(a.routes), 128, 0, stream>>>(a);
   QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
   return Status::ok();
 }
@@ -196,9 +246,13 @@ Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream) {
     }
     return Status::ok();
   }
-  const dim3 grid(static_cast<unsigned>((a.hidden + 127) / 128), static_cast<unsigned>(a.tokens));
   if (a.slots > 4096) return Status::invalid("finalize: at most 4096 slots per token");
-  QMOE_CUDA_TRY(launch_maybe_pdl(&finalize_kernel, grid, dim3(128),
+  const bool four =
+      a.hidden % 4 == 0 && a.ldy % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  const int64_t per_block = four ? 512 : 128;  // 128 threads
+  const dim3 grid(static_cast<unsigned>((a.hidden + per_block - 1) / per_block),
+                  static_cast<unsigned>(a.tokens));
+  QMOE_CUDA_TRY(launch_maybe_pdl(four ? &finalize_kernel<4> : &finalize_kernel<1>, grid, dim3(128),
                                  12 * static_cast<size_t>(a.slots), stream, a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("finalize_kernel");
   return Status::ok();
