@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -200,33 +199,33 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   return true;
 }
 
-bool mixed_has_narrow_tile(MixedCodes c, DType dtype) {
+namespace {
+
+// Whether the instance list holds the kind's tile of tile_n rows for this dtype.
+bool has_tile(MixedCodes c, DType dtype, int tile_n) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_NARROW(kCodes, kBf16, kTileN) \
-  if (kTileN == 32 && c == kCodes && bf16 == kBf16 && dtype != DType::kF32) return true;
-  QMOE_MIXED_INSTANCES(QMOE_MIXED_NARROW)
-#undef QMOE_MIXED_NARROW
+#define QMOE_MIXED_HAS(kCodes, kBf16, kTileN) \
+  if (kTileN == tile_n && c == kCodes && bf16 == kBf16) return true;
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_HAS)
+#undef QMOE_MIXED_HAS
   return false;
 }
 
-bool mixed_has_wide_tile(MixedCodes c, DType dtype) {
-  const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_WIDE(kCodes, kBf16, kTileN) \
-  if (kTileN == 256 && c == kCodes && bf16 == kBf16 && dtype != DType::kF32) return true;
-  QMOE_MIXED_INSTANCES(QMOE_MIXED_WIDE)
-#undef QMOE_MIXED_WIDE
-  return false;
-}
+}  // namespace
+
+bool mixed_has_narrow_tile(MixedCodes c, DType dtype) { return has_tile(c, dtype, 32); }
+bool mixed_has_wide_tile(MixedCodes c, DType dtype) { return has_tile(c, dtype, 256); }
 
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count) {
   if (max_groups <= 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) return 0;
   const bool bf16 = dtype == DType::kBF16;
   // Any of the kind's tiles may run a call: the largest of their needs.
   size_t bytes = 0;
-#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN)                                                 \
-  if (c == kCodes && bf16 == kBf16) {                                                           \
-    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN>(      \
-                                max_groups, sm_count));                                         \
+#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN)                                           \
+  if (c == kCodes && bf16 == kBf16) {                                                     \
+    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN>( \
+                                max_groups, sm_count));                                   \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_BYTES)
 #undef QMOE_MIXED_BYTES
@@ -260,10 +259,9 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   const bool bf16 = args.dtype == DType::kBF16;
-#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN)                                   \
-  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN) {       \
-    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN>(args, sm_count, workspace, \
-                                                               stream);            \
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN)                                                   \
+  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN) {                       \
+    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN>(args, sm_count, workspace, stream); \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH

@@ -178,15 +178,10 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   __syncthreads();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
   if (c >= a.hidden) return;
-  if constexpr (kCols == 4) {
-    const float4 v = combine_columns4(a, s_pos, s_expert, s_weight, c);
-    const float vs[4] = {v.x, v.y, v.z, v.w};
+  float v[kCols];
+  combine_columns<kCols>(a, s_pos, s_expert, s_weight, c, v);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, vs[u]);
-  } else {
-    store_float(a.out, a.out_dtype, t * a.hidden + c,
-                combine_column(a, s_pos, s_expert, s_weight, c));
-  }
+  for (int u = 0; u < kCols; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, v[u]);
 }
 
 }  // namespace
