@@ -501,6 +501,46 @@ TEST(DeviceRouting, GeneralPathEqualsFusedPathForFewTokens) {
   }
 }
 
+// The blocked path (kFusedMaxTokens < T <= kBlockedMaxTokens) against the host and the general
+// path, bitwise: token counts on and off its 32-token blocks up to its limit, every method, E up
+// to its limit, up to 16 slots, tie-heavy values (exact ties resolved by index, which the
+// blocks' masks must keep in route-id order). It refuses what it does not take.
+TEST(DeviceRouting, BlockedPathEqualsGeneralPathAndHost) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t experts[] = {8, 128, 512};
+  int i = 0;
+  for (int64_t t : {65, 96, 333, 1000, 4099, cuda::kBlockedMaxTokens}) {
+    for (int m = 0; m < 5; ++m, ++i) {
+      const int shared = i % 3;
+      const int k = std::uniform_int_distribution<int>(1, cuda::kFusedMaxSlots - shared)(rng);
+      const TieBreak ties = i % 2 ? TieBreak::kHigherIndex : TieBreak::kLowerIndex;
+      const LayerSpec s = valid_spec(kMethods[m], experts[i % 3], k, shared, ties, i % 2 == 0, rng);
+      const Values v = i % 2 ? Values::kTieHeavy : Values::kGaussian;
+      const Problem p = make_problem(s, t, kDtypes[i % 3], i % 4 == 1, v, rng());
+      ASSERT_TRUE(cuda::blocked_routing_applies(t, p.slots(), p.experts()));
+      Maps blocked, general;
+      ASSERT_TRUE(device_route(p, RoutingPath::kBlocked, &blocked)) << p.describe();
+      ASSERT_TRUE(device_route(p, RoutingPath::kGeneral, &general)) << p.describe();
+      ASSERT_TRUE(same_maps(blocked, general)) << p.describe() << ", seed " << seed;
+      ASSERT_TRUE(matches_host(p, RoutingPath::kBlocked)) << "seed " << seed;
+    }
+  }
+  EXPECT_FALSE(cuda::blocked_routing_applies(cuda::kBlockedMaxTokens + 1, 8, 128));
+  EXPECT_FALSE(cuda::blocked_routing_applies(100, 8, cuda::kFusedMaxExperts + 1));
+  EXPECT_FALSE(cuda::blocked_routing_applies(100, cuda::kFusedMaxSlots + 1, 128));
+  const LayerSpec s =
+      valid_spec(RoutingMethod::kSoftmaxTopK, 1000, 4, 0, TieBreak::kLowerIndex, true, rng);
+  const Problem p = make_problem(s, 100, DType::kF32, false, Values::kGaussian, rng());
+  DeviceProblem d;
+  ASSERT_TRUE(d.init(p, RoutingPath::kBlocked));
+  const Status st =
+      cuda::launch_routing_path(d.args, RoutingPath::kBlocked, d.temp.get(), d.temp_bytes, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("the blocked path needs"), std::string::npos) << st.message();
+}
+
 // The plan (touched experts ascending, then -1 to entry E - 1; their number; the exclusive
 // prefix of their tiles of 128 routes) as the fused kernel builds it and as launch_plan builds it
 // after the general path, bitwise against the host's from the host's counts. The outputs start
@@ -587,7 +627,7 @@ TEST(DeviceRouting, NonFiniteInputsMarkTheTokenAndSpareTheOthers) {
   };
   const Case cases[] = {{kNaN, 0}, {kInf, 0}, {-kInf, 0}, {0, kNaN}, {0, kInf}, {kNaN, -kInf}};
   int i = 0;
-  for (int64_t tokens : {6, 40}) {
+  for (int64_t tokens : {6, 40, 100}) {  // the fused path, then the blocked one
     for (const Case& c : cases) {
       const RoutingMethod method = kMethods[i % 5];
       const LayerSpec s = valid_spec(method, 64, 4, 1, TieBreak::kLowerIndex, true, rng);
@@ -755,7 +795,15 @@ TEST(DeviceRouting, TempBytesContract) {
         size_t general = 0, again = 0;
         ASSERT_TRUE(cuda::general_path_temp_bytes(t, sh.slots, sh.experts, &general).is_ok());
         ASSERT_TRUE(cuda::general_routing_temp_bytes(t, sh.slots, sh.experts, &again).is_ok());
-        EXPECT_EQ(bytes, general);
+        // Enough for the general path, and for the blocked one where it runs; never more than
+        // the two together at the blocked path's largest count.
+        EXPECT_GE(bytes, general);
+        const int64_t tb = std::min<int64_t>(t, cuda::kBlockedMaxTokens);
+        const size_t blocked = cuda::blocked_routing_applies(tb, sh.slots, sh.experts)
+                                   ? cuda::routing_detail::blocked_path_temp_bytes(tb, sh.experts)
+                                   : 0;
+        EXPECT_GE(bytes, blocked);
+        EXPECT_LE(bytes, general + blocked);
         EXPECT_EQ(bytes, again);
         if (t > 0) EXPECT_GT(bytes, 0u);
         // At least the sorted keys and the route ids.

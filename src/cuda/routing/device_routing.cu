@@ -3,6 +3,7 @@
 // path. Data values (non-finite logits) can only be checked on the device: see
 // device_routing.h. Nothing here synchronizes, allocates or touches memory, so a failed check
 // launches nothing.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -116,12 +117,24 @@ bool fused_routing_applies(int64_t tokens, int slots, int64_t experts) {
          experts >= 1 && experts <= kFusedMaxExperts;
 }
 
+bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts) {
+  return tokens >= 1 && tokens <= kBlockedMaxTokens && slots >= 1 && slots <= kFusedMaxSlots &&
+         experts >= 1 && experts <= kFusedMaxExperts;
+}
+
 Status general_routing_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes) {
   if (bytes == nullptr) return Status::invalid("bytes: null");
   *bytes = 0;
   QMOE_RETURN_IF_ERROR(routing_detail::check_routing_sizes(tokens, slots, experts));
   if (fused_routing_applies(tokens, slots, experts)) return Status::ok();
-  return general_path_temp_bytes(tokens, slots, experts, bytes);
+  size_t general = 0;
+  QMOE_RETURN_IF_ERROR(general_path_temp_bytes(tokens, slots, experts, &general));
+  const int64_t blocked_tokens = std::min<int64_t>(tokens, kBlockedMaxTokens);
+  const size_t blocked = blocked_routing_applies(blocked_tokens, slots, experts)
+                             ? routing_detail::blocked_path_temp_bytes(blocked_tokens, experts)
+                             : 0;
+  *bytes = std::max(general, blocked);
+  return Status::ok();
 }
 
 Status launch_routing_path(const DeviceRoutingArgs& args, RoutingPath path, void* temp,
@@ -138,8 +151,18 @@ Status launch_routing_path(const DeviceRoutingArgs& args, RoutingPath path, void
   if (path == RoutingPath::kFused || (path == RoutingPath::kAuto && fused)) {
     return routing_detail::launch_fused_routing(args, stream);
   }
+  const bool blocked = blocked_routing_applies(args.tokens, slots, args.num_experts);
+  if (path == RoutingPath::kBlocked && !blocked) {
+    return Status::invalid(
+        "path: the blocked path needs 1 <= tokens <= " + i_str(kBlockedMaxTokens) +
+        ", slots <= " + i_str(kFusedMaxSlots) + " and experts <= " + i_str(kFusedMaxExperts) +
+        "; got " + i_str(args.tokens) + ", " + i_str(slots) + ", " + i_str(args.num_experts));
+  }
   if (temp != nullptr && reinterpret_cast<uintptr_t>(temp) % kTempAlign != 0) {
     return Status::invalid("temp: expected a " + i_str(kTempAlign) + "-byte aligned pointer");
+  }
+  if (path == RoutingPath::kBlocked || (path == RoutingPath::kAuto && blocked)) {
+    return routing_detail::launch_blocked_routing(args, temp, temp_bytes, stream);
   }
   return routing_detail::launch_general_routing(args, temp, temp_bytes, stream);
 }

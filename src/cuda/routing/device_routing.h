@@ -2,15 +2,19 @@
 // per-token arithmetic (route_token.h semantics, compiled with -fmad=false), the same selection
 // order, and the same expert maps (stable by route id).
 //
-// Two paths, chosen by the token count:
+// Three paths, chosen by the token count:
 //   fused   (T <= kFusedMaxTokens, E <= kFusedMaxExperts, top_k + shared <= kFusedMaxSlots): one
 //           block routes every token (up to 32 routing warps, a token at a time each) and builds
 //           counts, offsets, the permuted route order and its inverse in shared memory from
 //           per-expert token masks. Needs no temporary storage.
+//   blocked (T <= kBlockedMaxTokens, the fused path's E and slot limits): the same counting sort
+//           over blocks of 32 tokens in three kernels (blocked_routing.cu): route with per-block
+//           expert masks, one block for the offsets and each block's base, a thread per route
+//           for its position.
 //   general (any T): a warp per token writes ids and weights; CUB builds the maps (a histogram for
 //           the counts, an exclusive scan for the offsets, a stable radix sort of (expert, route
-//           id) pairs for the permuted order) and a scatter kernel the inverse. Temporary storage:
-//           general_routing_temp_bytes().
+//           id) pairs for the permuted order) and a scatter kernel the inverse.
+// Temporary storage: general_routing_temp_bytes(), which covers the blocked and general paths.
 //
 // Non-finite logits or router weights cannot be reported synchronously from the device. A token
 // carrying one is routed as if its logits were all zero (so every id stays in range), its weights
@@ -32,6 +36,8 @@ namespace qmoe::cuda {
 constexpr int kFusedMaxTokens = 64;
 constexpr int kFusedMaxExperts = 512;
 constexpr int kFusedMaxSlots = 16;
+// Tokens the blocked path takes (its offsets kernel walks T / 32 blocks per expert).
+constexpr int64_t kBlockedMaxTokens = 16384;
 // Experts the general path supports (its per-warp shared memory holds 2 E floats).
 constexpr int kGeneralMaxExperts = 16384;
 
@@ -70,9 +76,13 @@ struct DeviceRoutingArgs {
 };
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);
+bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts);
 
-// Bytes of temporary storage the general path needs for T tokens (0 when the fused path applies).
-// A pure function of its arguments on a given device (CUB's own size queries, no launches).
+// Bytes of temporary storage routing needs for T tokens: 0 when the fused path applies, else the
+// larger of the blocked path's need at min(T, kBlockedMaxTokens) (where its E and slot limits
+// allow it) and the general path's at T, so that the size never decreases with T across the
+// paths' boundary. A pure function of its arguments on a given device (CUB's own size queries, no
+// launches).
 Status general_routing_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes);
 
 // Fills args.maps (expert_ids, weights, expert_counts, expert_offsets, permuted_route,

@@ -13,15 +13,16 @@
 
 namespace qmoe::cuda {
 
-enum class RoutingPath { kAuto, kFused, kGeneral };
+enum class RoutingPath { kAuto, kFused, kBlocked, kGeneral };
 
 // Bytes of temporary storage the general path needs for T tokens, whether or not the fused path
 // would apply (general_routing_temp_bytes() is this, or 0 where the fused path applies).
 Status general_path_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes);
 
 // launch_routing() with the path chosen by the caller: kAuto is launch_routing() itself; kFused
-// is refused (kInvalidArgument) where fused_routing_applies() is false; kGeneral needs
-// general_path_temp_bytes() of temporary storage.
+// and kBlocked are refused (kInvalidArgument) where fused_routing_applies() or
+// blocked_routing_applies() is false; kBlocked needs general_routing_temp_bytes() of temporary
+// storage, kGeneral general_path_temp_bytes().
 Status launch_routing_path(const DeviceRoutingArgs& args, RoutingPath path, void* temp,
                            size_t temp_bytes, cudaStream_t stream);
 
@@ -41,6 +42,10 @@ Status allow_dynamic_smem(const void* kernel, size_t smem);
 Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream);
 Status launch_general_routing(const DeviceRoutingArgs& args, void* temp, size_t temp_bytes,
                               cudaStream_t stream);
+Status launch_blocked_routing(const DeviceRoutingArgs& args, void* temp, size_t temp_bytes,
+                              cudaStream_t stream);
+// The blocked path's temporary storage for T tokens (blocked_routing.cu's layout).
+size_t blocked_path_temp_bytes(int64_t tokens, int64_t experts);
 
 }  // namespace routing_detail
 }  // namespace qmoe::cuda
