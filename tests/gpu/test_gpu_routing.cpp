@@ -511,7 +511,7 @@ TEST(DeviceRouting, BlockedPathEqualsGeneralPathAndHost) {
   std::mt19937_64 rng(seed);
   const int64_t experts[] = {8, 128, 512};
   int i = 0;
-  for (int64_t t : {65, 96, 333, 1000, 4099, cuda::kBlockedMaxTokens}) {
+  for (int64_t t : std::vector<int64_t>{65, 96, 333, 1000, 4099, cuda::kBlockedMaxTokens}) {
     for (int m = 0; m < 5; ++m, ++i) {
       const int shared = i % 3;
       const int k = std::uniform_int_distribution<int>(1, cuda::kFusedMaxSlots - shared)(rng);
