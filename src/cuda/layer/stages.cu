@@ -104,8 +104,6 @@ __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
   if (bad) record_error(error, kErrorInput, token);
 }
 
-constexpr int kActVec = 4;
-
 __global__ void activation_kernel(ActivationArgs a) {
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
@@ -126,33 +124,28 @@ __global__ void activation_kernel(ActivationArgs a) {
     const float b = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
     return scale * h3[n] + b;
   };
-  auto value = [&](int64_t i) {
-    if (i >= I) return 0.0f;
-    if (!is_gated(a.act.kind)) return scalar_act(a.act.kind, fc1(i));
-    float gate, lin;
-    switch (a.act.glu) {
-      case GluLayout::kInterleaved:
-        gate = fc1(2 * i), lin = fc1(2 * i + 1);
-        break;
-      case GluLayout::kConcatenated:
-        gate = fc1(i), lin = fc1(I + i);
-        break;
-      default:
-        gate = fc1(i), lin = fc3(i);
-        break;
+  for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < I) {
+      if (!is_gated(a.act.kind)) {
+        v = scalar_act(a.act.kind, fc1(i));
+      } else {
+        float gate, lin;
+        switch (a.act.glu) {
+          case GluLayout::kInterleaved:
+            gate = fc1(2 * i), lin = fc1(2 * i + 1);
+            break;
+          case GluLayout::kConcatenated:
+            gate = fc1(i), lin = fc1(I + i);
+            break;
+          default:
+            gate = fc1(i), lin = fc3(i);
+            break;
+        }
+        v = gated_act(a.act, gate, lin);
+      }
     }
-    return gated_act(a.act, gate, lin);
-  };
-  // kActVec consecutive outputs per thread: their loads are issued together (a row's few
-  // hundred outputs are one pass), each output's arithmetic unchanged.
-  for (int64_t i0 = threadIdx.x * kActVec; i0 < a.ld; i0 += blockDim.x * kActVec) {
-    float v[kActVec];
-#pragma unroll
-    for (int u = 0; u < kActVec; ++u) v[u] = value(i0 + u);
-#pragma unroll
-    for (int u = 0; u < kActVec; ++u) {
-      if (i0 + u < a.ld) store_float(a.out, a.out_dtype, p * a.ld + i0 + u, v[u]);
-    }
+    store_float(a.out, a.out_dtype, p * a.ld + i, v);
   }
 }
 
@@ -220,7 +213,7 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
 
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
-  activation_kernel<<<static_cast<unsigned>(a.routes), 128, 0, stream>>>(a);
+  activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
   QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
   return Status::ok();
 }
