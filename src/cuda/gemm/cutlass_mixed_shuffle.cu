@@ -16,6 +16,8 @@ namespace {
 using cutlass_detail::kShuffleCols;
 using cutlass_detail::kShuffleRows;
 static_assert(cutlass_detail::kShuffleSize == 32 * 8, "a warp's 32 words of eight codes");
+static_assert(kShuffleRows == kMixedShuffleRows && kShuffleCols == kMixedShuffleCols,
+              "cutlass_mixed.h's shape rule is the atom's");
 
 // One warp per atom, one 32-bit output word per lane: lane t's eight codes (the drawn order)
 // come from four bytes, rows r = t / 4 and r + 8 at k0 = 2 (t % 4) and k0 + 8, each byte holding

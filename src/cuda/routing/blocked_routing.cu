@@ -34,10 +34,6 @@ constexpr int kRouteThreads = kBlockTokens * kWarpSize;
 constexpr int kOffsetThreads = 1024;
 constexpr int kPlaceThreads = 256;
 static_assert(kFusedMaxExperts <= kOffsetThreads, "one offsets thread per expert");
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 struct BlockedLayout {
   int64_t blocks = 0;
   size_t masks = 0, base = 0, total = 0;  // byte offsets and size
@@ -48,8 +44,8 @@ BlockedLayout blocked_layout(int64_t tokens, int64_t experts) {
   l.blocks = (tokens + kBlockTokens - 1) / kBlockTokens;
   const size_t entries = static_cast<size_t>(l.blocks * experts);
   l.masks = 0;
-  l.base = align_up(entries * sizeof(uint32_t));
-  l.total = l.base + align_up(entries * sizeof(int32_t));
+  l.base = align_routing_temp(entries * sizeof(uint32_t));
+  l.total = l.base + align_routing_temp(entries * sizeof(int32_t));
   return l;
 }
 

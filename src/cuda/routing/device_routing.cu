@@ -20,8 +20,6 @@
 namespace qmoe::cuda {
 namespace {
 
-constexpr size_t kTempAlign = 256;
-
 std::string i_str(int64_t v) { return std::to_string(v); }
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
@@ -158,8 +156,9 @@ Status launch_routing_path(const DeviceRoutingArgs& args, RoutingPath path, void
         ", slots <= " + i_str(kFusedMaxSlots) + " and experts <= " + i_str(kFusedMaxExperts) +
         "; got " + i_str(args.tokens) + ", " + i_str(slots) + ", " + i_str(args.num_experts));
   }
-  if (temp != nullptr && reinterpret_cast<uintptr_t>(temp) % kTempAlign != 0) {
-    return Status::invalid("temp: expected a " + i_str(kTempAlign) + "-byte aligned pointer");
+  if (temp != nullptr && reinterpret_cast<uintptr_t>(temp) % kRoutingTempAlign != 0) {
+    return Status::invalid("temp: expected a " + i_str(kRoutingTempAlign) +
+                           "-byte aligned pointer");
   }
   if (path == RoutingPath::kBlocked || (path == RoutingPath::kAuto && blocked)) {
     return routing_detail::launch_blocked_routing(args, temp, temp_bytes, stream);

@@ -21,14 +21,11 @@ namespace qmoe::cuda {
 namespace routing_detail {
 namespace {
 
-constexpr size_t kTempAlign = 256;
 // Warps per routing block: as many as fit the default 48 KiB of shared memory (2 E floats each,
 // at most 8); from E = 6145 on a single warp needs the opt-in (at most 128 KiB at E = 16384).
 constexpr int kMaxWarpsPerBlock = 8;
 constexpr size_t kDefaultSmem = 48 * 1024;
 constexpr int kScatterThreads = 256;
-
-size_t align_up(size_t bytes) { return (bytes + kTempAlign - 1) / kTempAlign * kTempAlign; }
 
 // Key bits the radix sort needs for ids in [0, experts).
 int expert_key_bits(int experts) {
@@ -57,8 +54,8 @@ Status temp_layout(int64_t tokens, int slots, int64_t experts, TempLayout* l) {
       nullptr, sort, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), routes, 0,
       expert_key_bits(num_e)));
-  const size_t items = align_up(static_cast<size_t>(routes) * sizeof(int32_t));
-  l->cub_bytes = align_up(std::max(hist, std::max(scan, sort)));
+  const size_t items = align_routing_temp(static_cast<size_t>(routes) * sizeof(int32_t));
+  l->cub_bytes = align_routing_temp(std::max(hist, std::max(scan, sort)));
   l->keys = l->cub_bytes;
   l->route_ids = l->keys + items;
   l->total = l->route_ids + items;

@@ -15,6 +15,12 @@ namespace qmoe::cuda {
 
 enum class RoutingPath { kAuto, kFused, kBlocked, kGeneral };
 
+// The routing temp's alignment, and each of its regions' (the blocked and general layouts).
+constexpr size_t kRoutingTempAlign = 256;
+constexpr size_t align_routing_temp(size_t bytes) {
+  return (bytes + kRoutingTempAlign - 1) / kRoutingTempAlign * kRoutingTempAlign;
+}
+
 // Bytes of temporary storage the general path needs for T tokens, whether or not the fused path
 // would apply (general_routing_temp_bytes() is this, or 0 where the fused path applies).
 Status general_path_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes);
