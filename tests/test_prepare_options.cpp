@@ -19,7 +19,8 @@ const char* const kVariables[] = {
     "QMOE_TUNE_FILE",         "QMOE_GEMM",        "QMOE_DISPATCH",
     "QMOE_CUDA_PATH",         "QMOE_PDL",         "QMOE_DECODE_ROWS",
     "QMOE_DECODE_TPB",        "QMOE_DECODE_RING", "QMOE_DECODE_PREFETCH",
-    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE"};
+    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE",
+    "QMOE_ACT_QUANT"};
 
 // Each test starts from an environment without them (restored afterwards).
 class PrepareOptionsTest : public ::testing::Test {
@@ -57,6 +58,7 @@ TEST_F(PrepareOptionsTest, DefaultsStayWithoutTheEnvironment) {
   EXPECT_EQ(out.gemm, "");
   EXPECT_EQ(out.dispatch, "");
   EXPECT_TRUE(out.pdl);
+  EXPECT_EQ(out.act_quant, "none");
   // The documented defaults (the measured choices), unchanged.
   expect_decode(DecodeOptions{}, -1, 0, 0, -1, 4);
   expect_decode(out.decode, -1, 0, 0, -1, 4);
@@ -195,6 +197,42 @@ TEST_F(PrepareOptionsTest, CpuBackendIgnoresCudaSettings) {
   make_layer(small_spec(WeightFormat::kInt4), fresh_seed(), &tl);
   std::unique_ptr<PreparedLayer> layer;
   EXPECT_TRUE(prepare_layer(BackendKind::kCpu, tl.spec, tl.weights, {}, &layer).is_ok());
+}
+
+// act_quant: "none" (the default) or "fp8_e4m3", from the field or QMOE_ACT_QUANT; the CPU
+// backend, the exact one, takes "none" only.
+TEST_F(PrepareOptionsTest, ActQuantValuesAndTheCpuBackend) {
+  PrepareOptions in, out;
+  in.act_quant = "fp8_e4m3";
+  ASSERT_TRUE(resolve(in, &out).is_ok());
+  EXPECT_EQ(out.act_quant, "fp8_e4m3");
+  in.act_quant = "int8";
+  Status st = resolve(in, &out);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("act_quant: expected none or fp8_e4m3, got 'int8'"),
+            std::string::npos)
+      << st.to_string();
+  {
+    EnvOverride v("QMOE_ACT_QUANT", "fp8_e4m3");
+    ASSERT_TRUE(resolve({}, &out).is_ok());
+    EXPECT_EQ(out.act_quant, "fp8_e4m3");
+  }
+  {
+    EnvOverride v("QMOE_ACT_QUANT", "fp8");
+    st = resolve({}, &out);
+    EXPECT_NE(st.message().find("QMOE_ACT_QUANT"), std::string::npos) << st.to_string();
+  }
+  TestLayer tl;
+  make_layer(small_spec(WeightFormat::kFp8Block), 7, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  PrepareOptions fp8;
+  fp8.act_quant = "fp8_e4m3";
+  st = prepare_layer(BackendKind::kCpu, tl.spec, tl.weights, fp8, &layer);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("act_quant"), std::string::npos) << st.to_string();
+  EXPECT_EQ(layer, nullptr);
+  fp8.act_quant = "none";
+  EXPECT_TRUE(prepare_layer(BackendKind::kCpu, tl.spec, tl.weights, fp8, &layer).is_ok());
 }
 
 TEST(ForceDispatch, ChecksTheChoiceAgainstTheLayers) {

@@ -76,6 +76,14 @@ struct PrepareOptions {
   // averages at most 16 routes per expert, the 256-row one from 256 on, where the kind has them),
   // 32, 128 or 256 take that tile wherever it exists (A/B runs). QMOE_MIXED_TILE.
   int mixed_tile = 0;
+  // CUDA: the activations of the grouped GEMM path. "none" keeps ORT's numerics (bf16/f16
+  // activations times the dequantized weights); "fp8_e4m3" quantizes each route's FC1 and FC2
+  // input rows to e4m3 with a scale per 128 columns and runs both FCs on FP8 tensor cores
+  // (fp8 and fp8_block weights with 128 x 128 blocks; H and I multiples of 128). An explicit
+  // opt-in with its own error budget (docs/cuda-backend.md); the decode and fused paths keep
+  // bf16/f16 activations. Empty: $QMOE_ACT_QUANT when set, else "none". The CPU backend takes
+  // "none" only.
+  std::string act_quant;
 };
 
 // The one place the environment enters the options: `options` with each QMOE_* variable that is
@@ -88,6 +96,7 @@ struct PrepareOptions {
 //   (QMOE_CUDA_PATH=generic, older)     QMOE_DECODE_PREFETCH   -> decode.prefetch
 //   QMOE_PDL       -> pdl (0 or 1)      QMOE_DECODE_MIN_BLOCKS -> decode.min_blocks
 //   QMOE_FUSED_GRID -> fused_grid_ctas  QMOE_MIXED_TILE        -> mixed_tile
+//   QMOE_ACT_QUANT -> act_quant
 Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* out);
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).

@@ -46,10 +46,11 @@ class Layer:
     """A prepared layer. See the module docstring."""
 
     def __init__(self, spec, tensors, *, backend="cpu", device=0, num_threads=0,
-                 max_dequant_bytes=0, tune_file=""):
+                 max_dequant_bytes=0, tune_file="", act_quant=""):
         self._backend = as_enum(Backend, backend, "backend")
         self._impl = _qmoe.Layer.prepare(spec, _host_tensors(tensors), self._backend,
-                                         num_threads, device, max_dequant_bytes, str(tune_file))
+                                         num_threads, device, max_dequant_bytes, str(tune_file),
+                                         str(act_quant))
         self._ws_cache = {}
 
     @classmethod
@@ -60,12 +61,12 @@ class Layer:
 
     @classmethod
     def from_file(cls, path, *, backend="cpu", dtype=None, device=0, num_threads=0,
-                  max_dequant_bytes=0, tune_file=""):
+                  max_dequant_bytes=0, tune_file="", act_quant=""):
         """A layer file (docs/layer-file.md). dtype: the activation dtype of calls (default: the
         biases' dtype, else f32)."""
         b = as_enum(Backend, backend, "backend")
         impl = _qmoe.Layer.from_file(str(path), b, as_dtype(dtype), num_threads, device,
-                                     max_dequant_bytes, str(tune_file))
+                                     max_dequant_bytes, str(tune_file), str(act_quant))
         return cls._wrap(impl, b)
 
     @classmethod
@@ -88,8 +89,8 @@ class Layer:
                    zero_points=False, fc2_format=None, routing="softmax_topk", normalize=False,
                    activation="swiglu", glu="concatenated", dtype="f32", biases=None,
                    router_correction_bias=None, backend="cpu", device=0, num_threads=0,
-                   max_dequant_bytes=0, tune_file="", num_experts=None, first_expert=0,
-                   **routing_fields):
+                   max_dequant_bytes=0, tune_file="", act_quant="", num_experts=None,
+                   first_expert=0, **routing_fields):
         """Quantizes fp32 expert weights and prepares them.
 
         fc1 [E, F*I, H] (F = 2 for a fused gated activation, laid out as `glu` says), fc2 [E, H, I],
@@ -122,7 +123,7 @@ class Layer:
         if router_correction_bias is not None:
             tensors["router_correction_bias"] = router_correction_bias
         return cls(spec, tensors, backend=backend, device=device, num_threads=num_threads,
-                   max_dequant_bytes=max_dequant_bytes, tune_file=tune_file)
+                   max_dequant_bytes=max_dequant_bytes, tune_file=tune_file, act_quant=act_quant)
 
     # ---- introspection ----
 

@@ -46,8 +46,9 @@ qmoe::TensorView* weight_slot(qmoe::LayerWeights& w, const std::string& name) {
 }
 
 qmoe::PrepareOptions make_options(int num_threads, int device, size_t max_dequant_bytes,
-                                  const std::string& tune_file) {
+                                  const std::string& tune_file, const std::string& act_quant) {
   qmoe::PrepareOptions o;
+  o.act_quant = act_quant;
   o.num_threads = num_threads;
   o.device = device;
   o.max_dequant_bytes = max_dequant_bytes;
@@ -62,7 +63,8 @@ class Layer {
   // From a spec and named weight tensors (host arrays, copied).
   static Layer* prepare(const qmoe::LayerSpec& spec, const NamedArrays& tensors,
                         qmoe::BackendKind backend, int num_threads, int device,
-                        size_t max_dequant_bytes, const std::string& tune_file) {
+                        size_t max_dequant_bytes, const std::string& tune_file,
+                        const std::string& act_quant) {
     std::unique_ptr<Layer> l(new Layer());
     l->spec_ = spec;
     for (const auto& [name, t] : tensors) {
@@ -80,21 +82,22 @@ class Layer {
       v.data = l->storage_.back().get();
       *slot = v;
     }
-    l->prepare_now(backend, make_options(num_threads, device, max_dequant_bytes, tune_file));
+    l->prepare_now(backend, make_options(num_threads, device, max_dequant_bytes, tune_file, act_quant));
     return l.release();
   }
 
   // From a layer file (docs/layer-file.md); act_dtype overrides the file's activation dtype.
   static Layer* from_file(const std::string& path, qmoe::BackendKind backend,
                           std::optional<qmoe::DType> act_dtype, int num_threads, int device,
-                          size_t max_dequant_bytes, const std::string& tune_file) {
+                          size_t max_dequant_bytes, const std::string& tune_file,
+                          const std::string& act_quant) {
     std::unique_ptr<Layer> l(new Layer());
     l->file_ = std::make_unique<qmoe::LoadedLayer>();
     throw_if_error(qmoe::load_layer_file(path, l->file_.get()));
     l->spec_ = l->file_->spec;
     if (act_dtype) l->spec_.act_dtype = *act_dtype;
     l->weights_ = l->file_->weights;
-    l->prepare_now(backend, make_options(num_threads, device, max_dequant_bytes, tune_file));
+    l->prepare_now(backend, make_options(num_threads, device, max_dequant_bytes, tune_file, act_quant));
     return l.release();
   }
 
@@ -261,11 +264,12 @@ void bind_layer(nb::module_& m) {
       .def_static("prepare", &Layer::prepare, nb::arg("spec"), nb::arg("tensors"),
                   nb::arg("backend"), nb::arg("num_threads") = 0, nb::arg("device") = 0,
                   nb::arg("max_dequant_bytes") = 0, nb::arg("tune_file") = "",
-                  nb::rv_policy::take_ownership)
+                  nb::arg("act_quant") = "", nb::rv_policy::take_ownership)
       .def_static("from_file", &Layer::from_file, nb::arg("path"), nb::arg("backend"),
                   nb::arg("act_dtype") = nb::none(), nb::arg("num_threads") = 0,
                   nb::arg("device") = 0, nb::arg("max_dequant_bytes") = 0,
-                  nb::arg("tune_file") = "", nb::rv_policy::take_ownership)
+                  nb::arg("tune_file") = "", nb::arg("act_quant") = "",
+                  nb::rv_policy::take_ownership)
       // A copy: a prepared layer's spec does not change.
       .def_prop_ro("spec", [](const Layer& l) { return qmoe::LayerSpec(l.spec()); })
       .def_prop_ro("backend", &Layer::backend)

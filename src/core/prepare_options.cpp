@@ -88,6 +88,9 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   }
   QMOE_RETURN_IF_ERROR(apply_string("QMOE_DISPATCH", "dispatch", dispatch_choice_names(),
                                     dispatch_choice_list(), &o.dispatch));
+  QMOE_RETURN_IF_ERROR(apply_string("QMOE_ACT_QUANT", "act_quant", {"none", "fp8_e4m3"},
+                                    "none or fp8_e4m3", &o.act_quant));
+  if (o.act_quant.empty()) o.act_quant = "none";
   int pdl = o.pdl ? 1 : 0;
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_PDL", "pdl", 0, 1, "0 or 1"}, 1, &pdl));
   o.pdl = pdl != 0;

@@ -268,6 +268,10 @@ Status prepare_cpu_layer(const LayerSpec& spec, const LayerWeights& weights,
     return Status::invalid("num_threads: expected 0 (all cores) to 1024, got " +
                            std::to_string(options.num_threads));
   }
+  if (!options.act_quant.empty() && options.act_quant != "none") {
+    return Status::invalid("act_quant: the CPU backend computes exactly and takes \"none\" only, got '" +
+                           options.act_quant + "'");
+  }
   const int threads = options.num_threads > 0
                           ? options.num_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

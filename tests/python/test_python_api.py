@@ -232,6 +232,9 @@ def test_errors_carry_the_status_text(rng):
     layer.force_dispatch("")
     with pytest.raises(qmoe.Error, match="force_dispatch: 'generic' is not a path of this layer"):
         layer.force_dispatch("generic")
+    # FP8 activations are a CUDA mode: the CPU backend (the exact one) names the option.
+    with pytest.raises(qmoe.Error, match="act_quant"):
+        qmoe.Layer.from_float(w1, w2, top_k=K, format="fp8_block", act_quant="fp8_e4m3")
 
 
 @pytest.mark.skipif(not qmoe.backend_available(qmoe.Backend.cuda),
@@ -251,6 +254,16 @@ def test_cuda_layer_with_torch_tensors(rng):
     assert rel(y.float().cpu().numpy(), ref) < 2e-2
     with pytest.raises(qmoe.Error, match="input: expected an array on cuda:0"):
         gpu.run(xt, lt)
+    # FP8 activations (fp8_block weights; H and I multiples of 128): within the mode's budget.
+    v1, v2 = make_weights(rng, i=128)
+    f8 = qmoe.Layer.from_float(v1, v2, top_k=K, format="fp8_block", dtype="bf16",
+                               backend="cuda", act_quant="fp8_e4m3")
+    f8.force_dispatch("generic")
+    ref8 = qmoe.Layer.from_float(v1, v2, top_k=K, format="fp8_block", dtype="bf16")
+    x8, l8 = make_inputs(rng, t=40)
+    x8t, l8t = torch.from_numpy(x8).to(torch.bfloat16), torch.from_numpy(l8).to(torch.bfloat16)
+    want = ref8.reference(x8t.float().numpy(), l8t.float().numpy())
+    assert rel(f8.run(x8t.cuda(), l8t.cuda()).float().cpu().numpy(), want) < 6e-2
 
 
 @pytest.mark.parametrize("num_threads", [1, 0])

@@ -35,8 +35,10 @@
 #include "cuda/common/device_buffer.h"
 #include "cuda/dequant/dequant.h"
 #include "cuda/fused/fused_decode.h"
+#include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
+#include "cuda/layer/stages.h"
 #include "cuda/prepare/uploader.h"
 #include "cuda/routing/device_routing.h"
 #include "qmoe/backend.h"
@@ -86,6 +88,14 @@ struct MixedFc {
   bool on() const { return codes != nullptr; }
 };
 
+// An FC's copy for the FP8 grouped GEMM (act_quant, cutlass_fp8.h): ORT's e4m3 codes and f32 block
+// scales [E, ceil(n / 128), k / 128].
+struct Fp8Fc {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  bool on() const { return codes != nullptr; }
+};
+
 class CudaLayer final : public PreparedLayer {
  public:
   // `options` resolved (resolve_prepare_options): the layer keeps what its run path needs.
@@ -96,7 +106,8 @@ class CudaLayer final : public PreparedLayer {
         pdl_(options.pdl),
         decode_options_(options.decode),
         fused_grid_ctas_(options.fused_grid_ctas),
-        mixed_tile_(options.mixed_tile) {
+        mixed_tile_(options.mixed_tile),
+        act_fp8_(options.act_quant == "fp8_e4m3") {
     cdt_ = spec.act_dtype;
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
@@ -164,8 +175,8 @@ class CudaLayer final : public PreparedLayer {
  private:
   // Byte offsets of one call's buffers in the workspace (layer_workspace.cu: the formula).
   struct Layout {
-    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, hy, h3, scratch,
-        cutlass, mixed, fused, total;
+    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, act_scales, hy,
+        h3, scratch, cutlass, mixed, fused, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -184,6 +195,18 @@ class CudaLayer final : public PreparedLayer {
                     int route_groups, cudaStream_t stream, RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
+  // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.
+  Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws,
+                         const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile);
+  // The activation stage's arguments of a generic call (FC1 output h, FC3's h3).
+  ActivationArgs activation_args(const RouteMapsView& maps, const float* h, const float* h3) const;
+  // act_quant = fp8_e4m3: what the FP8 path needs of the layer (checked before any upload), and
+  // an FC's copy (codes as uploaded, block scales in f32).
+  Status check_fp8_support() const;
+  Status prepare_fp8(const FcFormat& f, const FcWeights& w, const DeviceFc& fc, Fp8Fc* out);
+  Status run_fc_fp8(const DeviceFc& fc, const Fp8Fc& f8, const Layout& l, char* ws,
+                    const RouteMapsView& maps, const uint8_t* a, const float* a_scales,
+                    int64_t lda, float* c, int64_t ldc, cudaStream_t stream);
   // The whole call in the fused kernel.
   // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest
   // CTA's routing), fc1 (the busiest CTA's staging and FC1), fc2 (its FC2) and combine (from the
@@ -239,6 +262,8 @@ class CudaLayer final : public PreparedLayer {
   bool mixed_ = false;    // set_cutlass()
   int mixed_tile_ = 0;    // PrepareOptions::mixed_tile
   MixedFc mixed1_, mixed2_, mixed3_;
+  bool act_fp8_ = false;  // PrepareOptions::act_quant == "fp8_e4m3"
+  Fp8Fc fp8_1_, fp8_2_, fp8_3_;
   int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;

@@ -106,11 +106,13 @@ Status CudaLayer::init(const LayerWeights& w) {
   uploader_ = std::make_unique<Uploader>(static_cast<int>(std::min(4u, cores)));
   // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode), except the codes
   // the mixed-input GEMM reads as ORT stores them (e4m3): those are uploaded once and shared.
+  if (act_fp8_) QMOE_RETURN_IF_ERROR(check_fp8_support());
   decode_planned_ = plan_decode();
+  // The FP8 GEMM reads ORT's e4m3 codes as they are, as the mixed-input kernel does.
   auto raw = [&](const FcFormat& f, int64_t n, int64_t k) {
     const FormatKind kind = f.info().kind;
     return !decode_planned_ || (kind != FormatKind::kFp4 && kind != FormatKind::kFp8) ||
-           (mixed_ && mixed_codes_for(f, cdt_, n, k) == MixedCodes::kE4m3);
+           act_fp8_ || (mixed_ && mixed_codes_for(f, cdt_, n, k) == MixedCodes::kE4m3);
   };
   // A separate FC3 the decode path takes lives in FC1's packed copy (plan_decode).
   const int64_t H = spec_.hidden, I = spec_.inter;
@@ -126,9 +128,15 @@ Status CudaLayer::init(const LayerWeights& w) {
     router_bias_ = static_cast<const float*>(p);
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_));
-  QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
-  if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, &fc3_, &mixed3_));
+  if (act_fp8_) {  // every FC on the FP8 GEMM: no mixed-input copies
+    QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc1, w.fc1, fc1_, &fp8_1_));
+    QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc2, w.fc2, fc2_, &fp8_2_));
+    if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc3, w.fc3, fc3_, &fp8_3_));
+  } else {
+    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_));
+    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
+    if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, &fc3_, &mixed3_));
+  }
   const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   uploader_.reset();                   // its pinned chunks

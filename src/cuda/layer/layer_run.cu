@@ -415,21 +415,8 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   return Status::ok();
 }
 
-// FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
-Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
-                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
-  const int slots = spec_.slots();
-  const int64_t routes = maps.tokens * slots;
-  void* xa = ws + l.xa;
-  float* h = reinterpret_cast<float*>(ws + l.hy);
-  float* h3 = reinterpret_cast<float*>(ws + l.h3);
-  QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
-                                     maps.permuted_route, slots, routes, xa, hp_,
-                                     error_.as<int32_t>(), stream));
-  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
-  if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
-  }
+ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const float* h,
+                                          const float* h3) const {
   ActivationArgs aa;
   aa.act = spec_.activation;
   aa.inter = spec_.inter;
@@ -445,9 +432,29 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   aa.permuted_route = maps.permuted_route;
   aa.expert_ids = maps.expert_ids;
   aa.weights = maps.weights;
-  aa.routes = routes;
+  aa.routes = maps.tokens * spec_.slots();
   aa.expert_begin = static_cast<int32_t>(spec_.first_expert);
   aa.expert_end = static_cast<int32_t>(spec_.first_expert + spec_.weight_experts());
+  return aa;
+}
+
+// FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
+Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
+                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+  if (act_fp8_) return run_generic_fp8(in, l, ws, maps, stream, profile);
+  const int slots = spec_.slots();
+  const int64_t routes = maps.tokens * slots;
+  void* xa = ws + l.xa;
+  float* h = reinterpret_cast<float*>(ws + l.hy);
+  float* h3 = reinterpret_cast<float*>(ws + l.h3);
+  QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
+                                     maps.permuted_route, slots, routes, xa, hp_,
+                                     error_.as<int32_t>(), stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
+  if (spec_.has_fc3()) {
+    QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
+  }
+  ActivationArgs aa = activation_args(maps, h, h3);
   aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;
   aa.out_dtype = cdt_;

@@ -1,4 +1,6 @@
 // The workspace layout of one call (cuda_layer.h): the exact formula workspace_size() reports.
+#include "core/act_quant.h"
+#include "cuda/gemm/cutlass_fp8.h"
 #include "cuda/gemm/cutlass_grouped.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/cuda_layer.h"
@@ -12,13 +14,17 @@ namespace qmoe::cuda {
 //   plan        A(4 L) + A(4) + A(4 (L + 1))          touched, n_touched, tile_start (held only)
 //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
 //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
+//                                                     (FP8 rows: their e4m3 codes)
+//   act_scales  A(4 R max(Hp, Ip) / 128)              the FP8 rows' scales (act_quant only)
 //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)
 //   mixed       A(max over the mixed-input FCs of     the mixed-input GEMM's (layers with a
 //               mixed_gemm_workspace_bytes(kind,      mixed-input FC only; FCs of one layer
-//               min(L, R)))                           may differ in kind, e.g. FC2 per channel)
+//               min(L, R)))                           may differ in kind, e.g. FC2 per channel);
+//               or A(fp8_gemm_workspace_bytes(        with act_quant, the FP8 GEMM's
+//               min(L, R)))
 //   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
 //               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
 //                                                     maximum keeps the total monotone in T
@@ -26,7 +32,7 @@ namespace qmoe::cuda {
 // slots than it can touch experts, so decode shapes get a small scratch. A shard's R rows of xa
 // and hy keep every route's position (the maps are the whole layer's); other shards' rows go
 // unwritten. Where every FC runs
-// on the mixed-input GEMM nothing is dequantized: scratch and cutlass are 0.
+// on the mixed-input GEMM, or on the FP8 one, nothing is dequantized: scratch and cutlass are 0.
 Status CudaLayer::layout(int64_t t, Layout* l) const {
   const int slots = spec_.slots();
   const int64_t E = spec_.num_experts;
@@ -47,6 +53,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->route_temp_bytes = temp;
   l->route_temp = take(temp);
   l->xa = take(cs_ * r * std::max(hp_, ip_));
+  l->act_scales = take(act_fp8_ ? 4 * r * std::max(hp_, ip_) / kActQuantGroup : 0);
   const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
   l->hy = take(4 * r * std::max(h_cols, hp_));
   l->h3 = l->hy + 4 * r * n1p_;
@@ -55,7 +62,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   const int64_t reach = std::min<int64_t>(L, r);
   l->slots_in_scratch = std::max<int64_t>(1, std::min(reach, by_cap));
   l->waves = reach == 0 ? 0 : (reach + l->slots_in_scratch - 1) / l->slots_in_scratch;
-  const bool dequant = !all_mixed();
+  const bool dequant = !all_mixed() && !act_fp8_;
   l->scratch = take(static_cast<size_t>(per_slot) * (t > 0 && dequant ? l->slots_in_scratch : 0));
   l->cutlass = take(cutlass_ && dequant && t > 0
                         ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
@@ -66,6 +73,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
       mixed = std::max(mixed, mixed_gemm_workspace_bytes(m->kind, cdt_, reach, sm_count_));
     }
   }
+  if (act_fp8_ && t > 0) mixed = fp8_gemm_workspace_bytes(reach, sm_count_);
   l->mixed = take(mixed);
   l->fused = take(fused_ws_.empty()
                       ? 0

@@ -1,6 +1,8 @@
 // Planner, gather, activation and finalize kernels of the generic path.
 #include <cub/block/block_scan.cuh>
+#include <cuda_fp8.h>
 
+#include "core/act_quant.h"
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
@@ -149,6 +151,142 @@ __global__ void activation_kernel(ActivationArgs a) {
   }
 }
 
+// The FP8 codes of four values in one word (first value in the low byte): cvt.rn.satfinite, the
+// conversion num::f32_to_e4m3 reproduces. A group with scale 0 is all zero.
+__device__ __forceinline__ uint32_t e4m3_word(const float v[4], float s) {
+  if (!(s > 0.0f)) return 0u;
+  const float2 lo = make_float2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s));
+  const float2 hi = make_float2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s));
+  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
+         (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16);
+}
+
+// The scale of a warp's group of 128 values, four per lane (core/act_quant.h).
+__device__ __forceinline__ float warp_group_scale(const float v[4]) {
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+  return e4m3_group_scale(amax);
+}
+
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// A warp per (route position p, 128 outputs), four consecutive outputs i0..i0+3 per lane. The
+// FC1 values depend on p alone, so their loads are issued before the route lookups and overlap
+// them; the stores are 8 bytes (16-bit outputs), 16 (f32) or, for FP8 rows, a word of codes per
+// lane and a scale per warp. Requires I, ld, ldh, ldh3 multiples of 4 and h, h3, out aligned
+// (launch_activation checks); whole warps return together, so the FP8 group reduction has every
+// lane.
+template <bool kFp8>
+__global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, int64_t chunks) {
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (item >= a.routes * chunks) return;
+  const int64_t p = item / chunks;
+  const int64_t chunk = item - p * chunks;
+  const int64_t i0 = chunk * 128 + 4 * lane;
+  const int64_t I = a.inter;
+  const bool live = i0 < I;
+  const bool gated = is_gated(a.act.kind);
+  float g[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
+  if (live) {
+    const float* h = a.h + p * a.ldh;
+    if (!gated || a.act.glu != GluLayout::kInterleaved) {
+      const float4 x = load4(h + i0);
+      g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
+      if (gated) {
+        const float4 y = a.act.glu == GluLayout::kConcatenated ? load4(h + I + i0)
+                                                               : load4(a.h3 + p * a.ldh3 + i0);
+        l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
+      }
+    } else {  // (gate, linear) pairs
+      const float4 x = load4(h + 2 * i0), y = load4(h + 2 * i0 + 4);
+      g[0] = x.x, l[0] = x.y, g[1] = x.z, l[1] = x.w, g[2] = y.x, l[2] = y.y, g[3] = y.z,
+      l[3] = y.w;
+    }
+  }
+  const int32_t r = a.permuted_route[p];
+  const int32_t id = a.expert_ids[r];
+  // Another shard's route: FC1 left its row unwritten and the combine skips it.
+  if (id < a.expert_begin || id >= a.expert_end) return;
+  const int64_t e = id - a.expert_begin;  // the bias row
+  const float scale = a.scale_input ? a.weights[r] : 1.0f;
+  float v[4] = {0, 0, 0, 0};
+  if (live) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i = i0 + u;
+      // The FC1 rows of the gate and linear values (fc1 bias index), as the CPU backend's.
+      int64_t gate_row = i, lin_row = I + i;
+      if (gated && a.act.glu == GluLayout::kInterleaved) gate_row = 2 * i, lin_row = 2 * i + 1;
+      const float bg =
+          a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + gate_row) : 0.0f;
+      const float x = scale * g[u] + bg;
+      if (!gated) {
+        v[u] = scalar_act(a.act.kind, x);
+        continue;
+      }
+      float bl = 0.0f;
+      if (a.act.glu == GluLayout::kSeparateFc3) {
+        bl = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + i) : 0.0f;
+      } else if (a.fc1_bias) {
+        bl = load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + lin_row);
+      }
+      v[u] = gated_act(a.act, x, scale * l[u] + bl);
+    }
+  }
+  if constexpr (kFp8) {
+    const float s = warp_group_scale(v);
+    *reinterpret_cast<uint32_t*>(a.out_codes + p * a.ld + i0) = e4m3_word(v, s);
+    if (lane == 0) a.out_scales[p * chunks + chunk] = s;
+  } else {
+    if (i0 >= a.ld) return;
+    const int64_t at = p * a.ld + i0;
+    if (a.out_dtype == DType::kF32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + at) = make_float4(v[0], v[1], v[2], v[3]);
+      return;
+    }
+    const bool bf16 = a.out_dtype == DType::kBF16;
+    uint32_t w[2];
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t lo = bf16 ? num::f32_to_bf16(v[2 * u]) : num::f32_to_f16(v[2 * u]);
+      const uint32_t hi = bf16 ? num::f32_to_bf16(v[2 * u + 1]) : num::f32_to_f16(v[2 * u + 1]);
+      w[u] = lo | (hi << 16);
+    }
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + at) = make_uint2(w[0], w[1]);
+  }
+}
+
+// A warp per (route position p, 128 columns of the input row), four values per lane.
+__global__ void __launch_bounds__(256)
+    gather_fp8_kernel(const uint16_t* input, bool bf16, int64_t hidden,
+                      const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
+                      int64_t ldq, float* scales, int32_t* error) {
+  const int64_t chunks = hidden / kActQuantGroup;
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (item >= routes * chunks) return;
+  const int64_t p = item / chunks;
+  const int64_t chunk = item - p * chunks;
+  const int64_t token = permuted_route[p] / slots;
+  const int64_t c0 = chunk * kActQuantGroup + 4 * lane;
+  const uint16_t* src = input + token * hidden + c0;
+  const uint16_t exp_mask = bf16 ? 0x7F80u : 0x7C00u;  // all ones: inf or nan
+  float v[4];
+  bool bad = false;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const uint16_t b = src[u];
+    bad |= (b & exp_mask) == exp_mask;
+    v[u] = bf16 ? num::bf16_to_f32(b) : num::f16_to_f32(b);
+  }
+  const float s = warp_group_scale(v);
+  *reinterpret_cast<uint32_t*>(codes + p * ldq + c0) = e4m3_word(v, s);
+  if (lane == 0) scales[p * chunks + chunk] = s;
+  if (bad) record_error(error, kErrorInput, token);
+}
+
 // The token's slots (position, weight, expert) go to shared memory first: read from global inside
 // the sum, each would cost two dependent memory round trips per slot. The sum then runs in slot
 // order with four FC2 outputs loaded ahead.
@@ -213,8 +351,55 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
 
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
-  activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
-  QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
+  auto al = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
+  const bool out_ok = a.out_codes != nullptr
+                          ? al(a.out_codes, 4) && a.out_scales != nullptr && a.ld == a.inter &&
+                                a.ld % kActQuantGroup == 0
+                          : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
+  const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, 16) &&
+                    (!separate || (a.ldh3 % 4 == 0 && al(a.h3, 16))) && out_ok;
+  if (!rows) {
+    if (a.out_codes != nullptr) {
+      return Status::invalid(
+          "activation: FP8 rows need I = ld, a multiple of 128, and aligned rows");
+    }
+    activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
+    QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
+    return Status::ok();
+  }
+  const int64_t chunks = (a.ld + 127) / 128;
+  const int64_t warps = a.routes * chunks;
+  const int64_t blocks = (warps + 7) / 8;  // 8 warps per block
+  if (blocks > 0x7FFFFFFF) return Status::invalid("activation: too many routes");
+  if (a.out_codes != nullptr) {
+    activation_rows_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a, chunks);
+  } else {
+    activation_rows_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a, chunks);
+  }
+  QMOE_CUDA_CHECK_LAUNCH("activation_rows_kernel");
+  return Status::ok();
+}
+
+Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden,
+                         const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
+                         int64_t ldq, float* scales, int32_t* error, cudaStream_t stream) {
+  if (routes <= 0) return Status::ok();
+  if (dtype != DType::kBF16 && dtype != DType::kF16) {
+    return Status::invalid("gather_fp8: input dtype: expected bf16 or f16");
+  }
+  if (hidden % kActQuantGroup != 0 || ldq < hidden || ldq % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(codes) % 16 != 0 || scales == nullptr) {
+    return Status::invalid(
+        "gather_fp8: hidden a multiple of 128, ldq >= hidden and of 16, codes 16-byte aligned");
+  }
+  const int64_t warps = routes * (hidden / kActQuantGroup);
+  const int64_t blocks = (warps + 7) / 8;
+  if (blocks > 0x7FFFFFFF) return Status::invalid("gather_fp8: too many routes");
+  gather_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+      static_cast<const uint16_t*>(input), dtype == DType::kBF16, hidden, permuted_route, slots,
+      routes, codes, ldq, scales, error);
+  QMOE_CUDA_CHECK_LAUNCH("gather_fp8_kernel");
   return Status::ok();
 }
 

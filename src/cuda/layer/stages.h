@@ -52,10 +52,24 @@ struct ActivationArgs {
   void* out = nullptr;  // [R, ld] in out_dtype, zero padded from I to ld
   int64_t ld = 0;
   DType out_dtype = DType::kBF16;
+  // FP8 rows instead of `out` (act_quant, core/act_quant.h): codes [R, ld] e4m3 and scales
+  // [R, ld / 128]; ld = I, a multiple of 128.
+  uint8_t* out_codes = nullptr;
+  float* out_scales = nullptr;
 };
 
-// act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32).
+// act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32), stored in
+// out_dtype or quantized to FP8 rows. A warp computes 128 outputs of one route, four per lane,
+// where I, ld and the FC1 leading dimensions are multiples of 4 and h 16-byte aligned (FP8 rows
+// require it); else a block per route, one output per thread.
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
+
+// The FP8 rows of the gathered input (act_quant): codes[p, 0:hidden) and scales[p, 0:hidden/128]
+// of input[token of permuted_route[p], :] (bf16 or f16; hidden a multiple of 128, ldq of 16); a
+// non-finite value sets kErrorInput as launch_gather does.
+Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden,
+                         const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
+                         int64_t ldq, float* scales, int32_t* error, cudaStream_t stream);
 
 struct FinalizeArgs {
   const float* y = nullptr;  // FC2 output [R, ldy] by route position

@@ -1,0 +1,51 @@
+// FP8 activations (PrepareOptions::act_quant = "fp8_e4m3"): the rows the FP8 grouped GEMM reads.
+// A row of k values is cut into groups of kActQuantGroup columns; each group gets
+//
+//   scale = amax / 448          amax = the largest |x| of the group (448: e4m3's largest finite)
+//   code  = e4m3(x / scale)     round to nearest even, saturating; 0 when the group is all zero
+//
+// so that x ~ code * scale with e4m3's 3 mantissa bits relative to each value (values below
+// amax * 2^-14.8 fall into e4m3's subnormals). Host and device share these two formulas; the
+// device converts with cvt.rn.satfinite, which num::f32_to_e4m3 reproduces bit for bit, and
+// quantize_rows_e4m3 is the host twin the tests hold the device rows to.
+//
+//   codes  [rows, ldq] e4m3     scales [rows, k / kActQuantGroup] f32 (the GEMM's K-major SFB)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/numeric.h"
+
+namespace qmoe {
+
+constexpr int kActQuantGroup = 128;
+constexpr float kE4m3Max = 448.0f;
+
+QMOE_HD float e4m3_group_scale(float amax) { return amax / kE4m3Max; }
+
+// The code of x in a group of this scale (host form; the device's cvt gives the same bits).
+QMOE_HD uint8_t e4m3_group_code(float x, float scale) {
+  return scale > 0.0f ? num::f32_to_e4m3(x / scale) : static_cast<uint8_t>(0);
+}
+
+// rows x k values (row stride ldx) to codes (row stride ldq) and scales [rows, k / 128]; k a
+// multiple of kActQuantGroup.
+inline void quantize_rows_e4m3(const float* x, int64_t ldx, int64_t rows, int64_t k, uint8_t* q,
+                               int64_t ldq, float* scales) {
+  const int64_t groups = k / kActQuantGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = x + r * ldx + g * kActQuantGroup;
+      float amax = 0.0f;
+      for (int i = 0; i < kActQuantGroup; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+      const float s = e4m3_group_scale(amax);
+      scales[r * groups + g] = s;
+      for (int i = 0; i < kActQuantGroup; ++i) {
+        q[r * ldq + g * kActQuantGroup + i] = e4m3_group_code(v[i], s);
+      }
+    }
+  }
+}
+
+}  // namespace qmoe

@@ -1,0 +1,228 @@
+// The FP8 grouped GEMM of cutlass_fp8.h on CUTLASS's SM90 blockwise-scaled ptr-array kernel. The
+// only translation unit that instantiates it.
+//
+// Configuration (the reasons; measured numbers belong in bench/results):
+//   kernel   KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise: the cooperative schedule
+//            of the other grouped GEMMs, with the K-block scales applied at each promotion.
+//   tile     128 x 128 x 128: K = 128 e4m3 codes are one 128-byte swizzle row and exactly one
+//            scale block, so each K tile promotes once with one scale pair.
+//   scales   SFA (weights) in 128 x 128 blocks, SFB (activations) per row and 128 columns, both
+//            K-major: fp8_block's own scale layout and act_quant.h's rows, neither transposed.
+//   cluster  1 x 1 x 1, as cutlass_grouped_kernel.cuh explains.
+//
+// Workspace of one launch (G = max_groups; each part 256-byte aligned):
+//   shapes G x (n, rows, k); ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb G x pointer;
+//   stride_a, stride_b, stride_d G x 8 bytes; cutlass Gemm::get_workspace_size.
+#include "cuda/gemm/cutlass_fp8.h"
+#include "cuda/gemm/cutlass_grouped_kernel.cuh"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+
+namespace qmoe::cuda {
+namespace cutlass_detail {
+namespace {
+
+using Fp8TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+using Fp8Epilogue = GroupEpilogueFor<Fp8TileShape>;
+constexpr int kFp8EpilogueSmem = static_cast<int>(sizeof(Fp8Epilogue::SharedStorage));
+
+struct Fp8Gemm {
+  using Element = cutlass::float_e4m3_t;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+  using LayoutA = cutlass::layout::RowMajor;     // codes [n, k]: K-contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // the group's rows [rows, lda]: K-contiguous
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<kFp8ScaleBlock, 1, kFp8ScaleBlock,
+                                                cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  static constexpr int kAlign = 16;  // TMA: 16-byte rows of e4m3
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element,
+      cute::tuple<LayoutA*, LayoutSFA*>, kAlign, Element, cute::tuple<LayoutB*, LayoutSFB*>,
+      kAlign, float, Fp8TileShape, GroupClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kFp8EpilogueSmem>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Fp8Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
+                "one 64-bit leading dimension per stride");
+  static_assert(sizeof(Shape3) == 12, "(M, N, K) as three ints");
+  static_assert(Mainloop::ScaleGranularityM == kFp8ScaleBlock &&
+                    Mainloop::ScaleGranularityN == 1 &&
+                    Mainloop::ScaleGranularityK == kFp8ScaleBlock,
+                "weights in 128 x 128 blocks, activations per row and 128 columns");
+};
+
+struct Fp8Parts {
+  size_t shapes, ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb, stride_a, stride_b, stride_d, cutlass,
+      total;
+};
+
+// One thread per group slot j (touched index j); slots past n_touched get no rows and valid
+// pointers (expert 0's).
+__global__ void fp8_setup_kernel(const Fp8GemmArgs p, Fp8Gemm::Shape3* shapes, const void** ptr_a,
+                                 const void** ptr_b, float** ptr_d, const float** ptr_sfa,
+                                 const float** ptr_sfb, Fp8Gemm::StrideA* stride_a,
+                                 Fp8Gemm::StrideB* stride_b, Fp8Gemm::StrideD* stride_d) {
+  const int n_touched = *p.sched.n_touched;
+  const int64_t kb = p.k / kFp8ScaleBlock;
+  const int64_t nb = (p.n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
+       j += gridDim.x * blockDim.x) {
+    int rows = 0;
+    int64_t row0 = 0, e = 0;
+    if (j < n_touched) {
+      e = p.sched.touched[j];
+      row0 = p.sched.offsets[e];
+      rows = p.sched.offsets[e + 1] - p.sched.offsets[e];
+    }
+    shapes[j] = Fp8Gemm::Shape3(static_cast<int>(p.n), rows, static_cast<int>(p.k));
+    ptr_a[j] = p.codes + e * p.n * p.k;
+    ptr_b[j] = p.a + row0 * p.lda;
+    ptr_d[j] = p.c + row0 * p.ldc;
+    ptr_sfa[j] = p.w_scales + e * nb * kb;
+    ptr_sfb[j] = p.a_scales + row0 * kb;
+    Fp8Gemm::StrideA sa{};
+    cute::get<0>(sa) = p.k;
+    stride_a[j] = sa;
+    Fp8Gemm::StrideB sb{};
+    cute::get<0>(sb) = p.lda;
+    stride_b[j] = sb;
+    Fp8Gemm::StrideD sd{};
+    cute::get<1>(sd) = p.ldc;
+    stride_d[j] = sd;
+  }
+}
+
+Fp8Gemm::Gemm::Arguments fp8_arguments(int64_t max_groups, int sm_count, const Fp8Parts* parts,
+                                       char* ws) {
+  Fp8Gemm::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  auto at = [ws, parts](size_t Fp8Parts::*part) {
+    return ws == nullptr || parts == nullptr ? nullptr : ws + parts->*part;
+  };
+  // Host problem shapes nullptr: the grid is one CTA per SM and nothing is read on the host.
+  args.problem_shape = {static_cast<int>(max_groups),
+                        reinterpret_cast<Fp8Gemm::Shape3*>(at(&Fp8Parts::shapes)), nullptr};
+  auto& m = args.mainloop;
+  m.ptr_A = reinterpret_cast<decltype(m.ptr_A)>(at(&Fp8Parts::ptr_a));
+  m.dA = reinterpret_cast<decltype(m.dA)>(at(&Fp8Parts::stride_a));
+  m.ptr_B = reinterpret_cast<decltype(m.ptr_B)>(at(&Fp8Parts::ptr_b));
+  m.dB = reinterpret_cast<decltype(m.dB)>(at(&Fp8Parts::stride_b));
+  m.ptr_SFA = reinterpret_cast<decltype(m.ptr_SFA)>(at(&Fp8Parts::ptr_sfa));
+  m.ptr_SFB = reinterpret_cast<decltype(m.ptr_SFB)>(at(&Fp8Parts::ptr_sfb));
+  // The per-group scale layouts are never read: the kernel derives each from the group's shape
+  // (ScaleConfig::tile_atom_to_shape_SF*), which is why both scale arrays are packed per group.
+  m.layout_SFA = nullptr;
+  m.layout_SFB = nullptr;
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = reinterpret_cast<float**>(at(&Fp8Parts::ptr_d));
+  args.epilogue.dD = reinterpret_cast<Fp8Gemm::StrideD*>(at(&Fp8Parts::stride_d));
+  args.hw_info.device_id = 0;  // unused: sm_count is given
+  args.hw_info.sm_count = sm_count;
+  return args;
+}
+
+Fp8Parts fp8_parts(int64_t max_groups, int sm_count) {
+  const size_t n = static_cast<size_t>(max_groups);
+  Fp8Parts w{};
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  w.shapes = take(n * sizeof(Fp8Gemm::Shape3));
+  w.ptr_a = take(n * sizeof(void*));
+  w.ptr_b = take(n * sizeof(void*));
+  w.ptr_d = take(n * sizeof(void*));
+  w.ptr_sfa = take(n * sizeof(void*));
+  w.ptr_sfb = take(n * sizeof(void*));
+  w.stride_a = take(n * sizeof(Fp8Gemm::StrideA));
+  w.stride_b = take(n * sizeof(Fp8Gemm::StrideB));
+  w.stride_d = take(n * sizeof(Fp8Gemm::StrideD));
+  w.cutlass = take(
+      Fp8Gemm::Gemm::get_workspace_size(fp8_arguments(max_groups, sm_count, nullptr, nullptr)));
+  w.total = off;
+  return w;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+}  // namespace cutlass_detail
+
+bool fp8_gemm_shape_ok(int64_t n, int64_t k, std::string* why) {
+  auto fail = [why](const std::string& w) {
+    if (why) *why = w;
+    return false;
+  };
+  if (k <= 0 || k % kFp8ScaleBlock != 0) {
+    return fail("k = " + std::to_string(k) + " (a positive multiple of " +
+                std::to_string(kFp8ScaleBlock) + ")");
+  }
+  if (n <= 0 || n % 8 != 0) return fail("n = " + std::to_string(n) + " (a positive multiple of 8)");
+  if (n > INT32_MAX || k > INT32_MAX) return fail("n or k beyond 32 bits");
+  return true;
+}
+
+size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count) {
+  if (max_groups <= 0) return 0;
+  return cutlass_detail::fp8_parts(max_groups, sm_count).total;
+}
+
+Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream) {
+  using namespace cutlass_detail;
+  std::string why;
+  if (!fp8_gemm_shape_ok(p.n, p.k, &why)) {
+    return Status::invalid("launch_fp8_grouped_gemm: args: " + why);
+  }
+  if (p.lda < p.k || p.lda % 16 != 0) {
+    return Status::invalid("launch_fp8_grouped_gemm: args.lda: expected >= k and a multiple of 16");
+  }
+  if (p.ldc < p.n || p.ldc % 4 != 0) {
+    return Status::invalid("launch_fp8_grouped_gemm: args.ldc: expected >= n and a multiple of 4");
+  }
+  if (!aligned16(p.a) || !aligned16(p.c) || !aligned16(p.codes) || p.a_scales == nullptr ||
+      p.w_scales == nullptr) {
+    return Status::invalid(
+        "launch_fp8_grouped_gemm: args: a, c and codes 16-byte aligned, scales non-null");
+  }
+  if (p.max_groups <= 0 || sm_count <= 0) {
+    return Status::invalid("launch_fp8_grouped_gemm: max_groups and sm_count: expected > 0");
+  }
+  if (p.sched.touched == nullptr || p.sched.n_touched == nullptr || p.sched.offsets == nullptr) {
+    return Status::invalid("launch_fp8_grouped_gemm: args.sched: expected device pointers");
+  }
+  const Fp8Parts w = fp8_parts(p.max_groups, sm_count);
+  if (workspace == nullptr || workspace_bytes < w.total ||
+      reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    return Status::invalid("launch_fp8_grouped_gemm: workspace: expected " +
+                           std::to_string(w.total) + " bytes, 256-byte aligned, got " +
+                           std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+  }
+  char* ws = static_cast<char*>(workspace);
+  constexpr int kThreads = 128;
+  const int blocks = (p.max_groups + kThreads - 1) / kThreads;
+  fp8_setup_kernel<<<blocks, kThreads, 0, stream>>>(
+      p, reinterpret_cast<Fp8Gemm::Shape3*>(ws + w.shapes),
+      reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
+      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const float**>(ws + w.ptr_sfa),
+      reinterpret_cast<const float**>(ws + w.ptr_sfb),
+      reinterpret_cast<Fp8Gemm::StrideA*>(ws + w.stride_a),
+      reinterpret_cast<Fp8Gemm::StrideB*>(ws + w.stride_b),
+      reinterpret_cast<Fp8Gemm::StrideD*>(ws + w.stride_d));
+  QMOE_CUDA_CHECK_LAUNCH("fp8_setup_kernel");
+  return initialize_and_run<Fp8Gemm::Gemm>(fp8_arguments(p.max_groups, sm_count, &w, ws),
+                                           ws + w.cutlass, stream, "CUTLASS FP8 grouped GEMM");
+}
+
+}  // namespace qmoe::cuda

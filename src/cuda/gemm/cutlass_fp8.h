@@ -1,0 +1,62 @@
+// The FP8 grouped GEMM (PrepareOptions::act_quant = "fp8_e4m3"): e4m3 activations times e4m3
+// weights on FP8 wgmma, each 128-wide slice of K scaled on the way into fp32 accumulators
+// (CUTLASS 3.x's SM90 blockwise-scaled ptr-array kernel). Same schedule contract as
+// cutlass_mixed.h: a setup kernel derives each group's shape and pointers on the device, so the
+// call never synchronizes and can be captured in a CUDA graph.
+//
+// The product is transposed as in cutlass_mixed.h (the weights are CUTLASS's A):
+//
+//            CUTLASS M = n (features)     N = the group's rows      K
+//   A    = codes of expert e   [n, k]  e4m3, row-major (K-contiguous)
+//   SFA  = its block scales    [ceil(n / 128), k / 128]  f32, one per 128 x 128 block (fp8_block's
+//                              own layout; per-expert fp8 repeats its global scale)
+//   B    = the group's rows    [rows, lda]  e4m3 (act_quant.h's rows)
+//   SFB  = their scales        [rows, k / 128]  f32, one per row and 128 columns (K-major)
+//   D    = C rows of the group [rows, ldc]  f32: D(m, r) = c[(row0 + r) * ldc + m]
+//   D(m, r) = sum over K blocks b of SFA(m / 128, b) SFB(r, b) sum_{k in b} A(m, k) B(k, r)
+//
+// The partial sums of each K block are promoted to the fp32 accumulator with both scales applied
+// (CUTLASS's ScalePromotionInterval: every 128 columns), so the scales never round the codes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/gemm/grouped_gemm.h"
+#include "qmoe/status.h"
+
+namespace qmoe::cuda {
+
+// The scale block along K and along the weights' rows; k must be a multiple of it.
+constexpr int64_t kFp8ScaleBlock = 128;
+
+struct Fp8GemmArgs {
+  const uint8_t* a = nullptr;         // [rows, lda] e4m3 activations, row p = route position p
+  const float* a_scales = nullptr;    // [rows, k / 128]
+  int64_t lda = 0;
+  float* c = nullptr;  // [rows, ldc]; rows of touched experts, columns < n are written
+  int64_t ldc = 0;
+  int64_t n = 0, k = 0;
+  const uint8_t* codes = nullptr;     // [E, n, k] e4m3
+  const float* w_scales = nullptr;    // [E, ceil(n / 128), k / 128]
+  GroupSchedule sched;                // tile_start is not read
+  int max_groups = 0;                 // an upper bound of *sched.n_touched (min(E, routes))
+};
+
+// Whether an FC of [n, k] can run: k a multiple of kFp8ScaleBlock, n a multiple of 8 (`why`
+// names the rule broken). Host-only.
+bool fp8_gemm_shape_ok(int64_t n, int64_t k, std::string* why = nullptr);
+
+// Workspace bytes of one launch over up to max_groups groups: the per-group shape, pointer and
+// stride arrays plus CUTLASS's TMA descriptors. 0 for max_groups <= 0. Exact and nondecreasing.
+size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count);
+
+// Validates the arguments (shape rules, 16-byte aligned pointers, leading dimensions) and
+// launches the setup kernel and the GEMM on `stream`.
+Status launch_fp8_grouped_gemm(const Fp8GemmArgs& args, int sm_count, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace qmoe::cuda

@@ -1,0 +1,315 @@
+// FP8 activations (PrepareOptions::act_quant = "fp8_e4m3"): the generic path's rows quantized to
+// e4m3 per 128 columns and both FCs on the FP8 grouped GEMM (cutlass_fp8.h).
+//   - The gathered rows' codes and scales bit for bit against core/act_quant.h's host twin.
+//   - The activation's FP8 rows within e4m3's rounding of the host activation.
+//   - Whole layers (fp8_block b128 and per-expert fp8, fused and separate FC3, bf16 and f16, odd
+//     token counts, experts without routes, every route on one expert) against the fp64 oracle
+//     within the mode's budget, and measurably less exact than the bf16 path (so the FP8 path
+//     ran). Graph replay bitwise equal to eager; the workspace's poison does not matter.
+//   - What the mode cannot run is an error naming act_quant.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/act_quant.h"
+#include "core/numeric.h"
+#include "cuda/layer/stages.h"
+#include "gpu_layer_harness.h"
+#include "test_util.h"
+
+namespace qmoe::test {
+namespace {
+
+// The mode's budget on relative_norm_error: two e4m3 roundings (FC1's and FC2's inputs), each
+// at most 2^-4 relative per value (about 2.5% rms), measured at 2.6-3.3% (bench/results).
+constexpr double kFp8ActBudget = 6e-2;
+
+PrepareOptions fp8_options(const std::string& dispatch = "generic") {
+  PrepareOptions o = with_dispatch(dispatch);
+  o.act_quant = "fp8_e4m3";
+  return o;
+}
+
+LayerSpec fp8_spec(WeightFormat w, DType dt, int64_t h, int64_t i, int64_t e, int k) {
+  LayerSpec s = small_spec(w, h, i, e, k);
+  s.act_dtype = dt;
+  for (FcFormat* f : {&s.fc1, &s.fc2, &s.fc3}) {
+    f->block_size = w == WeightFormat::kFp8 ? 0 : 128;
+    f->scale_dtype = DType::kF32;
+  }
+  return s;
+}
+
+// FP8 error within the budget and above twice the bf16/f16 path's on the same inputs. one_expert:
+// expert 0's logit dominates every token's (with top-1, its group holds every route).
+void check_fp8_layer(const LayerSpec& s, int64_t tokens, bool one_expert = false) {
+  SCOPED_TRACE(layer_name(s) + ", " + std::to_string(tokens) + " tokens, E " +
+               std::to_string(s.num_experts) + ", k " + std::to_string(s.routing.top_k));
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, seed, false, &ti);
+  if (one_expert) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      store_float(ti.logits.data(), s.act_dtype, t * s.num_experts, 20.0f);
+    }
+  }
+  GpuRun fp8, exact;
+  gpu_run(tl, ti, &fp8, fp8_options());
+  if (::testing::Test::HasFatalFailure()) return;
+  gpu_run(tl, ti, &exact, with_dispatch("generic"));
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_LE(fp8.error, kFp8ActBudget) << "seed " << seed;
+  EXPECT_GT(fp8.error, 2 * exact.error) << "the FP8 path did not run? exact " << exact.error;
+}
+
+TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
+  QMOE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const int64_t T = 37, H = 384, slots = 3, R = T * slots, ldq = 416;
+    const uint64_t seed = fresh_seed();
+    std::vector<float> x = gaussian(static_cast<size_t>(T * H), seed, 3.0f);
+    for (int64_t c = 0; c < 128; ++c) x[static_cast<size_t>(5 * H + 128 + c)] = 0.0f;  // a zero group
+    for (int64_t c = 0; c < H; ++c) x[static_cast<size_t>(7 * H + c)] *= 1e-4f;  // a small row
+    std::vector<uint8_t> xin(static_cast<size_t>(T * H) * 2);
+    std::vector<float> rounded(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      store_float(xin.data(), dt, static_cast<int64_t>(i), x[i]);
+      rounded[i] = load_float(xin.data(), dt, static_cast<int64_t>(i));
+    }
+    std::vector<int32_t> perm(static_cast<size_t>(R));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[(seed + i * 7919) % (i + 1)]);
+    GpuBuffer din, dperm, dq, ds, derr;
+    ASSERT_TRUE(din.upload(xin));
+    ASSERT_TRUE(dperm.upload(perm));
+    ASSERT_TRUE(dq.allocate(static_cast<size_t>(R * ldq), 0xCD));
+    ASSERT_TRUE(ds.allocate(static_cast<size_t>(R * H / 128) * 4, 0xCD));
+    const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
+    ASSERT_TRUE(derr.upload(clear, sizeof(clear)));
+    const Status st = cuda::launch_gather_fp8(
+        din.get(), dt, H, static_cast<const int32_t*>(dperm.get()), static_cast<int>(slots), R,
+        static_cast<uint8_t*>(dq.get()), ldq, static_cast<float*>(ds.get()),
+        static_cast<int32_t*>(derr.get()), nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    std::vector<uint8_t> q;
+    std::vector<float> sc;
+    ASSERT_TRUE(dq.download(&q));
+    ASSERT_TRUE(ds.download(&sc));
+    std::vector<float> rows(static_cast<size_t>(R * H));
+    for (int64_t p = 0; p < R; ++p) {
+      std::memcpy(&rows[static_cast<size_t>(p * H)], &rounded[static_cast<size_t>(perm[p] / slots * H)],
+                  static_cast<size_t>(H) * 4);
+    }
+    std::vector<uint8_t> want_q(static_cast<size_t>(R * ldq), 0xCD);
+    std::vector<float> want_s(static_cast<size_t>(R * H / 128));
+    quantize_rows_e4m3(rows.data(), H, R, H, want_q.data(), ldq, want_s.data());
+    int zero_groups = 0;
+    for (size_t i = 0; i < sc.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&sc[i], &want_s[i], 4), 0) << "scale " << i << ": " << sc[i] << " vs " << want_s[i];
+      zero_groups += sc[i] == 0.0f;
+    }
+    EXPECT_EQ(zero_groups, static_cast<int>(slots));  // the zero group, once per slot
+    EXPECT_EQ(q, want_q) << dtype_name(dt);  // the padding columns untouched
+    int32_t err[4];
+    CUDA_ASSERT(cudaMemcpy(err, derr.get(), sizeof(err), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(err[0], 0);
+  }
+}
+
+// The host conversion is the device's cvt.rn.satfinite: every code of a fine sweep through e4m3's
+// range (subnormals, ties, saturation) and the group scale's corner cases.
+TEST(Fp8ActQuant, HostCodesAndScales) {
+  EXPECT_EQ(e4m3_group_scale(448.0f), 1.0f);
+  EXPECT_EQ(e4m3_group_code(1.0f, 0.0f), 0);
+  EXPECT_EQ(e4m3_group_code(448.0f, 1.0f), 0x7E);
+  EXPECT_EQ(e4m3_group_code(-448.0f, 1.0f), 0xFE);
+  EXPECT_EQ(e4m3_group_code(1000.0f, 1.0f), 0x7E);  // saturates
+  EXPECT_EQ(e4m3_group_code(0.001953125f, 1.0f), 0x01);  // 2^-9, the smallest subnormal
+  EXPECT_EQ(e4m3_group_code(1.0625f, 1.0f), 0x38);  // tie between 1 and 1.125: even
+  EXPECT_EQ(e4m3_group_code(1.1875f, 1.0f), 0x3A);  // tie between 1.125 and 1.25: even
+  std::vector<float> row(128);
+  for (int i = 0; i < 128; ++i) row[static_cast<size_t>(i)] = (i - 64) * 0.37f;
+  std::vector<uint8_t> q(128);
+  float s = 0;
+  quantize_rows_e4m3(row.data(), 128, 1, 128, q.data(), 128, &s);
+  EXPECT_EQ(s, 64 * 0.37f / 448.0f);
+  EXPECT_EQ(q[0], 0xFE);  // -amax -> -448
+  for (int i = 0; i < 128; ++i) {
+    const float back = num::e4m3_to_f32(q[static_cast<size_t>(i)]) * s;
+    EXPECT_LE(std::fabs(back - row[static_cast<size_t>(i)]),
+              0.0625f * std::fabs(row[static_cast<size_t>(i)]) + s * 0.001953125f)
+        << i;
+  }
+}
+
+// The activation's FP8 rows: each value within e4m3's rounding (2^-4 relative, plus half a
+// subnormal step) of the host's fp32 activation, the scale its group's amax / 448 within fp32
+// rounding of the host's.
+TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
+  QMOE_REQUIRE_GPU();
+  const int64_t R = 50, I = 256, ldh = 2 * I;
+  const uint64_t seed = fresh_seed();
+  std::vector<float> h = gaussian(static_cast<size_t>(R * ldh), seed, 2.0f);
+  std::vector<int32_t> perm(static_cast<size_t>(R)), ids(static_cast<size_t>(R), 0);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::vector<float> w(static_cast<size_t>(R), 1.0f);
+  GpuBuffer dh, dperm, dids, dw, dq, ds;
+  ASSERT_TRUE(dh.upload(h));
+  ASSERT_TRUE(dperm.upload(perm));
+  ASSERT_TRUE(dids.upload(ids));
+  ASSERT_TRUE(dw.upload(w));
+  ASSERT_TRUE(dq.allocate(static_cast<size_t>(R * I), 0xCD));
+  ASSERT_TRUE(ds.allocate(static_cast<size_t>(R * I / 128) * 4, 0xCD));
+  cuda::ActivationArgs a;
+  a.act.kind = Activation::kSwiGlu;
+  a.act.glu = GluLayout::kInterleaved;
+  a.inter = I;
+  a.h = static_cast<const float*>(dh.get());
+  a.ldh = ldh;
+  a.fc1_rows = 2 * I;
+  a.permuted_route = static_cast<const int32_t*>(dperm.get());
+  a.expert_ids = static_cast<const int32_t*>(dids.get());
+  a.weights = static_cast<const float*>(dw.get());
+  a.routes = R;
+  a.ld = I;
+  a.out_codes = static_cast<uint8_t*>(dq.get());
+  a.out_scales = static_cast<float*>(ds.get());
+  Status st = cuda::launch_activation(a, nullptr);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  std::vector<uint8_t> q;
+  std::vector<float> sc;
+  ASSERT_TRUE(dq.download(&q));
+  ASSERT_TRUE(ds.download(&sc));
+  for (int64_t p = 0; p < R; ++p) {
+    for (int64_t g = 0; g < I / 128; ++g) {
+      double amax = 0;
+      std::vector<double> v(128);
+      for (int64_t c = 0; c < 128; ++c) {
+        const double gate = h[static_cast<size_t>(p * ldh + 2 * (g * 128 + c))];
+        const double lin = h[static_cast<size_t>(p * ldh + 2 * (g * 128 + c) + 1)];
+        v[static_cast<size_t>(c)] = gate / (1 + std::exp(-gate)) * lin;
+        amax = std::max(amax, std::fabs(v[static_cast<size_t>(c)]));
+      }
+      const float s = sc[static_cast<size_t>(p * (I / 128) + g)];
+      ASSERT_NEAR(s, amax / 448.0, 1e-5 * amax / 448.0) << "row " << p << " group " << g;
+      for (int64_t c = 0; c < 128; ++c) {
+        const double back = num::e4m3_to_f32(q[static_cast<size_t>(p * I + g * 128 + c)]) * s;
+        const double want = v[static_cast<size_t>(c)];
+        ASSERT_LE(std::fabs(back - want), 0.0626 * std::fabs(want) + s * 0.001 + 1e-6)
+            << "row " << p << " column " << g * 128 + c;
+      }
+    }
+  }
+}
+
+TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
+  QMOE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (WeightFormat wf : {WeightFormat::kFp8Block, WeightFormat::kFp8}) {
+      for (int64_t tokens : {5, 129, 333, 1100}) {
+        check_fp8_layer(fp8_spec(wf, dt, 256, 128, 16, 4), tokens);
+      }
+      // DeepSeek-V3's form, a separate FC3; and the concatenated gate.
+      LayerSpec f3 = fp8_spec(wf, dt, 384, 256, 16, 4);
+      f3.activation.glu = GluLayout::kSeparateFc3;
+      check_fp8_layer(f3, 129);
+      LayerSpec concat = fp8_spec(wf, dt, 384, 256, 8, 2);
+      concat.activation.glu = GluLayout::kConcatenated;
+      check_fp8_layer(concat, 77);
+    }
+  }
+  // Many experts, few routes (most experts without a row), and every route on one expert.
+  check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 64, 2), 7);
+  check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 1), 300, true);
+}
+
+TEST(GpuFp8Act, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4), seed, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer).is_ok());
+  check_graph_replay(tl, layer.get(), 333, seed, 2);
+  TestInputs ti;
+  make_inputs(tl.spec, 300, seed, false, &ti);
+  GpuRun a, b, c;
+  gpu_run(tl, ti, &a, {}, 0xFF, false, layer.get());
+  gpu_run(tl, ti, &b, {}, 0x00, false, layer.get());
+  gpu_run(tl, ti, &c, {}, 0x7F, false, layer.get());
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+  size_t prev = 0;
+  for (int64_t t = 1; t <= 2000; t += (t < 70 ? 1 : 117)) {
+    const size_t w = layer->workspace_size(t);
+    EXPECT_GE(w, prev) << "tokens " << t;
+    prev = w;
+  }
+}
+
+// A non-finite input still reports its token, as on the bf16 path.
+TEST(GpuFp8Act, NonFiniteInputIsReported) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4), seed, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer).is_ok());
+  TestInputs ti;
+  make_inputs(tl.spec, 100, seed, false, &ti);
+  store_float(ti.x.data(), DType::kBF16, 42 * 256 + 17, std::nanf(""));
+  DeviceInputs d;
+  ASSERT_TRUE(stage_inputs(ti, &d));
+  GpuBuffer ws, out;
+  ASSERT_TRUE(ws.allocate(layer->workspace_size(100)));
+  ASSERT_TRUE(out.allocate(100 * 256 * 2));
+  MutableTensorView ov(out.get(), DType::kBF16, {100, 256});
+  ASSERT_TRUE(layer->run(d.in, ov, ws.get(), layer->workspace_size(100), nullptr).is_ok());
+  CUDA_ASSERT(cudaDeviceSynchronize());
+  const Status st = layer->take_deferred_error();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("first at token 42"), std::string::npos) << st.to_string();
+}
+
+TEST(GpuFp8Act, WhatTheModeCannotRunIsAnError) {
+  QMOE_REQUIRE_GPU();
+  auto expect_error = [](const LayerSpec& s, const std::string& part) {
+    TestLayer tl;
+    make_layer(s, fresh_seed(), &tl);
+    std::unique_ptr<PreparedLayer> layer;
+    const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("act_quant"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find(part), std::string::npos) << st.to_string();
+    EXPECT_EQ(layer, nullptr);
+  };
+  LayerSpec int4 = small_spec(WeightFormat::kInt4, 256, 128, 8, 2);
+  int4.fc1.block_size = int4.fc2.block_size = 128;
+  expect_error(int4, "int4");
+  LayerSpec b64 = fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 8, 2);
+  b64.fc1.block_size = b64.fc2.block_size = 64;
+  expect_error(b64, "b64");
+  expect_error(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 320, 128, 8, 2), "fc1");  // H
+  expect_error(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 96, 8, 2), "fc2");   // I
+  LayerSpec f32 = fp8_spec(WeightFormat::kFp8Block, DType::kF32, 256, 128, 8, 2);
+  expect_error(f32, "f32");
+  // The environment's spelling, checked like the field.
+  EnvOverride env("QMOE_ACT_QUANT", "fp4");
+  TestLayer tl;
+  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 8, 2), fresh_seed(), &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("QMOE_ACT_QUANT"), std::string::npos) << st.to_string();
+}
+
+}  // namespace
+}  // namespace qmoe::test
