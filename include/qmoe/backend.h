@@ -86,6 +86,10 @@ struct PrepareOptions {
   std::string act_quant;
 };
 
+// The error budget of act_quant = "fp8_e4m3" on the calls it applies to: the relative norm error
+// against the fp64 oracle (two e4m3 roundings of at most 2^-4 each, docs/cuda-backend.md).
+constexpr double kFp8ActErrorBudget = 6e-2;
+
 // The one place the environment enters the options: `options` with each QMOE_* variable that is
 // set (and not empty) applied where its field holds the default (a caller's choice wins), then
 // every field checked. An invalid value is an error naming the variable or field and what it

@@ -2,12 +2,14 @@
 // A row of k values is cut into groups of kActQuantGroup columns; each group gets
 //
 //   scale = amax / 448          amax = the largest |x| of the group (448: e4m3's largest finite)
-//   code  = e4m3(x / scale)     round to nearest even, saturating; 0 when the group is all zero
+//   inv   = 448 / amax          (0 when the group is all zero)
+//   code  = e4m3(x * inv)       round to nearest even, saturating
 //
 // so that x ~ code * scale with e4m3's 3 mantissa bits relative to each value (values below
-// amax * 2^-14.8 fall into e4m3's subnormals). Host and device share these two formulas; the
-// device converts with cvt.rn.satfinite, which num::f32_to_e4m3 reproduces bit for bit, and
-// quantize_rows_e4m3 is the host twin the tests hold the device rows to.
+// amax * 2^-14.8 fall into e4m3's subnormals); one division per group, a multiply per value.
+// Host and device share these formulas; the device converts with cvt.rn.satfinite, which
+// num::f32_to_e4m3 reproduces bit for bit, and quantize_rows_e4m3 is the host twin the tests hold
+// the device rows to.
 //
 //   codes  [rows, ldq] e4m3     scales [rows, k / kActQuantGroup] f32 (the GEMM's K-major SFB)
 #pragma once
@@ -23,11 +25,11 @@ constexpr int kActQuantGroup = 128;
 constexpr float kE4m3Max = 448.0f;
 
 QMOE_HD float e4m3_group_scale(float amax) { return amax / kE4m3Max; }
+QMOE_HD float e4m3_group_inverse(float amax) { return amax > 0.0f ? kE4m3Max / amax : 0.0f; }
 
-// The code of x in a group of this scale (host form; the device's cvt gives the same bits).
-QMOE_HD uint8_t e4m3_group_code(float x, float scale) {
-  return scale > 0.0f ? num::f32_to_e4m3(x / scale) : static_cast<uint8_t>(0);
-}
+// The code of x in a group of this inverse scale (host form; the device's cvt gives the same
+// bits).
+QMOE_HD uint8_t e4m3_group_code(float x, float inv) { return num::f32_to_e4m3(x * inv); }
 
 // rows x k values (row stride ldx) to codes (row stride ldq) and scales [rows, k / 128]; k a
 // multiple of kActQuantGroup.
@@ -39,10 +41,10 @@ inline void quantize_rows_e4m3(const float* x, int64_t ldx, int64_t rows, int64_
       const float* v = x + r * ldx + g * kActQuantGroup;
       float amax = 0.0f;
       for (int i = 0; i < kActQuantGroup; ++i) amax = std::fmax(amax, std::fabs(v[i]));
-      const float s = e4m3_group_scale(amax);
-      scales[r * groups + g] = s;
+      scales[r * groups + g] = e4m3_group_scale(amax);
+      const float inv = e4m3_group_inverse(amax);
       for (int i = 0; i < kActQuantGroup; ++i) {
-        q[r * ldq + g * kActQuantGroup + i] = e4m3_group_code(v[i], s);
+        q[r * ldq + g * kActQuantGroup + i] = e4m3_group_code(v[i], inv);
       }
     }
   }

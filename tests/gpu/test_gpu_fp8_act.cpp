@@ -24,9 +24,9 @@
 namespace qmoe::test {
 namespace {
 
-// The mode's budget on relative_norm_error: two e4m3 roundings (FC1's and FC2's inputs), each
-// at most 2^-4 relative per value (about 2.5% rms), measured at 2.6-3.3% (bench/results).
-constexpr double kFp8ActBudget = 6e-2;
+// The mode's budget on relative_norm_error (qmoe/backend.h): two e4m3 roundings (FC1's and FC2's
+// inputs), each at most 2^-4 relative per value.
+constexpr double kFp8ActBudget = kFp8ActErrorBudget;
 
 PrepareOptions fp8_options(const std::string& dispatch = "generic") {
   PrepareOptions o = with_dispatch(dispatch);
@@ -127,6 +127,8 @@ TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
 // range (subnormals, ties, saturation) and the group scale's corner cases.
 TEST(Fp8ActQuant, HostCodesAndScales) {
   EXPECT_EQ(e4m3_group_scale(448.0f), 1.0f);
+  EXPECT_EQ(e4m3_group_inverse(448.0f), 1.0f);
+  EXPECT_EQ(e4m3_group_inverse(0.0f), 0.0f);  // an all-zero group: zero codes
   EXPECT_EQ(e4m3_group_code(1.0f, 0.0f), 0);
   EXPECT_EQ(e4m3_group_code(448.0f, 1.0f), 0x7E);
   EXPECT_EQ(e4m3_group_code(-448.0f, 1.0f), 0xFE);
@@ -144,7 +146,7 @@ TEST(Fp8ActQuant, HostCodesAndScales) {
   for (int i = 0; i < 128; ++i) {
     const float back = num::e4m3_to_f32(q[static_cast<size_t>(i)]) * s;
     EXPECT_LE(std::fabs(back - row[static_cast<size_t>(i)]),
-              0.0625f * std::fabs(row[static_cast<size_t>(i)]) + s * 0.001953125f)
+              0.0626f * std::fabs(row[static_cast<size_t>(i)]) + s * 0.001953125f)
         << i;
   }
 }
@@ -292,6 +294,7 @@ TEST(GpuFp8Act, WhatTheModeCannotRunIsAnError) {
     EXPECT_EQ(layer, nullptr);
   };
   LayerSpec int4 = small_spec(WeightFormat::kInt4, 256, 128, 8, 2);
+  int4.act_dtype = DType::kBF16;
   int4.fc1.block_size = int4.fc2.block_size = 128;
   expect_error(int4, "int4");
   LayerSpec b64 = fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 8, 2);

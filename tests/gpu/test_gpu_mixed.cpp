@@ -95,15 +95,16 @@ TEST(GpuMixedLayer, OtherBlocksAndScaleDtypes) {
   }
 }
 
-// INT4 and INT8 with zero points (f32 scale and zero term), INT8 without (zero point 128): blocked
-// and per channel, both dtypes.
+// INT4 and INT8 with zero points (f32 scale and zero term), INT8 without (kInt8: the signed,
+// shuffled copy with activation-dtype scales): blocked and per channel, both dtypes.
 TEST(GpuMixedLayer, ZeroPointsAndInt8) {
   QMOE_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int block : {128, 0}) {
       for (bool zp : {true, false}) {
         const LayerSpec s8 = spec_of(WeightFormat::kInt8, dt, 256, 128, 16, 4, block, DType::kF32, zp);
-        ASSERT_EQ(kind_of(s8, s8.fc1, s8.fc1_rows(), s8.hidden), cuda::MixedCodes::kUint8);
+        ASSERT_EQ(kind_of(s8, s8.fc1, s8.fc1_rows(), s8.hidden),
+                  zp ? cuda::MixedCodes::kUint8 : cuda::MixedCodes::kInt8);
         check_mixed_against_dequant(s8, 300);
       }
       const LayerSpec s4 =
@@ -145,12 +146,14 @@ TEST(GpuMixedLayer, NarrowAndWideTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kBF16));
-  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
   EXPECT_TRUE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kF16));
   EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kUint8, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kInt8, DType::kBF16));
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
@@ -267,7 +270,9 @@ TEST(MixedPrepare, SupportedFormats) {
   f.zero_points = true;
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4Zero);
   FcFormat i8 = default_fc_format(WeightFormat::kInt8);
-  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 256, 512), MixedCodes::kUint8);
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 256, 512), MixedCodes::kInt8);
+  // Rows the shuffle's 16-row atom does not tile: the unshuffled kind, zero point 128.
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 200, 512), MixedCodes::kUint8);
   i8.zero_points = true;
   EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kF16, 256, 512), MixedCodes::kUint8);
   EXPECT_EQ(cuda::mixed_codes_for(default_fc_format(WeightFormat::kFp8), DType::kBF16, 256, 512),
@@ -287,10 +292,11 @@ TEST(MixedPrepare, SupportedFormats) {
 
 // The prepared copy of every kind, element by element against the library's dequantizer
 // (dequantize_row<float>, the documented fp32 formula) on quantized random weights: w evaluated as
-// the kernel does (q * s [+ z] in f32; kInt4: the scale rounded to the activation dtype first,
-// then the product rounded to it) equals the exact value rounded to the activation dtype. The f32
-// kinds are bitwise equal to it except where -zp * s itself rounds in f32 (one ulp of f32 before
-// the final rounding); kInt4 is within one activation-dtype rounding of the scale.
+// the kernel does (q * s [+ z] in f32; kInt4 and kInt8: the scale rounded to the activation dtype
+// first, then the product rounded to it) equals the exact value rounded to the activation dtype.
+// The f32 kinds are bitwise equal to it except where -zp * s itself rounds in f32 (one ulp of f32
+// before the final rounding); kInt4 and kInt8 are within one activation-dtype rounding of the
+// scale.
 TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
   using cuda::MixedCodes;
   const int64_t E = 3, n = 208, k = 256;  // n: kInt4's 16-row multiple, a partial 128-row tile
@@ -324,13 +330,18 @@ TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
             const size_t at = static_cast<size_t>((e * kb + i / copy.chunk) * n + r);
             float s;
             float got;
-            if (kind == MixedCodes::kInt4) {
+            if (kind == MixedCodes::kInt4 || kind == MixedCodes::kInt8) {
               uint16_t h;
               std::memcpy(&h, &copy.scales[at * 2], 2);
               s = act == DType::kBF16 ? num::bf16_to_f32(h) : num::f16_to_f32(h);
-              const uint8_t b = codes[(e * n + r) * (k / 2) + i / 2];
-              int qs = (b >> (4 * (i & 1))) & 15;
-              if (qs >= 8) qs -= 16;
+              int qs;
+              if (kind == MixedCodes::kInt4) {
+                const uint8_t b = codes[(e * n + r) * (k / 2) + i / 2];
+                qs = (b >> (4 * (i & 1))) & 15;
+                if (qs >= 8) qs -= 16;
+              } else {
+                qs = static_cast<int8_t>(codes[(e * n + r) * k + i]);  // q - 128
+              }
               got = to_act(static_cast<float>(qs) * s);
               // One rounding of the scale to act: within 2^-8 (bf16) of the exact value.
               const float want = to_act(ref[i]);

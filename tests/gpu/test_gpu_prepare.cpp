@@ -273,57 +273,67 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
 // there, recomputed here from the wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4)
 // + {0, 1, 8, 9}). Shapes with one atom, with several along n and k (k = 64 and 272: a block's
 // eight atoms past the row's end), and the 208 rows of a partial 128-row tile.
-TEST(DevicePack, MixedShuffleOfInt4) {
+// The shuffle of int4 and int8 codes (cutlass_mixed_shuffle.cuh): the host twin, which places
+// each code by CuTe's layout of the whole matrix, against the drawn order recomputed here from the
+// wgmma fragment; the device kernel against the twin, with and without the top-bit flip.
+TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
   QMOE_REQUIRE_GPU();
   struct Shape {
     int64_t e, n, k;
   };
-  for (const Shape& sh :
-       {Shape{1, 16, 16}, Shape{3, 48, 128}, Shape{2, 208, 64}, Shape{1, 32, 272}}) {
-    SCOPED_TRACE("E " + std::to_string(sh.e) + " n " + std::to_string(sh.n) + " k " +
-                 std::to_string(sh.k));
-    const size_t bytes = static_cast<size_t>(sh.e * sh.n * sh.k / 2);
-    std::vector<uint8_t> codes(bytes);
-    std::mt19937_64 rng(fresh_seed());
-    for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> host(bytes);
-    cuda::mixed_shuffle_codes_host(codes.data(), host.data(), sh.e, sh.n, sh.k);
-    for (int64_t e = 0; e < sh.e; ++e) {
-      for (int64_t m = 0; m < sh.n; ++m) {
-        for (int64_t kk = 0; kk < sh.k; ++kk) {
-          const int64_t r = m % 16, c = kk % 16;
-          const int64_t lane = (r % 8) * 4 + (c % 8) / 2;
-          const int64_t v = (c % 2) + 2 * (r / 8) + 4 * (c / 8);
-          const int64_t at = 8 * lane + (v >> 1) + 4 * (v & 1) +
-                             256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
-          const int want = (codes[static_cast<size_t>((e * sh.n * sh.k + m * sh.k + kk) / 2)] >>
-                            (4 * (kk & 1))) &
-                           15;
-          const int got = (host[static_cast<size_t>(at / 2)] >> (4 * (at & 1))) & 15;
-          ASSERT_EQ(got, want) << "e " << e << " m " << m << " k " << kk;
+  for (int bits : {4, 8}) {
+    for (const Shape& sh :
+         {Shape{1, 16, 16}, Shape{3, 48, 128}, Shape{2, 208, 64}, Shape{1, 32, 272}}) {
+      SCOPED_TRACE("bits " + std::to_string(bits) + " E " + std::to_string(sh.e) + " n " +
+                   std::to_string(sh.n) + " k " + std::to_string(sh.k));
+      const size_t bytes = static_cast<size_t>(sh.e * sh.n * sh.k * bits / 8);
+      std::vector<uint8_t> codes(bytes);
+      std::mt19937_64 rng(fresh_seed());
+      for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> host(bytes);
+      cuda::mixed_shuffle_codes_host(codes.data(), host.data(), sh.e, sh.n, sh.k, bits);
+      auto code_at = [bits](const std::vector<uint8_t>& v, int64_t i) {
+        return bits == 8 ? v[static_cast<size_t>(i)]
+                         : (v[static_cast<size_t>(i / 2)] >> (4 * (i & 1))) & 15;
+      };
+      for (int64_t e = 0; e < sh.e; ++e) {
+        for (int64_t m = 0; m < sh.n; ++m) {
+          for (int64_t kk = 0; kk < sh.k; ++kk) {
+            const int64_t r = m % 16, c = kk % 16;
+            const int64_t lane = (r % 8) * 4 + (c % 8) / 2;
+            const int64_t v = (c % 2) + 2 * (r / 8) + 4 * (c / 8);
+            // int4: 0 2 4 6 1 3 5 7 in one word; int8: 0 2 1 3 | 4 6 5 7.
+            const int64_t pos = bits == 4 ? (v >> 1) + 4 * (v & 1)
+                                          : 2 * (v & 1) + ((v >> 1) & 1) + 4 * (v >> 2);
+            const int64_t at =
+                8 * lane + pos + 256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
+            ASSERT_EQ(code_at(host, at), code_at(codes, e * sh.n * sh.k + m * sh.k + kk))
+                << "e " << e << " m " << m << " k " << kk;
+          }
         }
       }
+      GpuBuffer in, out, flipped;
+      up(codes, &in);
+      out_buffer(bytes, &out);
+      ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), out.as<uint8_t>(), sh.e, sh.n, sh.k,
+                                          bits, false, 0));
+      EXPECT_TRUE(same(host, out));
+      // With the flip: each code's top bit, nothing else.
+      for (uint8_t& b : host) b ^= bits == 4 ? 0x88 : 0x80;
+      out_buffer(bytes, &flipped);
+      ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), flipped.as<uint8_t>(), sh.e, sh.n,
+                                          sh.k, bits, true, 0));
+      EXPECT_TRUE(same(host, flipped));
     }
-    GpuBuffer in, out, flipped;
-    up(codes, &in);
-    out_buffer(bytes, &out);
-    ASSERT_OK(
-        cuda::mixed_shuffle_codes(in.as<uint8_t>(), out.as<uint8_t>(), sh.e, sh.n, sh.k, false, 0));
-    EXPECT_TRUE(same(host, out));
-    // With the flip: each nibble XOR 8, nothing else.
-    for (uint8_t& b : host) b ^= 0x88;
-    out_buffer(bytes, &flipped);
-    ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), flipped.as<uint8_t>(), sh.e, sh.n, sh.k,
-                                        true, 0));
-    EXPECT_TRUE(same(host, flipped));
   }
   GpuBuffer a, b;
   out_buffer(64, &a);
   out_buffer(64, &b);
-  const Status bad =
-      cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 8, 16, false, 0);
+  Status bad = cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 8, 16, 4, false, 0);
   EXPECT_FALSE(bad.is_ok());
   EXPECT_NE(bad.message().find("n a multiple of 16"), std::string::npos) << bad.message();
+  bad = cuda::mixed_shuffle_codes(a.as<uint8_t>(), b.as<uint8_t>(), 1, 16, 16, 2, false, 0);
+  EXPECT_NE(bad.message().find("bits: expected 4 or 8"), std::string::npos) << bad.message();
 }
 
 }  // namespace

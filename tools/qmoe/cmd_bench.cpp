@@ -181,7 +181,7 @@ Status run_case(const BenchContext& ctx, const Layers& layers, const SyntheticLa
   r->gbps = seconds > 0 ? r->bytes / seconds / 1e9 : 0;
   r->tflops = seconds > 0 ? layer_flops(spec, tokens) / seconds / 1e12 : 0;
 
-  r->budget = error_budget(spec.act_dtype, ctx.backend);
+  r->budget = error_budget(spec.act_dtype, ctx.backend, fp8_calls_on(ctx.backend, r->path));
   if (!ctx.check) return Status::ok();
   std::vector<double> ref;
   {

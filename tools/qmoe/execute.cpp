@@ -58,8 +58,9 @@ Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const
   return Status::ok();
 }
 
-double error_budget(DType act_dtype, BackendKind backend) {
+double error_budget(DType act_dtype, BackendKind backend, bool fp8_activations) {
   const bool gpu = backend == BackendKind::kCuda;
+  if (gpu && fp8_activations) return kFp8ActErrorBudget;
   switch (act_dtype) {
     case DType::kF16:
       return gpu ? 2.5e-3 : 2e-3;
@@ -68,6 +69,12 @@ double error_budget(DType act_dtype, BackendKind backend) {
     default:
       return gpu ? 2e-5 : 1e-5;
   }
+}
+
+bool fp8_calls_on(BackendKind backend, const std::string& path) {
+  PrepareOptions o;
+  return backend == BackendKind::kCuda && path == "generic" &&
+         resolve_prepare_options({}, &o).is_ok() && o.act_quant == "fp8_e4m3";
 }
 
 Status time_runs(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
@@ -166,7 +173,8 @@ Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
   std::vector<double> got(ref.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] = load_float(out.data, out.dtype, i);
   const double err = relative_norm_error(got.data(), ref.data(), ref.size());
-  const double budget = error_budget(out.dtype, options.backend);
+  const double budget = error_budget(
+      out.dtype, options.backend, fp8_calls_on(options.backend, layer->dispatch_choice(tokens)));
   *check_failed = !(err <= budget);
   std::printf(
       "%-10s rel-norm error %.3e vs the fp64 oracle, budget %.0e (%s): %s (oracle %.0f ms)\n",

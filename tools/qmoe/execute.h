@@ -41,8 +41,15 @@ Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const
 
 // The relative-norm error allowed against the oracle for an activation dtype. CPU: f32 1e-5, f16
 // 2e-3, bf16 8e-3 (the output's rounding dominates). CUDA (weights and the activation rounded to
-// the dtype for the tensor cores, docs/cuda-backend.md): f32 2e-5, f16 2.5e-3, bf16 1e-2.
-double error_budget(DType act_dtype, BackendKind backend);
+// the dtype for the tensor cores, docs/cuda-backend.md): f32 2e-5, f16 2.5e-3, bf16 1e-2; a call
+// the FP8 activations took (fp8_calls_on: $QMOE_ACT_QUANT=fp8_e4m3, the generic path):
+// kFp8ActErrorBudget.
+double error_budget(DType act_dtype, BackendKind backend, bool fp8_activations = false);
+
+// Whether a CUDA call on `path` (PreparedLayer::dispatch_choice) ran FP8 activations: the
+// environment asks for them (the CLI's only way to set PrepareOptions::act_quant) and the call
+// took the generic path, the one they apply to.
+bool fp8_calls_on(BackendKind backend, const std::string& path);
 
 // Everything `qmoe run` does after it has a layer and inputs. output receives the bytes of the
 // output tensor (the input's dtype and shape). *check_failed is set when the error exceeds the

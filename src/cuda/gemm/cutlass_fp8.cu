@@ -14,6 +14,12 @@
 //   shapes G x (n, rows, k); ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb G x pointer;
 //   stride_a, stride_b, stride_d G x 8 bytes; cutlass Gemm::get_workspace_size.
 #include "cuda/gemm/cutlass_fp8.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 
@@ -21,11 +27,22 @@ namespace qmoe::cuda {
 namespace cutlass_detail {
 namespace {
 
-using Fp8TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-using Fp8Epilogue = GroupEpilogueFor<Fp8TileShape>;
-constexpr int kFp8EpilogueSmem = static_cast<int>(sizeof(Fp8Epilogue::SharedStorage));
+// Each schedule with its tile and epilogue (named outside templates: cutlass_grouped_kernel.cuh
+// says why).
+using Fp8CoopTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
+using Fp8CoopEpilogue = GroupEpilogueFor<Fp8CoopTile>;
+constexpr int kFp8CoopEpilogueSmem = static_cast<int>(sizeof(Fp8CoopEpilogue::SharedStorage));
+using Fp8PingTile = cute::Shape<cute::_128, cute::_64, cute::_128>;
+using Fp8PingEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8PingTile, GroupClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
+    kGroupAlignD, float, GroupLayoutD*, kGroupAlignD,
+    cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+    cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
+constexpr int kFp8PingEpilogueSmem = static_cast<int>(sizeof(Fp8PingEpilogue::SharedStorage));
 
-struct Fp8Gemm {
+template <typename Tile, typename Epilogue, int kEpilogueSmem, typename Schedule>
+struct Fp8GemmT {
   using Element = cutlass::float_e4m3_t;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
@@ -40,10 +57,9 @@ struct Fp8Gemm {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlign, Element, cute::tuple<LayoutB*, LayoutSFB*>,
-      kAlign, float, Fp8TileShape, GroupClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kFp8EpilogueSmem>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Fp8Epilogue>;
+      kAlign, float, Tile, GroupClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>, Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
@@ -56,6 +72,16 @@ struct Fp8Gemm {
                     Mainloop::ScaleGranularityK == kFp8ScaleBlock,
                 "weights in 128 x 128 blocks, activations per row and 128 columns");
 };
+using Fp8Coop = Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
+using Fp8Ping = Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise>;
+// Both share the setup kernel's types.
+using Fp8Gemm = Fp8Coop;
+static_assert(std::is_same_v<Fp8Coop::StrideA, Fp8Ping::StrideA> &&
+                  std::is_same_v<Fp8Coop::StrideB, Fp8Ping::StrideB> &&
+                  std::is_same_v<Fp8Coop::StrideD, Fp8Ping::StrideD>,
+              "one setup kernel for both schedules");
 
 struct Fp8Parts {
   size_t shapes, ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb, stride_a, stride_b, stride_d, cutlass,
@@ -98,9 +124,10 @@ __global__ void fp8_setup_kernel(const Fp8GemmArgs p, Fp8Gemm::Shape3* shapes, c
   }
 }
 
-Fp8Gemm::Gemm::Arguments fp8_arguments(int64_t max_groups, int sm_count, const Fp8Parts* parts,
-                                       char* ws) {
-  Fp8Gemm::Gemm::Arguments args;
+template <typename G>
+typename G::Gemm::Arguments fp8_arguments(int64_t max_groups, int sm_count, const Fp8Parts* parts,
+                                          char* ws) {
+  typename G::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   auto at = [ws, parts](size_t Fp8Parts::*part) {
     return ws == nullptr || parts == nullptr ? nullptr : ws + parts->*part;
@@ -130,6 +157,7 @@ Fp8Gemm::Gemm::Arguments fp8_arguments(int64_t max_groups, int sm_count, const F
   return args;
 }
 
+template <typename G>
 Fp8Parts fp8_parts(int64_t max_groups, int sm_count) {
   const size_t n = static_cast<size_t>(max_groups);
   Fp8Parts w{};
@@ -149,12 +177,30 @@ Fp8Parts fp8_parts(int64_t max_groups, int sm_count) {
   w.stride_b = take(n * sizeof(Fp8Gemm::StrideB));
   w.stride_d = take(n * sizeof(Fp8Gemm::StrideD));
   w.cutlass = take(
-      Fp8Gemm::Gemm::get_workspace_size(fp8_arguments(max_groups, sm_count, nullptr, nullptr)));
+      G::Gemm::get_workspace_size(fp8_arguments<G>(max_groups, sm_count, nullptr, nullptr)));
   w.total = off;
   return w;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename G>
+Status launch_with(const Fp8GemmArgs& p, int sm_count, char* ws, cudaStream_t stream) {
+  const Fp8Parts w = fp8_parts<G>(p.max_groups, sm_count);
+  constexpr int kThreads = 128;
+  const int blocks = (p.max_groups + kThreads - 1) / kThreads;
+  fp8_setup_kernel<<<blocks, kThreads, 0, stream>>>(
+      p, reinterpret_cast<Fp8Gemm::Shape3*>(ws + w.shapes),
+      reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
+      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const float**>(ws + w.ptr_sfa),
+      reinterpret_cast<const float**>(ws + w.ptr_sfb),
+      reinterpret_cast<Fp8Gemm::StrideA*>(ws + w.stride_a),
+      reinterpret_cast<Fp8Gemm::StrideB*>(ws + w.stride_b),
+      reinterpret_cast<Fp8Gemm::StrideD*>(ws + w.stride_d));
+  QMOE_CUDA_CHECK_LAUNCH("fp8_setup_kernel");
+  return initialize_and_run<typename G::Gemm>(fp8_arguments<G>(p.max_groups, sm_count, &w, ws),
+                                              ws + w.cutlass, stream, "CUTLASS FP8 grouped GEMM");
+}
 
 }  // namespace
 }  // namespace cutlass_detail
@@ -175,7 +221,8 @@ bool fp8_gemm_shape_ok(int64_t n, int64_t k, std::string* why) {
 
 size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count) {
   if (max_groups <= 0) return 0;
-  return cutlass_detail::fp8_parts(max_groups, sm_count).total;
+  return std::max(cutlass_detail::fp8_parts<cutlass_detail::Fp8Coop>(max_groups, sm_count).total,
+                  cutlass_detail::fp8_parts<cutlass_detail::Fp8Ping>(max_groups, sm_count).total);
 }
 
 Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspace,
@@ -202,27 +249,19 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
   if (p.sched.touched == nullptr || p.sched.n_touched == nullptr || p.sched.offsets == nullptr) {
     return Status::invalid("launch_fp8_grouped_gemm: args.sched: expected device pointers");
   }
-  const Fp8Parts w = fp8_parts(p.max_groups, sm_count);
-  if (workspace == nullptr || workspace_bytes < w.total ||
+  const size_t need = fp8_gemm_workspace_bytes(p.max_groups, sm_count);
+  if (workspace == nullptr || workspace_bytes < need ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
     return Status::invalid("launch_fp8_grouped_gemm: workspace: expected " +
-                           std::to_string(w.total) + " bytes, 256-byte aligned, got " +
+                           std::to_string(need) + " bytes, 256-byte aligned, got " +
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
-  char* ws = static_cast<char*>(workspace);
-  constexpr int kThreads = 128;
-  const int blocks = (p.max_groups + kThreads - 1) / kThreads;
-  fp8_setup_kernel<<<blocks, kThreads, 0, stream>>>(
-      p, reinterpret_cast<Fp8Gemm::Shape3*>(ws + w.shapes),
-      reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
-      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const float**>(ws + w.ptr_sfa),
-      reinterpret_cast<const float**>(ws + w.ptr_sfb),
-      reinterpret_cast<Fp8Gemm::StrideA*>(ws + w.stride_a),
-      reinterpret_cast<Fp8Gemm::StrideB*>(ws + w.stride_b),
-      reinterpret_cast<Fp8Gemm::StrideD*>(ws + w.stride_d));
-  QMOE_CUDA_CHECK_LAUNCH("fp8_setup_kernel");
-  return initialize_and_run<Fp8Gemm::Gemm>(fp8_arguments(p.max_groups, sm_count, &w, ws),
-                                           ws + w.cutlass, stream, "CUTLASS FP8 grouped GEMM");
+  static const bool ping = [] {
+    const char* v = std::getenv("QMOE_FP8_AB");
+    return v != nullptr && std::string(v) == "pingpong";
+  }();
+  return ping ? launch_with<Fp8Ping>(p, sm_count, static_cast<char*>(workspace), stream)
+              : launch_with<Fp8Coop>(p, sm_count, static_cast<char*>(workspace), stream);
 }
 
 }  // namespace qmoe::cuda

@@ -55,6 +55,8 @@ const char* mixed_codes_name(MixedCodes c) {
       return "uint8+zero";
     case MixedCodes::kE4m3:
       return "e4m3";
+    case MixedCodes::kInt8:
+      return "int8";
     default:
       return "none";
   }
@@ -71,7 +73,7 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
       c = f.zero_points ? MixedCodes::kInt4Zero : MixedCodes::kInt4;
       break;
     case WeightFormat::kInt8:
-      c = MixedCodes::kUint8;
+      c = f.zero_points ? MixedCodes::kUint8 : MixedCodes::kInt8;
       break;
     case WeightFormat::kFp8:
     case WeightFormat::kFp8Block:
@@ -95,6 +97,9 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
     return none("block size " + std::to_string(f.block_size) + " (a multiple of " +
                 std::to_string(kMixedTileK) + " dividing k, or per channel)");
   }
+  // int8 without zero points on rows the shuffle's atom does not tile: the unshuffled kind, with
+  // ORT's implicit zero point 128 as its zero term.
+  if (c == MixedCodes::kInt8 && n % kMixedShuffleRows != 0) c = MixedCodes::kUint8;
   const int64_t rows = mixed_codes_shuffled(c) ? kMixedShuffleRows : 8;
   if (n <= 0 || n % rows != 0) {
     return none("n = " + std::to_string(n) + " not a multiple of " + std::to_string(rows));
@@ -113,11 +118,13 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
   const int64_t mid = int64_t{1} << (bits - 1);  // ORT's implicit zero point
   out->chunk = chunk;
   // Codes: int4's q in [0, 16) becomes the int4 two's complement of q - 8 (its top bit flipped,
-  // both nibbles of a byte at once); u8 and e4m3 codes are read as ORT stores them.
+  // both nibbles of a byte at once), kInt8's q in [0, 256) the int8 of q - 128 (the same flip);
+  // u8 (with zero points) and e4m3 codes are read as ORT stores them.
   out->codes.clear();
-  if (c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero) {
-    out->codes.resize(static_cast<size_t>(experts * n * (k / 2)));
-    for (size_t i = 0; i < out->codes.size(); ++i) out->codes[i] = codes[i] ^ 0x88;
+  if (c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8) {
+    const uint8_t flip = c == MixedCodes::kInt8 ? 0x80 : 0x88;
+    out->codes.resize(static_cast<size_t>(experts * n * (k * bits / 8)));
+    for (size_t i = 0; i < out->codes.size(); ++i) out->codes[i] = codes[i] ^ flip;
   }
   // Scales [E, kb, n] from ORT's [E, n, kb] (int; kb = 1 per channel), fp8_block's
   // [E, ceil(n / bs), kb] (one per bs rows) or fp8's global [E]; zeros beside them.
@@ -169,6 +176,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
       f.format = WeightFormat::kInt4;
       break;
     case MixedCodes::kUint8:
+    case MixedCodes::kInt8:
       f.format = WeightFormat::kInt8;
       break;
     case MixedCodes::kE4m3:
@@ -177,7 +185,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
     default:
       return fail(why, "codes_kind: none");
   }
-  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero;
+  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero || a.codes_kind == MixedCodes::kUint8;
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");

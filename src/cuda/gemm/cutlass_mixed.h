@@ -21,16 +21,20 @@
 //   kind       codes (A)                         scale, zero               w, rounded once to act
 //   kInt4      signed int4 q - 8 (ORT's q ^ 8,   act dtype, none           (q - 8) * s, the scale
 //              a prepared copy, shuffled)                                  rounded to act first
+//   kInt8      signed int8 q - 128 (ORT's        act dtype, none           (q - 128) * s, as kInt4
+//              q ^ 0x80, a prepared copy,                                  (int8 without zero
+//              shuffled)                                                   points)
 //   kInt4Zero  the same signed copy              f32 s, f32 -(zp - 8) s    q' s + z in f32
-//   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (zp 128
-//                                                                          without zero points)
+//   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (int8
+//                                                                          with zero points)
 //   kE4m3      ORT's e4m3 codes as they are      f32 s                     e4m3(q) s in f32: the
 //                                                                          dequantize path's value
 //
 // The f32 kinds convert each code to f32, scale (and shift) there and round once to the activation
 // dtype, as the dequantize path does; their only difference from it is -zp s, rounded once in f32
-// (exact whenever s has at most 16 significant bits, as f16/bf16 scales do). kInt4 keeps the
-// activation-dtype scale: CUTLASS's int4 conversion is fastest there, and its error was measured
+// (exact whenever s has at most 16 significant bits, as f16/bf16 scales do). kInt4 and kInt8 keep
+// the activation-dtype scale: CUTLASS's shuffled int4 / int8 conversions are fastest there (the
+// codes are exact in bf16/f16, one multiply by the scale follows), and their error was measured
 // within the 2x budget (tests/gpu/test_gpu_mixed.cpp).
 #pragma once
 
@@ -51,22 +55,26 @@ namespace qmoe::cuda {
 constexpr int64_t kMixedTileK = 64;
 
 // The kernel instances by code type and scale form (table above). kNone: no instance takes the FC.
-enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kUint8, kE4m3 };
-constexpr int kMixedCodesCount = 4;
+enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kUint8, kE4m3, kInt8 };
+constexpr int kMixedCodesCount = 5;
 const char* mixed_codes_name(MixedCodes c);
 // Bits per code, bytes per scale (and zero) element, and whether the kind has a zero term (host
 // and the instances share these).
 constexpr int mixed_code_bits(MixedCodes c) {
   return c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero ? 4 : 8;
 }
-constexpr int64_t mixed_scale_bytes(MixedCodes c) { return c == MixedCodes::kInt4 ? 2 : 4; }
+constexpr int64_t mixed_scale_bytes(MixedCodes c) {
+  return c == MixedCodes::kInt4 || c == MixedCodes::kInt8 ? 2 : 4;
+}
 constexpr bool mixed_has_zeros(MixedCodes c) {
   return c == MixedCodes::kInt4Zero || c == MixedCodes::kUint8;
 }
 // Whether the kind reads its codes shuffled into the wgmma fragment order
-// (cutlass_mixed_shuffle.cuh) rather than K-contiguous: kInt4, whose conversion is the kernel's
-// main cost. Its n must then be a multiple of kMixedShuffleRows.
-constexpr bool mixed_codes_shuffled(MixedCodes c) { return c == MixedCodes::kInt4; }
+// (cutlass_mixed_shuffle.cuh) rather than K-contiguous: kInt4 and kInt8, whose conversion is the
+// kernel's main cost. Their n must then be a multiple of kMixedShuffleRows.
+constexpr bool mixed_codes_shuffled(MixedCodes c) {
+  return c == MixedCodes::kInt4 || c == MixedCodes::kInt8;
+}
 constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 
 struct MixedGemmArgs {
@@ -97,7 +105,7 @@ constexpr int64_t kMixedNarrowRoutes = 16;
 // 1062 / 1073 at 256; mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
 constexpr int64_t kMixedWideRoutes = 256;
 
-// Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kUint8,
+// Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kInt8,
 // kE4m3); every kind has the 128-row one.
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
 // Whether the kind has the wide (256-row) tile for this activation dtype (bf16: kInt4).
@@ -114,8 +122,9 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k,
 // The prepared copy of one FC of E experts (host side), built from ORT's tensors (codes, scales,
 // zero points, fp8's global scale [E]) for mixed_codes_for(f, act, n, k) = c.
 struct MixedCopy {
-  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero: the signed copy (K-contiguous; kInt4's is
-                                // shuffled after, mixed_shuffle_codes); empty: ORT's codes serve
+  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero / kInt8: the signed copy (K-contiguous; the
+                                // shuffled kinds' is shuffled after, mixed_shuffle_codes); empty:
+                                // ORT's codes serve
   std::vector<uint8_t> scales;  // [E, k / chunk, n], mixed_scale_bytes(c) each
   std::vector<float> zeros;     // [E, k / chunk, n]; empty without a zero term
   int64_t chunk = 0;            // the scale block along k
@@ -124,16 +133,16 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
                    int64_t k, const uint8_t* codes, const uint8_t* scales,
                    const uint8_t* zero_points, const float* global_scale, MixedCopy* out);
 
-// The shuffle of int4 codes [experts, n, k / 2] (K-contiguous, low nibble = even k) into the
-// kernel's order, out of place (out 4-byte aligned) on `stream`; n a multiple of
-// kMixedShuffleRows, k of kMixedShuffleCols. `flip` also XORs each code with 8 (ORT's codes to
-// kInt4's signed copy in the same pass). The kernel follows the order drawn in
-// cutlass_mixed_shuffle.cuh; mixed_shuffle_codes_host, its twin for the tests, places each code
-// by CuTe's layout of the whole matrix instead, element by element (no flip).
+// The shuffle of `bits`-bit codes [experts, n, k * bits / 8] (K-contiguous; int4: low nibble =
+// even k) into the kernel's order, out of place (out 8-byte aligned) on `stream`; bits 4 or 8, n
+// a multiple of kMixedShuffleRows, k of kMixedShuffleCols. `flip` also flips each code's top bit
+// (ORT's codes to kInt4's / kInt8's signed copy in the same pass). The kernel follows the orders
+// drawn in cutlass_mixed_shuffle.cuh; mixed_shuffle_codes_host, its twin for the tests, places
+// each code by CuTe's layout of the whole matrix instead, element by element (no flip).
 Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n, int64_t k,
-                           bool flip, cudaStream_t stream);
+                           int bits, bool flip, cudaStream_t stream);
 void mixed_shuffle_codes_host(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n,
-                              int64_t k);
+                              int64_t k, int bits);
 
 // Whether these arguments can run (the kind's shape rules, plus strides and 16-byte aligned
 // pointers); `why` names the first that cannot. Host-only.

@@ -23,8 +23,9 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
 // narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only: each
-// instance costs 1-4 minutes of a 2-core CI build (docs/cuda-backend.md); the others run the
-// 128-row tile at every size. The wide tile (256 rows) exists for bf16 INT4.
+// instance costs 1-4 minutes of a 2-core CI build (docs/cuda-backend.md); the others (int8 with
+// zero points among them) run the 128-row tile at every size. The wide tile (256 rows) exists for
+// bf16 INT4.
 #define QMOE_MIXED_INSTANCES(X)     \
   X(MixedCodes::kInt4, true, 128)     \
   X(MixedCodes::kInt4, false, 128)    \
@@ -34,8 +35,10 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
   X(MixedCodes::kUint8, false, 128)   \
   X(MixedCodes::kE4m3, true, 128)     \
   X(MixedCodes::kE4m3, false, 128)    \
+  X(MixedCodes::kInt8, true, 128)     \
+  X(MixedCodes::kInt8, false, 128)    \
   X(MixedCodes::kInt4, true, 32)      \
-  X(MixedCodes::kUint8, true, 32)     \
+  X(MixedCodes::kInt8, true, 32)      \
   X(MixedCodes::kE4m3, true, 32)      \
   X(MixedCodes::kInt4, true, 256)
 

@@ -8,8 +8,8 @@
 // mainloop loads the codes and a [128 x 1] scale (and zero) column per K tile by TMA, converts
 // the codes in registers (ConvertAndScale: q * s; ConvertAndScaleWithZero: q * s + z; in f32
 // where the scale is f32, then one rounding to the activation type), then issues wgmma with A
-// from registers. kInt4's codes are shuffled at prepare (cutlass_mixed_shuffle.cuh) so that a
-// thread's eight codes arrive as one word in the order the fast conversion takes; the other kinds
+// from registers. kInt4's and kInt8's codes are shuffled at prepare (cutlass_mixed_shuffle.cuh) so
+// that a thread's codes arrive in words in the order the fast conversion takes; the other kinds
 // read their codes K-contiguous.
 //
 // Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
@@ -139,6 +139,10 @@ template <typename Element>
 struct MixedOperand<MixedCodes::kE4m3, Element> {
   using Tuple = cute::tuple<cutlass::float_e4m3_t, float>;
 };
+template <typename Element>
+struct MixedOperand<MixedCodes::kInt8, Element> {
+  using Tuple = cute::tuple<int8_t, Element>;
+};
 
 template <MixedCodes kCodes, typename Element, int kTileN>
 struct MixedGemm {
@@ -148,13 +152,13 @@ struct MixedGemm {
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
   static constexpr bool kShuffled = mixed_codes_shuffled(kCodes);
+  static constexpr int kBits = mixed_code_bits(kCodes);
   // codes [n, k]: K-contiguous along M, or the shuffled layout (the collective takes a CuTe layout
   // in place of the stride).
   using PlainStrideA = cute::remove_pointer_t<
       cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor*>>;
-  using LayoutA = std::conditional_t<kShuffled, ShuffledLayoutA<PlainStrideA>,
+  using LayoutA = std::conditional_t<kShuffled, ShuffledLayoutA<PlainStrideA, kBits>,
                                      cutlass::layout::RowMajor>;
-  static constexpr int kBits = mixed_code_bits(kCodes);
   static constexpr int kAlignA = 128 / kBits;  // TMA: 16-byte rows of codes
   static constexpr int kAlignB = 16 / sizeof(Element);
   using Collective = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -219,7 +223,7 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
     ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
     ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
     if constexpr (G::kShuffled) {
-      stride_a[j] = shuffled_layout(static_cast<int>(p.n), static_cast<int>(p.k));
+      stride_a[j] = shuffled_layout<G::kBits>(static_cast<int>(p.n), static_cast<int>(p.k));
     } else {
       typename G::StrideA sa{};
       cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes

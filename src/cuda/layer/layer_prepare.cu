@@ -147,9 +147,9 @@ Status CudaLayer::init(const LayerWeights& w) {
 }
 
 // The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
-// (device_pack.h): transposed scales (and zeros) always; int4's signed codes in place of ORT's
-// (kInt4's then shuffled into a buffer of their own, and ORT's freed); u8 and e4m3 codes are
-// ORT's own, those of the raw copy (init uploads every one of them).
+// (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
+// of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
+// e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
 Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out) {
   const DeviceFc& raw = *fc;
   *out = MixedFc{};
@@ -159,10 +159,12 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
   DeviceBuffer staged[1];
   const uint8_t* scales = nullptr;
   QMOE_RETURN_IF_ERROR(stage(*uploader_, w.scales, raw.scales, &staged[0], &scales));
-  if ((c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero) && raw.weight != nullptr) {
+  const bool signed_copy =
+      c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8;
+  if (signed_copy && raw.weight != nullptr) {
     // run_fc never dequantizes an FC that has a mixed copy, and the decode path has packed its
     // own (pack_for_decode ran first): the raw upload, the layer's own buffer, becomes the signed
-    // copy in place, and the FC no longer has ORT's codes.
+    // copy, and the FC no longer has ORT's codes.
     uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
     const int64_t n = raw.n, k = raw.k;
     fc->weight = nullptr;
@@ -170,7 +172,8 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
       void* shuffled = nullptr;
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
       QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,
-                                               k, /*flip=*/true, kPrepareStream));
+                                               k, mixed_code_bits(c), /*flip=*/true,
+                                               kPrepareStream));
       QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
       release(signed_codes);
       signed_codes = static_cast<uint8_t*>(shuffled);
@@ -179,7 +182,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
                                               signed_codes, kPrepareStream));
     }
     out->codes = signed_codes;
-  } else if (c != MixedCodes::kInt4 && c != MixedCodes::kInt4Zero && raw.weight != nullptr) {
+  } else if (!signed_copy && raw.weight != nullptr) {
     out->codes = raw.weight;
   } else {
     return Status::internal("prepare_mixed: the " + std::string(mixed_codes_name(c)) +
@@ -424,7 +427,9 @@ Status CudaLayer::load_dispatch(const std::string& tune_file) {
   // The analytic window compares the mean routes per expert, T slots / E, with a cap. A shard's
   // held experts get the same mean (about T slots L / E routes over L experts), so E stays; its
   // tune rows are its own (tune_key names the local experts).
-  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed(),
+  // The generic path reads the codes themselves where the mixed-input GEMM takes every FC or
+  // FP8 activations run both FCs on the FP8 GEMM: no dequantize pass.
+  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed() || act_fp8_,
                       fused_max_tokens_);
   table.force(dispatch_.forced());
   if (!tune_file.empty()) {

@@ -151,21 +151,27 @@ __global__ void activation_kernel(ActivationArgs a) {
   }
 }
 
-// The FP8 codes of four values in one word (first value in the low byte): cvt.rn.satfinite, the
-// conversion num::f32_to_e4m3 reproduces. A group with scale 0 is all zero.
-__device__ __forceinline__ uint32_t e4m3_word(const float v[4], float s) {
-  if (!(s > 0.0f)) return 0u;
-  const float2 lo = make_float2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s));
-  const float2 hi = make_float2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s));
+// The FP8 codes of four values in one word (first value in the low byte), each e4m3(v * inv)
+// by cvt.rn.satfinite, the conversion num::f32_to_e4m3 reproduces.
+__device__ __forceinline__ uint32_t e4m3_word(const float v[4], float inv) {
+  const float2 lo = make_float2(v[0] * inv, v[1] * inv);
+  const float2 hi = make_float2(v[2] * inv, v[3] * inv);
   return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
          (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16);
 }
 
-// The scale of a warp's group of 128 values, four per lane (core/act_quant.h).
-__device__ __forceinline__ float warp_group_scale(const float v[4]) {
+// The amax of a warp's group of 128 values, four per lane (core/act_quant.h).
+__device__ __forceinline__ float warp_group_amax(const float v[4]) {
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-  return e4m3_group_scale(amax);
+  return amax;
+}
+
+// Stores a warp's group: a word of codes per lane, the scale by lane 0.
+__device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, float* scale) {
+  const float amax = warp_group_amax(v);
+  *reinterpret_cast<uint32_t*>(codes) = e4m3_word(v, e4m3_group_inverse(amax));
+  if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
 __device__ __forceinline__ float4 load4(const float* p) {
@@ -237,9 +243,7 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
     }
   }
   if constexpr (kFp8) {
-    const float s = warp_group_scale(v);
-    *reinterpret_cast<uint32_t*>(a.out_codes + p * a.ld + i0) = e4m3_word(v, s);
-    if (lane == 0) a.out_scales[p * chunks + chunk] = s;
+    store_group(v, a.out_codes + p * a.ld + i0, a.out_scales + p * chunks + chunk);
   } else {
     if (i0 >= a.ld) return;
     const int64_t at = p * a.ld + i0;
@@ -258,9 +262,10 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   }
 }
 
-// A warp per (route position p, 128 columns of the input row), four values per lane.
+// A warp per (route position p, 128 columns of the input row), four values per lane: one 8-byte
+// load where the input is 8-byte aligned (every row is then: hidden is a multiple of 128).
 __global__ void __launch_bounds__(256)
-    gather_fp8_kernel(const uint16_t* input, bool bf16, int64_t hidden,
+    gather_fp8_kernel(const uint16_t* input, bool bf16, bool aligned8, int64_t hidden,
                       const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
                       int64_t ldq, float* scales, int32_t* error) {
   const int64_t chunks = hidden / kActQuantGroup;
@@ -272,18 +277,22 @@ __global__ void __launch_bounds__(256)
   const int64_t token = permuted_route[p] / slots;
   const int64_t c0 = chunk * kActQuantGroup + 4 * lane;
   const uint16_t* src = input + token * hidden + c0;
+  uint16_t b[4];
+  if (aligned8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(src);
+    b[0] = w.x & 0xFFFFu, b[1] = w.x >> 16, b[2] = w.y & 0xFFFFu, b[3] = w.y >> 16;
+  } else {
+    for (int u = 0; u < 4; ++u) b[u] = src[u];
+  }
   const uint16_t exp_mask = bf16 ? 0x7F80u : 0x7C00u;  // all ones: inf or nan
   float v[4];
   bool bad = false;
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const uint16_t b = src[u];
-    bad |= (b & exp_mask) == exp_mask;
-    v[u] = bf16 ? num::bf16_to_f32(b) : num::f16_to_f32(b);
+    bad |= (b[u] & exp_mask) == exp_mask;
+    v[u] = bf16 ? num::bf16_to_f32(b[u]) : num::f16_to_f32(b[u]);
   }
-  const float s = warp_group_scale(v);
-  *reinterpret_cast<uint32_t*>(codes + p * ldq + c0) = e4m3_word(v, s);
-  if (lane == 0) scales[p * chunks + chunk] = s;
+  store_group(v, codes + p * ldq + c0, scales + p * chunks + chunk);
   if (bad) record_error(error, kErrorInput, token);
 }
 
@@ -397,8 +406,9 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden,
   const int64_t blocks = (warps + 7) / 8;
   if (blocks > 0x7FFFFFFF) return Status::invalid("gather_fp8: too many routes");
   gather_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      static_cast<const uint16_t*>(input), dtype == DType::kBF16, hidden, permuted_route, slots,
-      routes, codes, ldq, scales, error);
+      static_cast<const uint16_t*>(input), dtype == DType::kBF16,
+      reinterpret_cast<uintptr_t>(input) % 8 == 0, hidden, permuted_route, slots, routes, codes,
+      ldq, scales, error);
   QMOE_CUDA_CHECK_LAUNCH("gather_fp8_kernel");
   return Status::ok();
 }

@@ -1,0 +1,4 @@
+// The mixed-input grouped GEMM: signed int8 codes (shuffled), bf16 activations, 32-row tile.
+#include "cuda/gemm/cutlass_mixed_narrow.cuh"
+
+QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt8, true, 32, cutlass::bfloat16_t)

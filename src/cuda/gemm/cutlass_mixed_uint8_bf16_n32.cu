@@ -1,4 +1,0 @@
-// The mixed-input grouped GEMM: uint8 codes, bf16 activations, 32-row tile.
-#include "cuda/gemm/cutlass_mixed_narrow.cuh"
-
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kUint8, true, 32, cutlass::bfloat16_t)
