@@ -216,6 +216,8 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
   QMOE_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (WeightFormat wf : {WeightFormat::kFp8Block, WeightFormat::kFp8}) {
+      // 5, 129 and 333 tokens x 4 routes over 16 experts take the 64-row tile, 1100 (275 rows
+      // per expert) the 128-row one (kFp8WideRoutes).
       for (int64_t tokens : {5, 129, 333, 1100}) {
         check_fp8_layer(fp8_spec(wf, dt, 256, 128, 16, 4), tokens);
       }

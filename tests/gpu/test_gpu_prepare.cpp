@@ -248,10 +248,21 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
       up(q.zero_points, &zp);
       up(q.global_scale, &gs);
       if (!copy.codes.empty()) {
+        // The signed copy as prepare builds it: flipped and shuffled in one pass for the shuffled
+        // kinds (against the host twin's shuffle of the host copy), flipped in place for kInt4Zero.
         out_buffer(copy.codes.size(), &oc);
-        ASSERT_OK(cuda::device_mixed_codes(
-            codes.as<uint8_t>(), static_cast<int64_t>(q.weight.size()), oc.as<uint8_t>(), 0));
-        EXPECT_TRUE(same(copy.codes, oc)) << "codes";
+        if (cuda::mixed_codes_shuffled(kind)) {
+          const int bits = cuda::mixed_code_bits(kind);
+          ASSERT_OK(cuda::mixed_shuffle_codes(codes.as<uint8_t>(), oc.as<uint8_t>(), E, n, k, bits,
+                                              /*flip=*/true, 0));
+          std::vector<uint8_t> shuffled(copy.codes.size());
+          cuda::mixed_shuffle_codes_host(copy.codes.data(), shuffled.data(), E, n, k, bits);
+          EXPECT_TRUE(same(shuffled, oc)) << "codes";
+        } else {
+          ASSERT_OK(cuda::device_mixed_codes(
+              codes.as<uint8_t>(), static_cast<int64_t>(q.weight.size()), oc.as<uint8_t>(), 0));
+          EXPECT_TRUE(same(copy.codes, oc)) << "codes";
+        }
       }
       out_buffer(copy.scales.size(), &os);
       if (!copy.zeros.empty()) out_buffer(copy.zeros.size() * 4, &oz);

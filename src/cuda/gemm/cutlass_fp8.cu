@@ -2,10 +2,12 @@
 // only translation unit that instantiates it.
 //
 // Configuration (the reasons; measured numbers belong in bench/results):
-//   kernel   KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise: the cooperative schedule
-//            of the other grouped GEMMs, with the K-block scales applied at each promotion.
-//   tile     128 x 128 x 128: K = 128 e4m3 codes are one 128-byte swizzle row and exactly one
-//            scale block, so each K tile promotes once with one scale pair.
+//   kernels  KernelPtrArrayTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise: the grouped
+//            GEMMs' schedules with the K-block scales applied at each promotion.
+//   tiles    128 x 128 x 128 (cooperative) and 128 x 64 x 128 (pingpong, for few rows per
+//            expert): K = 128 e4m3 codes are one 128-byte swizzle row and exactly one scale
+//            block, so each K tile promotes once with one scale pair; M = 128 weight rows is the
+//            weights' scale block (the collective needs the block to divide the tile).
 //   scales   SFA (weights) in 128 x 128 blocks, SFB (activations) per row and 128 columns, both
 //            K-major: fp8_block's own scale layout and act_quant.h's rows, neither transposed.
 //   cluster  1 x 1 x 1, as cutlass_grouped_kernel.cuh explains.
@@ -16,7 +18,6 @@
 #include "cuda/gemm/cutlass_fp8.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -243,6 +244,10 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
     return Status::invalid(
         "launch_fp8_grouped_gemm: args: a, c and codes 16-byte aligned, scales non-null");
   }
+  if (p.tile_n != 64 && p.tile_n != 128) {
+    return Status::invalid("launch_fp8_grouped_gemm: args.tile_n: expected 64 or 128, got " +
+                           std::to_string(p.tile_n));
+  }
   if (p.max_groups <= 0 || sm_count <= 0) {
     return Status::invalid("launch_fp8_grouped_gemm: max_groups and sm_count: expected > 0");
   }
@@ -256,12 +261,8 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
                            std::to_string(need) + " bytes, 256-byte aligned, got " +
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
-  static const bool ping = [] {
-    const char* v = std::getenv("QMOE_FP8_AB");
-    return v != nullptr && std::string(v) == "pingpong";
-  }();
-  return ping ? launch_with<Fp8Ping>(p, sm_count, static_cast<char*>(workspace), stream)
-              : launch_with<Fp8Coop>(p, sm_count, static_cast<char*>(workspace), stream);
+  return p.tile_n == 64 ? launch_with<Fp8Ping>(p, sm_count, static_cast<char*>(workspace), stream)
+                        : launch_with<Fp8Coop>(p, sm_count, static_cast<char*>(workspace), stream);
 }
 
 }  // namespace qmoe::cuda

@@ -17,6 +17,10 @@
 //
 // The partial sums of each K block are promoted to the fp32 accumulator with both scales applied
 // (CUTLASS's ScalePromotionInterval: every 128 columns), so the scales never round the codes.
+//
+// Two tiles: 128 x 128 x 128 on the cooperative schedule (two consumer warpgroups split the tile)
+// and 128 x 64 x 128 on the pingpong one (each warpgroup owns a tile; one promotes and stores
+// while the other multiplies). Few rows per expert take the narrower one (kFp8WideRoutes).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,7 +48,13 @@ struct Fp8GemmArgs {
   const float* w_scales = nullptr;    // [E, ceil(n / 128), k / 128]
   GroupSchedule sched;                // tile_start is not read
   int max_groups = 0;                 // an upper bound of *sched.n_touched (min(E, routes))
+  int tile_n = 128;  // the tile's rows: 128 (cooperative 128 x 128) or 64 (pingpong 128 x 64)
 };
+
+// The 128-row tile from this many routes per expert on, the 64-row one below. Measured on
+// deepseek-v3 (bench/results/2026-12-02-h200-fp8-act.md), 64 / 128 rows: 1302.5 / 1732.9 us at
+// 256 tokens (8 routes per expert), 2309.5 / 2550.3 at 1024 (32), 6348.7 / 6267.0 at 4096 (128).
+constexpr int64_t kFp8WideRoutes = 128;
 
 // Whether an FC of [n, k] can run: k a multiple of kFp8ScaleBlock, n a multiple of 8 (`why`
 // names the rule broken). Host-only.

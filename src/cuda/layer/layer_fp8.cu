@@ -93,8 +93,10 @@ Status CudaLayer::run_fc_fp8(const DeviceFc& fc, const Fp8Fc& f8, const Layout& 
   g.sched.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
   g.sched.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
   g.sched.offsets = maps.expert_offsets;
-  g.max_groups =
-      static_cast<int>(std::min<int64_t>(spec_.weight_experts(), maps.tokens * spec_.slots()));
+  const int64_t routes = maps.tokens * spec_.slots();
+  g.max_groups = static_cast<int>(std::min<int64_t>(spec_.weight_experts(), routes));
+  // The host knows the average rows per expert, routes / E (a shard's held experts share it).
+  g.tile_n = routes >= kFp8WideRoutes * spec_.num_experts ? 128 : 64;
   return launch_fp8_grouped_gemm(g, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
 }
 

@@ -55,7 +55,8 @@ Status device_fp4_k_packed(const uint8_t* n_packed, int64_t experts, int64_t n, 
                            uint8_t* out, cudaStream_t stream);
 
 // The mixed-input copy of an FC for mixed_codes_for(f, act, n, k) = c (mixed_prepare's result):
-// int4's signed codes (kInt4 / kInt4Zero; experts * n * k / 2 bytes), and the scales [E, k /
+// int4's signed codes (kInt4Zero; experts * n * k / 2 bytes; the shuffled kinds' signed copy
+// comes from mixed_shuffle_codes with its flip), and the scales [E, k /
 // chunk, n] of mixed_scale_bytes(c) each with the zeros beside them (zeros_out null for kinds
 // without a zero term). chunk is mixed_prepare's (block_size, or k per channel).
 Status device_mixed_codes(const uint8_t* codes, int64_t bytes, uint8_t* out, cudaStream_t stream);
