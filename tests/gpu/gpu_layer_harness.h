@@ -236,6 +236,21 @@ inline void check_graph_replay(const TestLayer& tl, PreparedLayer* layer, int64_
   cudaStreamDestroy(stream);
 }
 
+// A prepared layer's graph replay (check_graph_replay at replay_tokens) and its output on one input
+// with the workspace poisoned three ways (0xFF, 0x00, 0x7F): the same bits each time.
+inline void check_replay_and_poison(const TestLayer& tl, PreparedLayer* layer, uint64_t seed,
+                                    int64_t replay_tokens, int64_t tokens) {
+  check_graph_replay(tl, layer, replay_tokens, seed, 2);
+  TestInputs ti;
+  make_inputs(tl.spec, tokens, seed, false, &ti);
+  GpuRun a, b, c;
+  gpu_run(tl, ti, &a, {}, 0xFF, false, layer);
+  gpu_run(tl, ti, &b, {}, 0x00, false, layer);
+  gpu_run(tl, ti, &c, {}, 0x7F, false, layer);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+}
+
 // Every decode form (CUDA cores, one and two column groups), tiles per block and ring on tl at 1,
 // 7 and 40 tokens: the forms within the budget; tiles per block of 4 and more, and both rings,
 // the same bits.

@@ -45,6 +45,25 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes + 1), "generic");
   const DispatchTable none(false, 8, 128);
   EXPECT_EQ(chosen(none, 1), "generic");
+  // Large experts: the window ends at 1.2 expected routes per touched expert. deepseek-v3 (8 of
+  // 256, 44 MB experts): 8 tokens 1.11, 12 tokens 1.18, 13 tokens 1.20, 16 1.26; Mixtral (2 of 8,
+  // 94 MB): 2 tokens 1.14, 3 tokens 1.30. Experts just under the size keep the window above.
+  const int64_t large = cuda::kDecodeLargeExpertBytes;
+  const DispatchTable deepseek(true, 8, 256, true, 0, 44 * (int64_t{1} << 20));
+  EXPECT_EQ(chosen(deepseek, 1), "decode/1");
+  EXPECT_EQ(chosen(deepseek, 8), "decode/1");
+  EXPECT_EQ(chosen(deepseek, 12), "decode/1");
+  EXPECT_EQ(chosen(deepseek, 16), "generic");
+  EXPECT_EQ(chosen(deepseek, 64), "generic");
+  const DispatchTable big_mixtral(true, 2, 8, true, 0, 94 * (int64_t{1} << 20));
+  EXPECT_EQ(chosen(big_mixtral, 1), "decode/1");
+  EXPECT_EQ(chosen(big_mixtral, 2), "decode/1");
+  EXPECT_EQ(chosen(big_mixtral, 3), "generic");
+  const DispatchTable all_touched(true, 8, 8, true, 0, large);  // slots >= experts
+  EXPECT_EQ(chosen(all_touched, 1), "decode/1");  // one route per expert
+  EXPECT_EQ(chosen(all_touched, 2), "generic");   // two
+  const DispatchTable just_under(true, 8, 256, true, 0, large - 1);
+  EXPECT_EQ(chosen(just_under, 64), "decode/1");
 }
 
 TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {

@@ -85,15 +85,18 @@ TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
     std::vector<int32_t> perm(static_cast<size_t>(R));
     std::iota(perm.begin(), perm.end(), 0);
     for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[(seed + i * 7919) % (i + 1)]);
-    GpuBuffer din, dperm, dq, ds, derr;
+    GpuBuffer din, dperm, dq, ds, derr, tq, ts;
     ASSERT_TRUE(din.upload(xin));
     ASSERT_TRUE(dperm.upload(perm));
     ASSERT_TRUE(dq.allocate(static_cast<size_t>(R * ldq), 0xCD));
     ASSERT_TRUE(ds.allocate(static_cast<size_t>(R * H / 128) * 4, 0xCD));
+    ASSERT_TRUE(tq.allocate(static_cast<size_t>(T * ldq), 0xCD));
+    ASSERT_TRUE(ts.allocate(static_cast<size_t>(T * H / 128) * 4, 0xCD));
     const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
     ASSERT_TRUE(derr.upload(clear, sizeof(clear)));
     const Status st = cuda::launch_gather_fp8(
-        din.get(), dt, H, static_cast<const int32_t*>(dperm.get()), static_cast<int>(slots), R,
+        din.get(), dt, H, T, static_cast<const int32_t*>(dperm.get()), static_cast<int>(slots),
+        static_cast<uint8_t*>(tq.get()), static_cast<float*>(ts.get()),
         static_cast<uint8_t*>(dq.get()), ldq, static_cast<float*>(ds.get()),
         static_cast<int32_t*>(derr.get()), nullptr);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
@@ -221,10 +224,14 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
       for (int64_t tokens : {5, 129, 333, 1100}) {
         check_fp8_layer(fp8_spec(wf, dt, 256, 128, 16, 4), tokens);
       }
-      // DeepSeek-V3's form, a separate FC3; and the concatenated gate.
+      // DeepSeek-V3's form, a separate FC3 (joined with FC1 at prepare); with biases it stays
+      // apart (a GEMM of its own); and the concatenated gate.
       LayerSpec f3 = fp8_spec(wf, dt, 384, 256, 16, 4);
       f3.activation.glu = GluLayout::kSeparateFc3;
       check_fp8_layer(f3, 129);
+      LayerSpec f3_bias = f3;
+      f3_bias.has_fc1_bias = f3_bias.has_fc2_bias = f3_bias.has_fc3_bias = true;
+      check_fp8_layer(f3_bias, 77);
       LayerSpec concat = fp8_spec(wf, dt, 384, 256, 8, 2);
       concat.activation.glu = GluLayout::kConcatenated;
       check_fp8_layer(concat, 77);
@@ -235,22 +242,21 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 1), 300, true);
 }
 
+// A bf16 fp8_block layer prepared with FP8 activations on the generic path.
+void prepare_fp8_layer(uint64_t seed, TestLayer* tl, std::unique_ptr<PreparedLayer>* layer) {
+  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4), seed, tl);
+  const Status st = prepare_layer(BackendKind::kCuda, tl->spec, tl->weights, fp8_options(), layer);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+}
+
 TEST(GpuFp8Act, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   TestLayer tl;
-  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4), seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer).is_ok());
-  check_graph_replay(tl, layer.get(), 333, seed, 2);
-  TestInputs ti;
-  make_inputs(tl.spec, 300, seed, false, &ti);
-  GpuRun a, b, c;
-  gpu_run(tl, ti, &a, {}, 0xFF, false, layer.get());
-  gpu_run(tl, ti, &b, {}, 0x00, false, layer.get());
-  gpu_run(tl, ti, &c, {}, 0x7F, false, layer.get());
-  EXPECT_EQ(a.out, b.out);
-  EXPECT_EQ(a.out, c.out);
+  prepare_fp8_layer(seed, &tl, &layer);
+  if (HasFatalFailure()) return;
+  check_replay_and_poison(tl, layer.get(), seed, 333, 300);
   size_t prev = 0;
   for (int64_t t = 1; t <= 2000; t += (t < 70 ? 1 : 117)) {
     const size_t w = layer->workspace_size(t);
@@ -264,9 +270,9 @@ TEST(GpuFp8Act, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   TestLayer tl;
-  make_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4), seed, &tl);
   std::unique_ptr<PreparedLayer> layer;
-  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer).is_ok());
+  prepare_fp8_layer(seed, &tl, &layer);
+  if (HasFatalFailure()) return;
   TestInputs ti;
   make_inputs(tl.spec, 100, seed, false, &ti);
   store_float(ti.x.data(), DType::kBF16, 42 * 256 + 17, std::nanf(""));

@@ -147,14 +147,8 @@ typename G::Gemm::Arguments fp8_arguments(int64_t max_groups, int sm_count, cons
   // (ScaleConfig::tile_atom_to_shape_SF*), which is why both scale arrays are packed per group.
   m.layout_SFA = nullptr;
   m.layout_SFB = nullptr;
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.epilogue.ptr_C = nullptr;
-  args.epilogue.dC = nullptr;
-  args.epilogue.ptr_D = reinterpret_cast<float**>(at(&Fp8Parts::ptr_d));
-  args.epilogue.dD = reinterpret_cast<Fp8Gemm::StrideD*>(at(&Fp8Parts::stride_d));
-  args.hw_info.device_id = 0;  // unused: sm_count is given
-  args.hw_info.sm_count = sm_count;
+  set_epilogue_and_grid(args, reinterpret_cast<float**>(at(&Fp8Parts::ptr_d)),
+                        reinterpret_cast<Fp8Gemm::StrideD*>(at(&Fp8Parts::stride_d)), sm_count);
   return args;
 }
 
@@ -162,12 +156,8 @@ template <typename G>
 Fp8Parts fp8_parts(int64_t max_groups, int sm_count) {
   const size_t n = static_cast<size_t>(max_groups);
   Fp8Parts w{};
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    const size_t at = off;
-    off += align256(bytes);
-    return at;
-  };
+  WorkspaceCarver c;
+  auto take = [&c](size_t bytes) { return c.take(bytes); };
   w.shapes = take(n * sizeof(Fp8Gemm::Shape3));
   w.ptr_a = take(n * sizeof(void*));
   w.ptr_b = take(n * sizeof(void*));
@@ -179,7 +169,7 @@ Fp8Parts fp8_parts(int64_t max_groups, int sm_count) {
   w.stride_d = take(n * sizeof(Fp8Gemm::StrideD));
   w.cutlass = take(
       G::Gemm::get_workspace_size(fp8_arguments<G>(max_groups, sm_count, nullptr, nullptr)));
-  w.total = off;
+  w.total = c.off;
   return w;
 }
 

@@ -101,6 +101,30 @@ struct WorkspaceParts {
 
 inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// Carves a launch's workspace into parts, in order, each 256-byte aligned.
+struct WorkspaceCarver {
+  size_t off = 0;
+  size_t take(size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  }
+};
+
+// What every grouped GEMM's arguments share: D = 1 * accumulators with no C operand, D's
+// per-group pointers and strides, and the grid from sm_count (the device id is then unused).
+template <typename Arguments, typename StrideD>
+void set_epilogue_and_grid(Arguments& args, float** ptr_d, StrideD* stride_d, int sm_count) {
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = ptr_d;
+  args.epilogue.dD = stride_d;
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = sm_count;
+}
+
 // The setup kernel: one thread per group slot j of the wave (touched index first_group + j).
 // Slots past n_touched get a shape with no rows (no tiles) and valid pointers.
 template <typename G>
@@ -151,14 +175,9 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
   args.mainloop.dA = reinterpret_cast<typename G::StrideA*>(at(parts ? parts->stride_a : 0));
   args.mainloop.ptr_B = reinterpret_cast<const Element**>(at(parts ? parts->ptr_b : 0));
   args.mainloop.dB = reinterpret_cast<typename G::StrideB*>(at(parts ? parts->stride_b : 0));
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.epilogue.ptr_C = nullptr;
-  args.epilogue.dC = nullptr;
-  args.epilogue.ptr_D = reinterpret_cast<float**>(at(parts ? parts->ptr_d : 0));
-  args.epilogue.dD = reinterpret_cast<typename G::StrideD*>(at(parts ? parts->stride_d : 0));
-  args.hw_info.device_id = 0;  // unused: sm_count is given
-  args.hw_info.sm_count = sm_count;
+  set_epilogue_and_grid(args, reinterpret_cast<float**>(at(parts ? parts->ptr_d : 0)),
+                        reinterpret_cast<typename G::StrideD*>(at(parts ? parts->stride_d : 0)),
+                        sm_count);
   return args;
 }
 
@@ -185,12 +204,8 @@ template <typename G>
 WorkspaceParts workspace_parts(int64_t max_groups, int sm_count) {
   const size_t n = static_cast<size_t>(max_groups);
   WorkspaceParts w{};
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    const size_t at = off;
-    off += align256(bytes);
-    return at;
-  };
+  WorkspaceCarver c;
+  auto take = [&c](size_t bytes) { return c.take(bytes); };
   w.shapes = take(n * sizeof(typename G::Shape3));
   w.ptr_a = take(n * sizeof(void*));
   w.ptr_b = take(n * sizeof(void*));
@@ -200,7 +215,7 @@ WorkspaceParts workspace_parts(int64_t max_groups, int sm_count) {
   w.stride_d = take(n * sizeof(typename G::StrideD));
   w.cutlass =
       take(G::Gemm::get_workspace_size(make_arguments<G>(max_groups, sm_count, nullptr, nullptr)));
-  w.total = off;
+  w.total = c.off;
   return w;
 }
 

@@ -262,14 +262,8 @@ typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chu
   m.dS = reinterpret_cast<decltype(m.dS)>(at(&MixedParts::stride_s));
   if constexpr (G::kZero) m.ptr_Z = reinterpret_cast<decltype(m.ptr_Z)>(at(&MixedParts::ptr_z));
   m.chunk_size = static_cast<int>(chunk);
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.epilogue.ptr_C = nullptr;
-  args.epilogue.dC = nullptr;
-  args.epilogue.ptr_D = reinterpret_cast<float**>(at(&MixedParts::ptr_d));
-  args.epilogue.dD = reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d));
-  args.hw_info.device_id = 0;  // unused: sm_count is given
-  args.hw_info.sm_count = sm_count;
+  set_epilogue_and_grid(args, reinterpret_cast<float**>(at(&MixedParts::ptr_d)),
+                        reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d)), sm_count);
   return args;
 }
 
@@ -277,12 +271,8 @@ template <typename G>
 MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   const size_t n = static_cast<size_t>(max_groups);
   MixedParts w{};
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    const size_t at = off;
-    off += align256(bytes);
-    return at;
-  };
+  WorkspaceCarver c;
+  auto take = [&c](size_t bytes) { return c.take(bytes); };
   w.shapes = take(n * sizeof(typename G::Shape3));
   w.ptr_a = take(n * sizeof(void*));
   w.ptr_b = take(n * sizeof(void*));
@@ -295,7 +285,7 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   w.stride_s = take(n * sizeof(typename G::StrideS));
   w.cutlass = take(G::Gemm::get_workspace_size(
       make_mixed_arguments<G>(max_groups, kMixedTileK, sm_count, nullptr, nullptr)));
-  w.total = off;
+  w.total = c.off;
   return w;
 }
 

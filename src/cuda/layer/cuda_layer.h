@@ -93,6 +93,7 @@ struct MixedFc {
 struct Fp8Fc {
   const uint8_t* codes = nullptr;
   const float* scales = nullptr;
+  int64_t n = 0, k = 0;
   bool on() const { return codes != nullptr; }
 };
 
@@ -198,15 +199,33 @@ class CudaLayer final : public PreparedLayer {
   // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.
   Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws,
                          const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile);
+  // A generic call's expert schedule (touched experts, their count and offsets; the tile starts
+  // for the mma.sync GEMM) and the bound on its groups, min(L, routes).
+  GroupSchedule schedule(const Layout& l, char* ws, const RouteMapsView& maps) const {
+    GroupSchedule s;
+    s.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
+    s.n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
+    s.offsets = maps.expert_offsets;
+    s.tile_start = reinterpret_cast<const int32_t*>(ws + l.tile_start);
+    return s;
+  }
+  int max_groups(const RouteMapsView& maps) const {
+    return static_cast<int>(std::min<int64_t>(spec_.weight_experts(), maps.tokens * spec_.slots()));
+  }
   // The activation stage's arguments of a generic call (FC1 output h, FC3's h3).
   ActivationArgs activation_args(const RouteMapsView& maps, const float* h, const float* h3) const;
   // act_quant = fp8_e4m3: what the FP8 path needs of the layer (checked before any upload), and
   // an FC's copy (codes as uploaded, block scales in f32).
   Status check_fp8_support() const;
-  Status prepare_fp8(const FcFormat& f, const FcWeights& w, const DeviceFc& fc, Fp8Fc* out);
-  Status run_fc_fp8(const DeviceFc& fc, const Fp8Fc& f8, const Layout& l, char* ws,
-                    const RouteMapsView& maps, const uint8_t* a, const float* a_scales,
-                    int64_t lda, float* c, int64_t ldc, cudaStream_t stream);
+  // Every FC's FP8 copy; a separate FC3 without biases joins FC1 as one [2I, H] FC (gate rows,
+  // then linear rows), so that one GEMM runs both.
+  Status prepare_fp8(const LayerWeights& w);
+  // The f32 block scales [E, ceil(n / 128), k / 128] of one FC, built on the host.
+  std::vector<float> fp8_block_scales(const FcFormat& f, const FcWeights& w, int64_t n,
+                                      int64_t k) const;
+  Status run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const RouteMapsView& maps,
+                    const uint8_t* a, const float* a_scales, int64_t lda, float* c, int64_t ldc,
+                    cudaStream_t stream);
   // The whole call in the fused kernel.
   // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest
   // CTA's routing), fc1 (the busiest CTA's staging and FC1), fc2 (its FC2) and combine (from the
@@ -264,6 +283,7 @@ class CudaLayer final : public PreparedLayer {
   MixedFc mixed1_, mixed2_, mixed3_;
   bool act_fp8_ = false;  // PrepareOptions::act_quant == "fp8_e4m3"
   Fp8Fc fp8_1_, fp8_2_, fp8_3_;
+  bool fp8_joined_ = false;  // FC3 joined FC1 (fp8_1_ holds both; fp8_3_ unused)
   int sm_count_ = 0;
   MmaPackShape pack1_, pack2_;
   const uint32_t* packed1_ = nullptr;

@@ -1,6 +1,8 @@
 // The dispatch table (dispatch.h).
 #include "cuda/layer/dispatch.h"
 
+#include <cmath>
+
 #include "cuda/decode/decode_gemv.h"
 
 namespace qmoe::cuda {
@@ -80,7 +82,13 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
 DispatchChoice DispatchTable::analytic(int64_t tokens) const {
   const int64_t mean_cap =
       generic_reads_codes_ ? kDecodeMaxMeanRoutesNoDequant : kDecodeMaxMeanRoutes;
-  const bool in_window = tokens <= kDecodeWindowTokens || tokens * slots_ <= mean_cap * experts_;
+  bool in_window = tokens <= kDecodeWindowTokens || tokens * slots_ <= mean_cap * experts_;
+  if (expert_bytes_ >= kDecodeLargeExpertBytes) {
+    // Expected touched experts under uniform routing (all of them once slots >= experts).
+    const double miss = slots_ >= experts_ ? 0.0 : 1.0 - static_cast<double>(slots_) / experts_;
+    const double touched = static_cast<double>(experts_) * (1.0 - std::pow(miss, tokens));
+    in_window = static_cast<double>(tokens * slots_) <= kDecodeMaxRoutesPerTouched * touched;
+  }
   if (!decode_supported_ || tokens > kDecodeMaxRoutes || !in_window) {
     return DispatchChoice{CallPath::kGeneric, 1};
   }

@@ -5,7 +5,9 @@
 //                     default window: up to kDecodeWindowTokens tokens, and past that while an
 //                     expert averages at most kDecodeMaxMeanRoutes routes (tokens x slots /
 //                     experts), or kDecodeMaxMeanRoutesNoDequant where the generic path reads the
-//                     codes itself (the mixed-input GEMM takes every FC); generic elsewhere;
+//                     codes itself (the mixed-input GEMM takes every FC); for large experts only
+//                     while the expected routes per touched expert stay within
+//                     kDecodeMaxRoutesPerTouched; generic elsewhere;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
 //   decode/2          16 routes per pass: a tuner candidate past 8 tokens, never the analytic
@@ -48,9 +50,20 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // decode/1: 375 against 228 us at 128 tokens, 8 routes per expert; 388 against 393 at 256, 16
 // routes; 405 against 645 at 512): there larger calls take the decode kernel up to 8 routes per
 // expert.
+// Large experts (at least kDecodeLargeExpertBytes of weights each) lose the decode kernel's
+// advantage as soon as a touched expert holds more than one route or so: the generic path reads
+// them at 60% of the HBM ceiling and its fixed cost is small beside their bytes
+// (bench/results/2026-12-02-h200-fp8-act.md, generic against decode/1): deepseek-v3 (44 MB
+// experts, 8 of 256) 721 / 597 us at 8 tokens, 946 / 990 at 16, 1321 / 2156 at 64; Mixtral-8x7B
+// INT4 (94 MB, 2 of 8) 164 / 89 at 1 token, 367 / 382 at 8, 414 / 1662 at 64. There the window
+// ends where the expected routes per touched expert, T k / (E (1 - (1 - k / E)^T)) for uniform
+// routing, pass kDecodeMaxRoutesPerTouched: deepseek-v3 decodes up to 12 tokens (1.18), Mixtral
+// up to 2 (1.14). Smaller experts (qwen3-30b-a3b's 2.5 MB) keep the window above.
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
+constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
+constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
@@ -77,13 +90,15 @@ class DispatchTable {
   DispatchTable() = default;
   // generic_reads_codes: the generic path runs without a dequantize pass (the mixed-input GEMM
   // takes every FC), which moves the analytic default's window (kDecodeMaxMeanRoutesNoDequant).
+  // expert_bytes: one expert's weights (expert_bytes(spec)), for the large-expert window.
   DispatchTable(bool decode_supported, int slots, int64_t experts, bool generic_reads_codes = false,
-                int64_t fused_max_tokens = 0)
+                int64_t fused_max_tokens = 0, int64_t expert_bytes = 0)
       : decode_supported_(decode_supported),
         slots_(slots),
         experts_(experts),
         generic_reads_codes_(generic_reads_codes),
-        fused_max_tokens_(fused_max_tokens) {}
+        fused_max_tokens_(fused_max_tokens),
+        expert_bytes_(expert_bytes) {}
 
   // Tuned rows replace the analytic default up to their last max_tokens; an unknown choice name
   // is an error naming it.
@@ -113,6 +128,7 @@ class DispatchTable {
   int64_t experts_ = 1;
   bool generic_reads_codes_ = false;
   int64_t fused_max_tokens_ = 0;
+  int64_t expert_bytes_ = 0;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
   bool forced_ = false;
   DispatchChoice forced_choice_;

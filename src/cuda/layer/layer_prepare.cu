@@ -129,9 +129,7 @@ Status CudaLayer::init(const LayerWeights& w) {
   }
   QMOE_RETURN_IF_ERROR(pack_for_decode(w));
   if (act_fp8_) {  // every FC on the FP8 GEMM: no mixed-input copies
-    QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc1, w.fc1, fc1_, &fp8_1_));
-    QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc2, w.fc2, fc2_, &fp8_2_));
-    if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_fp8(spec_.fc3, w.fc3, fc3_, &fp8_3_));
+    QMOE_RETURN_IF_ERROR(prepare_fp8(w));
   } else {
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_));
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
@@ -430,7 +428,7 @@ Status CudaLayer::load_dispatch(const std::string& tune_file) {
   // The generic path reads the codes themselves where the mixed-input GEMM takes every FC or
   // FP8 activations run both FCs on the FP8 GEMM: no dequantize pass.
   DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed() || act_fp8_,
-                      fused_max_tokens_);
+                      fused_max_tokens_, expert_bytes(spec_));
   table.force(dispatch_.forced());
   if (!tune_file.empty()) {
     cudaDeviceProp prop;

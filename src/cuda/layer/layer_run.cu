@@ -194,9 +194,7 @@ Status CudaLayer::take_deferred_error() {
 Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                          const RouteMapsView& maps, const void* a, int64_t lda, float* c,
                          int64_t ldc, int64_t ld_b, cudaStream_t stream) {
-  const int32_t* touched = reinterpret_cast<const int32_t*>(ws + l.touched);
-  const int32_t* n_touched = reinterpret_cast<const int32_t*>(ws + l.n_touched);
-  const int32_t* tile_start = reinterpret_cast<const int32_t*>(ws + l.tile_start);
+  const GroupSchedule sched = schedule(l, ws, maps);
   const int64_t routes = maps.tokens * spec_.slots();
   if (mx.on()) {
     // No fallback: the layout may hold no scratch. The strides and workspace pointers always
@@ -214,10 +212,8 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.scales = mx.scales;
     m.zeros = mx.zeros;
     m.chunk = mx.chunk;
-    m.sched.touched = touched;
-    m.sched.n_touched = n_touched;
-    m.sched.offsets = maps.expert_offsets;
-    m.max_groups = static_cast<int>(std::min<int64_t>(spec_.weight_experts(), routes));
+    m.sched = sched;
+    m.max_groups = max_groups(maps);
     // Few rows per expert: the narrow tile, so the wgmma is not mostly padding
     // (cutlass_mixed_narrow.cuh); many: the wide one, which converts each weight tile for twice
     // the rows (cutlass_mixed_wide.cuh). The host knows the average, routes / E, which a shard's
@@ -242,8 +238,8 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     d.out = ws + l.scratch;
     d.ld = ld_b;
     d.slot_stride = fc.n * ld_b;
-    d.touched = touched;
-    d.n_touched = n_touched;
+    d.touched = sched.touched;
+    d.n_touched = sched.n_touched;
     d.first_group = static_cast<int>(wave * s);
     d.max_groups = s;
     QMOE_RETURN_IF_ERROR(launch_dequant(d, stream));
@@ -259,10 +255,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     g.ldc = ldc;
     g.n = fc.n;
     g.k = ld_b;
-    g.sched.touched = touched;
-    g.sched.n_touched = n_touched;
-    g.sched.offsets = maps.expert_offsets;
-    g.sched.tile_start = tile_start;
+    g.sched = sched;
     g.first_group = d.first_group;
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);

@@ -16,7 +16,9 @@ namespace qmoe::cuda {
 //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
 //                                                     (FP8 rows: their e4m3 codes)
 //   act_scales  A(4 R max(Hp, Ip) / 128)              the FP8 rows' scales (act_quant only)
-//   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's
+//   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's (before FC1,
+//                                                     the FP8 path's per-token rows: T Hp codes
+//                                                     and 4 T Hp / 128 scales)
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)

@@ -262,21 +262,20 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   }
 }
 
-// A warp per (route position p, 128 columns of the input row), four values per lane: one 8-byte
-// load where the input is 8-byte aligned (every row is then: hidden is a multiple of 128).
+// A warp per (token t, 128 columns of its row), four values per lane: one 8-byte load where the
+// input is 8-byte aligned (every row is then: hidden is a multiple of 128).
 __global__ void __launch_bounds__(256)
-    gather_fp8_kernel(const uint16_t* input, bool bf16, bool aligned8, int64_t hidden,
-                      const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
-                      int64_t ldq, float* scales, int32_t* error) {
+    quantize_tokens_kernel(const uint16_t* input, bool bf16, bool aligned8, int64_t hidden,
+                           int64_t tokens, uint8_t* codes, int64_t ldq, float* scales,
+                           int32_t* error) {
   const int64_t chunks = hidden / kActQuantGroup;
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (item >= routes * chunks) return;
-  const int64_t p = item / chunks;
-  const int64_t chunk = item - p * chunks;
-  const int64_t token = permuted_route[p] / slots;
+  if (item >= tokens * chunks) return;
+  const int64_t t = item / chunks;
+  const int64_t chunk = item - t * chunks;
   const int64_t c0 = chunk * kActQuantGroup + 4 * lane;
-  const uint16_t* src = input + token * hidden + c0;
+  const uint16_t* src = input + t * hidden + c0;
   uint16_t b[4];
   if (aligned8) {
     const uint2 w = *reinterpret_cast<const uint2*>(src);
@@ -292,8 +291,23 @@ __global__ void __launch_bounds__(256)
     bad |= (b[u] & exp_mask) == exp_mask;
     v[u] = bf16 ? num::bf16_to_f32(b[u]) : num::f16_to_f32(b[u]);
   }
-  store_group(v, codes + p * ldq + c0, scales + p * chunks + chunk);
-  if (bad) record_error(error, kErrorInput, token);
+  store_group(v, codes + t * ldq + c0, scales + t * chunks + chunk);
+  if (bad) record_error(error, kErrorInput, t);
+}
+
+// A block per route position p: the token's codes (16-byte pieces) and scales.
+__global__ void gather_token_rows_kernel(const uint4* token_codes, const float* token_scales,
+                                         const int32_t* permuted_route, int slots, int64_t row16,
+                                         int64_t ld16, int64_t chunks, uint4* codes,
+                                         float* scales) {
+  const int64_t p = blockIdx.x;
+  const int64_t t = permuted_route[p] / slots;
+  for (int64_t c = threadIdx.x; c < row16; c += blockDim.x) {
+    codes[p * ld16 + c] = token_codes[t * ld16 + c];
+  }
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    scales[p * chunks + c] = token_scales[t * chunks + c];
+  }
 }
 
 // The token's slots (position, weight, expert) go to shared memory first: read from global inside
@@ -390,26 +404,35 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   return Status::ok();
 }
 
-Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden,
-                         const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
-                         int64_t ldq, float* scales, int32_t* error, cudaStream_t stream) {
-  if (routes <= 0) return Status::ok();
+Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t tokens,
+                         const int32_t* permuted_route, int slots, uint8_t* token_codes,
+                         float* token_scales, uint8_t* codes, int64_t ldq, float* scales,
+                         int32_t* error, cudaStream_t stream) {
+  if (tokens <= 0) return Status::ok();
   if (dtype != DType::kBF16 && dtype != DType::kF16) {
     return Status::invalid("gather_fp8: input dtype: expected bf16 or f16");
   }
-  if (hidden % kActQuantGroup != 0 || ldq < hidden || ldq % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(codes) % 16 != 0 || scales == nullptr) {
+  auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (hidden % kActQuantGroup != 0 || ldq < hidden || ldq % 16 != 0 || !al16(codes) ||
+      !al16(token_codes) || scales == nullptr || token_scales == nullptr) {
     return Status::invalid(
         "gather_fp8: hidden a multiple of 128, ldq >= hidden and of 16, codes 16-byte aligned");
   }
-  const int64_t warps = routes * (hidden / kActQuantGroup);
-  const int64_t blocks = (warps + 7) / 8;
-  if (blocks > 0x7FFFFFFF) return Status::invalid("gather_fp8: too many routes");
-  gather_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+  const int64_t chunks = hidden / kActQuantGroup;
+  const int64_t blocks = (tokens * chunks + 7) / 8;  // a warp per token and 128 columns
+  const int64_t routes = tokens * slots;
+  if (blocks > 0x7FFFFFFF || routes > 0x7FFFFFFF) {
+    return Status::invalid("gather_fp8: too many tokens");
+  }
+  quantize_tokens_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
       static_cast<const uint16_t*>(input), dtype == DType::kBF16,
-      reinterpret_cast<uintptr_t>(input) % 8 == 0, hidden, permuted_route, slots, routes, codes,
-      ldq, scales, error);
-  QMOE_CUDA_CHECK_LAUNCH("gather_fp8_kernel");
+      reinterpret_cast<uintptr_t>(input) % 8 == 0, hidden, tokens, token_codes, ldq, token_scales,
+      error);
+  QMOE_CUDA_CHECK_LAUNCH("quantize_tokens_kernel");
+  gather_token_rows_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
+      reinterpret_cast<const uint4*>(token_codes), token_scales, permuted_route, slots,
+      hidden / 16, ldq / 16, chunks, reinterpret_cast<uint4*>(codes), scales);
+  QMOE_CUDA_CHECK_LAUNCH("gather_token_rows_kernel");
   return Status::ok();
 }
 

@@ -66,10 +66,13 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
 
 // The FP8 rows of the gathered input (act_quant): codes[p, 0:hidden) and scales[p, 0:hidden/128]
 // of input[token of permuted_route[p], :] (bf16 or f16; hidden a multiple of 128, ldq of 16); a
-// non-finite value sets kErrorInput as launch_gather does.
-Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden,
-                         const int32_t* permuted_route, int slots, int64_t routes, uint8_t* codes,
-                         int64_t ldq, float* scales, int32_t* error, cudaStream_t stream);
+// non-finite value sets kErrorInput as launch_gather does. Each token is quantized once, into
+// token_codes [tokens, ldq] and token_scales [tokens, hidden / 128] (16-byte aligned scratch),
+// then its rows are copied to every route of it: the input is read once, not once per route.
+Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t tokens,
+                         const int32_t* permuted_route, int slots, uint8_t* token_codes,
+                         float* token_scales, uint8_t* codes, int64_t ldq, float* scales,
+                         int32_t* error, cudaStream_t stream);
 
 struct FinalizeArgs {
   const float* y = nullptr;  // FC2 output [R, ldy] by route position
