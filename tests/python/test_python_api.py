@@ -233,8 +233,9 @@ def test_errors_carry_the_status_text(rng):
     with pytest.raises(qmoe.Error, match="force_dispatch: 'generic' is not a path of this layer"):
         layer.force_dispatch("generic")
     # FP8 activations are a CUDA mode: the CPU backend (the exact one) names the option.
+    f1, f2 = make_weights(rng, i=128)
     with pytest.raises(qmoe.Error, match="act_quant"):
-        qmoe.Layer.from_float(w1, w2, top_k=K, format="fp8_block", act_quant="fp8_e4m3")
+        qmoe.Layer.from_float(f1, f2, top_k=K, format="fp8_block", act_quant="fp8_e4m3")
 
 
 @pytest.mark.skipif(not qmoe.backend_available(qmoe.Backend.cuda),
