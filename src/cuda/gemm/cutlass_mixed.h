@@ -92,21 +92,14 @@ struct MixedGemmArgs {
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
-  int tile_n = 128;  // the tile's rows: 128, or 32 / 256 where the kind has them (below)
+  int tile_n = 128;  // the tile's rows: 128, or 32 / 64 / 256 where the kind has them (below)
 };
 
-// The automatic tile choice takes the narrow tile while a call averages at most this many routes
-// per expert (PrepareOptions::mixed_tile = 0). Measured on qwen3-30b-a3b INT4, generic path
-// (bench/results/2026-12-02-h200-tiles.md): narrow / wide 287 / 381 us at 8 routes, 301 / 384 at
-// 16, 429 / 409 at 32, 698 / 471 at 64.
-constexpr int64_t kMixedNarrowRoutes = 16;
-// ... and the wide tile from this many routes per expert on. Measured (bench/results/
-// 2026-12-02-h200-shuffle.md), wide / 128-row: qwen3-30b-a3b INT4 685 / 639 us at 128 routes,
-// 1062 / 1073 at 256; mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
-constexpr int64_t kMixedWideRoutes = 256;
-
+// Whether the instance list holds the kind's tile of tile_n rows for this activation dtype: every
+// kind has the 128-row one (bf16 and f16), the others exist for bf16 and some kinds only.
+bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n);
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kInt8,
-// kE4m3); every kind has the 128-row one.
+// kE4m3).
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
 // Whether the kind has the wide (256-row) tile for this activation dtype (bf16: kInt4).
 bool mixed_has_wide_tile(MixedCodes c, DType dtype);

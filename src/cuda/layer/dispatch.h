@@ -65,6 +65,28 @@ constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
+// The mixed-input GEMM's automatic tile choice (PrepareOptions::mixed_tile = 0, cutlass_mixed.h's
+// tiles) takes the narrow tile while a call averages at most this many routes per expert.
+// Measured on qwen3-30b-a3b INT4, generic path (bench/results/2026-12-02-h200-tiles.md): narrow /
+// 128-row 287 / 381 us at 8 routes, 301 / 384 at 16, 429 / 409 at 32, 698 / 471 at 64.
+constexpr int64_t kMixedNarrowRoutes = 16;
+// ... the middle tile (64 rows) up to this many,
+constexpr int64_t kMixedMidRoutes = 64;
+// ... and the wide tile from this many routes per expert on. Measured (bench/results/
+// 2026-12-02-h200-shuffle.md), wide / 128-row: qwen3-30b-a3b INT4 685 / 639 us at 128 routes,
+// 1062 / 1073 at 256; mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
+constexpr int64_t kMixedWideRoutes = 256;
+
+// The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
+// (all E: a shard's held experts share the whole layer's average); the caller falls back to 128
+// rows where the kind lacks that tile.
+constexpr int mixed_tile_for(int64_t routes, int64_t experts) {
+  return routes <= kMixedNarrowRoutes * experts ? 32
+         : routes <= kMixedMidRoutes * experts  ? 64
+         : routes >= kMixedWideRoutes * experts ? 256
+                                                : 128;
+}
+
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
   int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2); 0: CUDA cores

@@ -214,20 +214,12 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.chunk = mx.chunk;
     m.sched = sched;
     m.max_groups = max_groups(maps);
-    // Few rows per expert: the narrow tile, so the wgmma is not mostly padding
-    // (cutlass_mixed_narrow.cuh); many: the wide one, which converts each weight tile for twice
-    // the rows (cutlass_mixed_wide.cuh). The host knows the average, routes / E, which a shard's
-    // held experts share with the whole layer's.
-    int tile = mixed_tile_;
-    if (tile == 0) {
-      tile = routes <= kMixedNarrowRoutes * spec_.num_experts ? 32
-             : routes >= kMixedWideRoutes * spec_.num_experts ? 256
-                                                              : 128;
-    }
-    m.tile_n = (tile == 32 && mixed_has_narrow_tile(mx.kind, cdt_)) ||
-                       (tile == 256 && mixed_has_wide_tile(mx.kind, cdt_))
-                   ? tile
-                   : 128;
+    // Few rows per expert: the narrow or middle tile, so the wgmma is not mostly padding
+    // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); many: the wide one, which converts each
+    // weight tile for twice the rows (cutlass_mixed_wide.cuh). The host knows the average,
+    // routes / E (dispatch.h).
+    const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
+    m.tile_n = mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
   }
   const int s = static_cast<int>(l.slots_in_scratch);
