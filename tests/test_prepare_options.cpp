@@ -98,6 +98,27 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EXPECT_EQ(out.fused_grid_ctas, 3);
 }
 
+// Resolved options resolve to themselves (the CLI resolves once, then prepares with the result),
+// whatever the environment still says.
+TEST_F(PrepareOptionsTest, ResolvingTwiceChangesNothing) {
+  EnvOverride a("QMOE_GEMM", "cutlass-dequant"), b("QMOE_DISPATCH", "generic"),
+      c("QMOE_PDL", "0"), d("QMOE_DECODE_ROWS", "3"), e("QMOE_DECODE_TPB", "8"),
+      f("QMOE_MIXED_TILE", "64"), g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7");
+  PrepareOptions once, twice;
+  ASSERT_TRUE(resolve({}, &once).is_ok());
+  ASSERT_TRUE(resolve(once, &twice).is_ok());
+  EXPECT_EQ(twice.gemm, "cutlass-dequant");
+  EXPECT_EQ(twice.dispatch, "generic");
+  EXPECT_FALSE(twice.pdl);
+  EXPECT_EQ(twice.mixed_tile, 64);
+  EXPECT_EQ(twice.act_quant, "fp8_e4m3");
+  EXPECT_EQ(twice.fused_grid_ctas, 7);
+  expect_decode(twice.decode, once.decode.rows, once.decode.tiles_per_block, once.decode.ring,
+                once.decode.prefetch, once.decode.min_blocks);
+  EXPECT_EQ(twice.decode.rows, 3);
+  EXPECT_EQ(twice.decode.tiles_per_block, 8);
+}
+
 TEST_F(PrepareOptionsTest, OlderCudaPathSpelling) {
   PrepareOptions out;
   {

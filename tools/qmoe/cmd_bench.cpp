@@ -120,6 +120,7 @@ struct BenchContext {
   std::string device;
   ReadCeiling ceiling;  // gbps 0: none (the CPU backend)
   RunRecord record;     // the build, the machine and the settings every row names
+  PrepareOptions options;  // resolved once (the environment's settings); every layer's
 };
 
 // The CSV's l2 column: warm, or cold with the flush that made it (BenchTiming::Flush).
@@ -181,7 +182,7 @@ Status run_case(const BenchContext& ctx, const Layers& layers, const SyntheticLa
   r->gbps = seconds > 0 ? r->bytes / seconds / 1e9 : 0;
   r->tflops = seconds > 0 ? layer_flops(spec, tokens) / seconds / 1e12 : 0;
 
-  r->budget = error_budget(spec.act_dtype, ctx.backend, fp8_calls_on(ctx.backend, r->path));
+  r->budget = error_budget(spec.act_dtype, ctx.backend, fp8_calls_on(ctx.backend, ctx.options, r->path));
   if (!ctx.check) return Status::ok();
   std::vector<double> ref;
   {
@@ -406,8 +407,7 @@ Status bench_preset(const BenchContext& ctx, const BenchArgs& a, const PresetCas
   SyntheticLayer synth;
   QMOE_RETURN_IF_ERROR(make_synthetic_layer(spec, a.seed, a.threads, &synth));
   const double synth_s = seconds_since(t0);
-  PrepareOptions po;
-  po.num_threads = a.threads;
+  const PrepareOptions& po = ctx.options;
   std::unique_ptr<PreparedLayer> layer;
   size_t used_before = 0, used_after = 0;
 #ifdef QMOE_WITH_CUDA
@@ -519,6 +519,9 @@ int run_bench(const BenchArgs& a) {
   ctx.timing.graph = gpu && !a.no_graph;
   ctx.check = !a.no_check;
   ctx.seed = a.seed;
+  ctx.options.num_threads = a.threads;
+  s = resolve_prepare_options(ctx.options, &ctx.options);
+  if (!s.is_ok()) return status_error(s);
   ctx.device = host_device(a.threads);
   // Every output path is checked before any work starts.
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--csv", a.csv},

@@ -71,10 +71,8 @@ double error_budget(DType act_dtype, BackendKind backend, bool fp8_activations) 
   }
 }
 
-bool fp8_calls_on(BackendKind backend, const std::string& path) {
-  PrepareOptions o;
-  return backend == BackendKind::kCuda && path == "generic" &&
-         resolve_prepare_options({}, &o).is_ok() && o.act_quant == "fp8_e4m3";
+bool fp8_calls_on(BackendKind backend, const PrepareOptions& resolved, const std::string& path) {
+  return backend == BackendKind::kCuda && path == "generic" && resolved.act_quant == "fp8_e4m3";
 }
 
 Status time_runs(PreparedLayer& layer, const RunInputs& in, const MutableTensorView& out,
@@ -113,6 +111,7 @@ Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
 
   PrepareOptions po;
   po.num_threads = options.threads;
+  QMOE_RETURN_IF_ERROR(resolve_prepare_options(po, &po));  // once: the check's budget reads it
   std::unique_ptr<PreparedLayer> layer;
   Clock::time_point t0 = Clock::now();
   {
@@ -174,7 +173,7 @@ Status execute_and_report(const LayerSpec& spec, const LayerWeights& weights,
   for (size_t i = 0; i < got.size(); ++i) got[i] = load_float(out.data, out.dtype, i);
   const double err = relative_norm_error(got.data(), ref.data(), ref.size());
   const double budget = error_budget(
-      out.dtype, options.backend, fp8_calls_on(options.backend, layer->dispatch_choice(tokens)));
+      out.dtype, options.backend, fp8_calls_on(options.backend, po, layer->dispatch_choice(tokens)));
   *check_failed = !(err <= budget);
   std::printf(
       "%-10s rel-norm error %.3e vs the fp64 oracle, budget %.0e (%s): %s (oracle %.0f ms)\n",

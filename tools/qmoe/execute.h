@@ -46,10 +46,10 @@ Status count_touched_experts(const LayerSpec& spec, const LayerWeights& w, const
 // kFp8ActErrorBudget.
 double error_budget(DType act_dtype, BackendKind backend, bool fp8_activations = false);
 
-// Whether a CUDA call on `path` (PreparedLayer::dispatch_choice) ran FP8 activations: the
-// environment asks for them (the CLI's only way to set PrepareOptions::act_quant) and the call
-// took the generic path, the one they apply to.
-bool fp8_calls_on(BackendKind backend, const std::string& path);
+// Whether a CUDA call on `path` (PreparedLayer::dispatch_choice) ran FP8 activations: the options
+// the layer was prepared with, already resolved (the environment is the CLI's only way to set
+// act_quant), ask for them and the call took the generic path, the one they apply to.
+bool fp8_calls_on(BackendKind backend, const PrepareOptions& resolved, const std::string& path);
 
 // Everything `qmoe run` does after it has a layer and inputs. output receives the bytes of the
 // output tensor (the input's dtype and shape). *check_failed is set when the error exceeds the

@@ -26,4 +26,23 @@ __device__ __forceinline__ float load_scalar(const void* p, DType t, int64_t i) 
   }
 }
 
+// Inf and nan in 16-bit floats: f16 and bf16 both mark them with an all-ones exponent field.
+__host__ __device__ constexpr uint32_t exp_mask16(bool bf16) {
+  return bf16 ? 0x7F80u : 0x7C00u;
+}
+// Whether the 16-bit float in the low half of `bits` is inf or nan.
+__device__ __forceinline__ bool nonfinite16(uint32_t bits, bool bf16) {
+  const uint32_t m = exp_mask16(bf16);
+  return (bits & m) == m;
+}
+// Whether either 16-bit float of a word (two packed elements) is inf or nan.
+__device__ __forceinline__ bool nonfinite16x2(uint32_t word, bool bf16) {
+  return nonfinite16(word, bf16) || nonfinite16(word >> 16, bf16);
+}
+// Whether any of 16 bytes' eight 16-bit floats is inf or nan.
+__device__ __forceinline__ bool nonfinite16x8(uint4 v, bool bf16) {
+  return nonfinite16x2(v.x, bf16) || nonfinite16x2(v.y, bf16) || nonfinite16x2(v.z, bf16) ||
+         nonfinite16x2(v.w, bf16);
+}
+
 }  // namespace qmoe::cuda

@@ -306,11 +306,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 
   const float mid = static_cast<float>(1 << (kBits - 1));
   const bool check = a.error != nullptr && blockIdx.x == 0;  // tile 0 sees every activation
-  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
-  auto nonfinite = [&](uint32_t v) {
-    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
-           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
-  };
   const int pieces = geo.kpad / 8, real_pieces = static_cast<int>(s.k) / 8;
   const int bs_mask = (1 << geo.shift) - 1;
 
@@ -341,8 +336,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         for (int u = 0; u < 2; ++u) {
           const int piece = p0c + u * kWarps * 32;
           if (piece >= pieces) continue;
-          if (check && (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) ||
-                        nonfinite(v[u].w))) {  // the error word names the first such token
+          if (check && nonfinite16x8(v[u], kBf16)) {  // the error word names the first such token
             atomicOr(a.error, 4);
             atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
           }

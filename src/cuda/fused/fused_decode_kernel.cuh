@@ -508,11 +508,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int gated = s1.map != MmaRowMap::kIdentity;
   const int upt1 = gated ? 8 : 16;
   const int64_t fc1_rows = gated ? 2 * s1.units : s1.n;
-  const uint32_t exp_mask = kBf16 ? 0x7F807F80u : 0x7C007C00u;
-  auto nonfinite = [&](uint32_t v) {
-    return (v & (exp_mask & 0xFFFFu)) == (exp_mask & 0xFFFFu) ||
-           (v & (exp_mask & 0xFFFF0000u)) == (exp_mask & 0xFFFF0000u);
-  };
 
   for (int item = static_cast<int>(blockIdx.x); item < n_items;
        item += static_cast<int>(gridDim.x)) {
@@ -561,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (i >= n) continue;
           const int r = i / pieces, p = i - r * pieces;
           if (s == 0 && a.error != nullptr &&
-              (nonfinite(v[u].x) || nonfinite(v[u].y) || nonfinite(v[u].z) || nonfinite(v[u].w))) {
+              nonfinite16x8(v[u], kBf16)) {
             atomicOr(a.error, kErrorInput);
             atomicMin(a.error + 1, tok[u]);
           }

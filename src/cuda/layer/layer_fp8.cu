@@ -109,14 +109,15 @@ Status CudaLayer::prepare_fp8(const LayerWeights& w) {
     }
     void* pc = nullptr;
     QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &pc));
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t row = 0;  // expert e's rows [row, row + n_p) of its n
-      for (const Part& p : parts) {
-        QMOE_CUDA_TRY(cudaMemcpy(static_cast<uint8_t*>(pc) + (e * n + row) * k,
-                                 p.fc.weight + e * p.fc.n * k, static_cast<size_t>(p.fc.n * k),
+    // One strided copy per part: E experts of n_p x k bytes, into rows [row, row + n_p) of each
+    // expert's n.
+    int64_t row = 0;
+    for (const Part& p : parts) {
+      const size_t bytes = static_cast<size_t>(p.fc.n * k);
+      QMOE_CUDA_TRY(cudaMemcpy2D(static_cast<uint8_t*>(pc) + row * k, static_cast<size_t>(n * k),
+                                 p.fc.weight, bytes, bytes, static_cast<size_t>(E),
                                  cudaMemcpyDeviceToDevice));
-        row += p.fc.n;
-      }
+      row += p.fc.n;
     }
     for (const Part& p : parts) release(p.fc.weight);  // the joined copy is the only reader
     out->codes = static_cast<const uint8_t*>(pc);

@@ -57,9 +57,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 }
 
 // A bf16/f16 row in 16-byte pieces (8 elements): hidden and ld multiples of 8, the input 16-byte
-// aligned (launch_gather checks). A 16-bit element is non-finite when its exponent field is all
-// ones, tested on both halves of each 32-bit word at once.
-__global__ void gather16_kernel(const uint4* input, uint32_t exp_mask2, int64_t hidden8,
+// aligned (launch_gather checks).
+__global__ void gather16_kernel(const uint4* input, bool bf16, int64_t hidden8,
                                 const int32_t* permuted_route, int slots, uint4* x_perm,
                                 int64_t ld8, int32_t* error) {
   const int64_t p = blockIdx.x;
@@ -69,10 +68,7 @@ __global__ void gather16_kernel(const uint4* input, uint32_t exp_mask2, int64_t 
   bool bad = false;
   for (int64_t c = threadIdx.x; c < ld8; c += blockDim.x) {
     const uint4 v = c < hidden8 ? src[c] : make_uint4(0, 0, 0, 0);
-    for (uint32_t w : {v.x, v.y, v.z, v.w}) {
-      const uint32_t e = w & exp_mask2;
-      bad |= (e & 0xFFFFu) == (exp_mask2 & 0xFFFFu) || (e >> 16) == (exp_mask2 >> 16);
-    }
+    bad |= nonfinite16x8(v, bf16);
     dst[c] = v;
   }
   if (bad) record_error(error, kErrorInput, token);
@@ -95,17 +91,40 @@ __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
   } else {
     const uint16_t* src = static_cast<const uint16_t*>(input) + token * hidden;
     uint16_t* dst = static_cast<uint16_t*>(x_perm) + p * ld;
-    // f16 and bf16 both keep an all-ones exponent for inf/nan.
-    const uint16_t exp_mask = dtype == DType::kF16 ? 0x7C00u : 0x7F80u;
+    const bool bf16 = dtype == DType::kBF16;
     for (int64_t c = threadIdx.x; c < ld; c += blockDim.x) {
       const uint16_t v = c < hidden ? src[c] : 0;
-      bad |= (v & exp_mask) == exp_mask;
+      bad |= nonfinite16(v, bf16);
       dst[c] = v;
     }
   }
   if (bad) record_error(error, kErrorInput, token);
 }
 
+// Output i of a route of held expert e (its bias row) from its raw dot products: g, FC1's gate row
+// (the only row of an ungated activation), and l, the linear row (FC1's or FC3's); each becomes
+// scale * dot + bias, then the activation, as the CPU backend computes it. Both activation kernels
+// call this, so their bits agree.
+__device__ __forceinline__ float activation_output(const ActivationArgs& a, int64_t e, float scale,
+                                                   int64_t i, float g, float l) {
+  const int64_t I = a.inter;
+  const bool gated = is_gated(a.act.kind);
+  int64_t gate_row = i, lin_row = I + i;  // FC1 rows, for its bias
+  if (gated && a.act.glu == GluLayout::kInterleaved) gate_row = 2 * i, lin_row = 2 * i + 1;
+  const float bg =
+      a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + gate_row) : 0.0f;
+  const float x = scale * g + bg;
+  if (!gated) return scalar_act(a.act.kind, x);
+  float bl = 0.0f;
+  if (a.act.glu == GluLayout::kSeparateFc3) {
+    bl = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + i) : 0.0f;
+  } else if (a.fc1_bias) {
+    bl = load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + lin_row);
+  }
+  return gated_act(a.act, x, scale * l + bl);
+}
+
+// A block per route position p, one output per thread: any shape and alignment.
 __global__ void activation_kernel(ActivationArgs a) {
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
@@ -117,35 +136,18 @@ __global__ void activation_kernel(ActivationArgs a) {
   const float* h = a.h + p * a.ldh;
   const float* h3 = a.h3 ? a.h3 + p * a.ldh3 : nullptr;
   const int64_t I = a.inter;
-  // FC1 (and FC3) output n of this route: scale * dot + bias, as the CPU backend computes it.
-  auto fc1 = [&](int64_t n) {
-    const float b = a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + n) : 0.0f;
-    return scale * h[n] + b;
-  };
-  auto fc3 = [&](int64_t n) {
-    const float b = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + n) : 0.0f;
-    return scale * h3[n] + b;
-  };
+  const bool gated = is_gated(a.act.kind);
   for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
     float v = 0.0f;
     if (i < I) {
-      if (!is_gated(a.act.kind)) {
-        v = scalar_act(a.act.kind, fc1(i));
+      float g, l = 0.0f;
+      if (gated && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
+        g = h[2 * i], l = h[2 * i + 1];
       } else {
-        float gate, lin;
-        switch (a.act.glu) {
-          case GluLayout::kInterleaved:
-            gate = fc1(2 * i), lin = fc1(2 * i + 1);
-            break;
-          case GluLayout::kConcatenated:
-            gate = fc1(i), lin = fc1(I + i);
-            break;
-          default:
-            gate = fc1(i), lin = fc3(i);
-            break;
-        }
-        v = gated_act(a.act, gate, lin);
+        g = h[i];
+        if (gated) l = a.act.glu == GluLayout::kConcatenated ? h[I + i] : h3[i];
       }
+      v = activation_output(a, e, scale, i, g, l);
     }
     store_float(a.out, a.out_dtype, p * a.ld + i, v);
   }
@@ -221,26 +223,7 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   float v[4] = {0, 0, 0, 0};
   if (live) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t i = i0 + u;
-      // The FC1 rows of the gate and linear values (fc1 bias index), as the CPU backend's.
-      int64_t gate_row = i, lin_row = I + i;
-      if (gated && a.act.glu == GluLayout::kInterleaved) gate_row = 2 * i, lin_row = 2 * i + 1;
-      const float bg =
-          a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + gate_row) : 0.0f;
-      const float x = scale * g[u] + bg;
-      if (!gated) {
-        v[u] = scalar_act(a.act.kind, x);
-        continue;
-      }
-      float bl = 0.0f;
-      if (a.act.glu == GluLayout::kSeparateFc3) {
-        bl = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + i) : 0.0f;
-      } else if (a.fc1_bias) {
-        bl = load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + lin_row);
-      }
-      v[u] = gated_act(a.act, x, scale * l[u] + bl);
-    }
+    for (int u = 0; u < 4; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
   }
   if constexpr (kFp8) {
     store_group(v, a.out_codes + p * a.ld + i0, a.out_scales + p * chunks + chunk);
@@ -283,12 +266,11 @@ __global__ void __launch_bounds__(256)
   } else {
     for (int u = 0; u < 4; ++u) b[u] = src[u];
   }
-  const uint16_t exp_mask = bf16 ? 0x7F80u : 0x7C00u;  // all ones: inf or nan
   float v[4];
   bool bad = false;
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    bad |= (b[u] & exp_mask) == exp_mask;
+    bad |= nonfinite16(b[u], bf16);
     v[u] = bf16 ? num::bf16_to_f32(b[u]) : num::f16_to_f32(b[u]);
   }
   store_group(v, codes + t * ldq + c0, scales + t * chunks + chunk);
@@ -359,9 +341,8 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
       reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(x_perm) % 16 == 0) {
     // 16-byte pieces; 128 threads cover a 2048-wide row in two passes.
-    const uint32_t mask = dtype == DType::kF16 ? 0x7C00u : 0x7F80u;
     gather16_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
-        static_cast<const uint4*>(input), mask | (mask << 16), hidden / 8, permuted_route, slots,
+        static_cast<const uint4*>(input), dtype == DType::kBF16, hidden / 8, permuted_route, slots,
         static_cast<uint4*>(x_perm), ld / 8, error);
     QMOE_CUDA_CHECK_LAUNCH("gather16_kernel");
     return Status::ok();
