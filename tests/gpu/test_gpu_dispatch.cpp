@@ -66,6 +66,22 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(just_under, 64), "decode/1");
 }
 
+// The mixed-input GEMM's tile by the call's average routes per expert (routes / E), at each
+// threshold and one past it: qwen3-30b-a3b's 128 experts, top 8.
+TEST(Dispatch, MixedTileByRoutesPerExpert) {
+  const int64_t e = 128;
+  EXPECT_EQ(cuda::mixed_tile_for(1, e), 32);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e), 32);  // 384 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e), 64);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 768 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e - 1, e), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e, e), 256);  // 4096 tokens
+  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes &&
+                    cuda::kMixedMidRoutes < cuda::kMixedWideRoutes,
+                "the tiles grow with the routes per expert");
+}
+
 TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
   DispatchTable t(true, 8, 128);
   ASSERT_TRUE(t.apply_tuned({{2, "decode/2"}, {16, "generic"}, {100, "decode/1"}}).is_ok());
