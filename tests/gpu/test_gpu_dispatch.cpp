@@ -73,7 +73,7 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(1, e), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e), 32);  // 384 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e), 64);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 768 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 1024 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e - 1, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e, e), 256);  // 4096 tokens

@@ -1,4 +1,4 @@
-// The mixed-input grouped GEMM: int4zero codes, bf16 activations, 128-row tile.
+// The mixed-input grouped GEMM: int4zero codes, bf16 activations, 128 x 128 tile.
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"
 
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt4Zero, true, 128, cutlass::bfloat16_t)
+QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt4Zero, true, 128, 128, cutlass::bfloat16_t)

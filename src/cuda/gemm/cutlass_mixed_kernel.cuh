@@ -107,13 +107,16 @@ struct ScaleAndZeroMainloop : Base {
   }
 };
 
-// The tile of an instance by its N (the group's rows): 128 x 128 x 64 with the grouped GEMM's
-// epilogue, or 128 x 32 x 64 (cutlass_mixed_narrow.cuh, included only by the narrow instances'
-// translation units). Each epilogue is built outside any template (see cutlass_grouped_kernel.cuh).
-template <int kTileN>
+// The tile of an instance by its M (weight rows: 128, one m64 wgmma atom per consumer warpgroup,
+// or 256, two) and N (the group's rows): 128 x 128 x 64 with the grouped GEMM's epilogue here;
+// the others in cutlass_mixed_{narrow,mid,tall,wide}.cuh, each included only by its instances'
+// translation units. Each epilogue is built outside any template (see
+// cutlass_grouped_kernel.cuh). Two atoms per warpgroup give each consumer warp two independent
+// conversion chains per k-block: the conversion's latency, not the wgmma, bounds one atom.
+template <int kTileM, int kTileN>
 struct MixedTile;
 template <>
-struct MixedTile<128> {
+struct MixedTile<128, 128> {
   using Shape = GroupTileShape;
   using Epilogue = GroupEpilogue;
   static constexpr int kEpilogueSmem = kGroupEpilogueSmem;
@@ -144,10 +147,10 @@ struct MixedOperand<MixedCodes::kInt8, Element> {
   using Tuple = cute::tuple<int8_t, Element>;
 };
 
-template <MixedCodes kCodes, typename Element, int kTileN>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
 struct MixedGemm {
   using Operand = MixedOperand<kCodes, Element>;
-  using Tile = MixedTile<kTileN>;
+  using Tile = MixedTile<kTileM, kTileN>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
@@ -289,15 +292,15 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileN>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element, kTileN>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN>>(max_groups, sm_count).total;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileN>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element, kTileN>;
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -320,16 +323,17 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype and tile.
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileN, Element)                          \
-  namespace qmoe::cuda::cutlass_detail {                                                     \
-  template <>                                                                                \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count) {    \
-    return mixed_workspace_bytes_for<kCodes, Element, kTileN>(max_groups, sm_count);         \
-  }                                                                                          \
-  template <>                                                                                \
-  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,        \
-                                             void* workspace, cudaStream_t stream) {         \
-    return mixed_launch_for<kCodes, Element, kTileN>(args, sm_count, workspace, stream);     \
-  }                                                                                          \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype and tile (the
+// host picks an instance by its N alone: each kind and dtype has one M per N).
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, Element)                      \
+  namespace qmoe::cuda::cutlass_detail {                                                         \
+  template <>                                                                                    \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count) {        \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN>(max_groups, sm_count);     \
+  }                                                                                              \
+  template <>                                                                                    \
+  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,            \
+                                             void* workspace, cudaStream_t stream) {             \
+    return mixed_launch_for<kCodes, Element, kTileM, kTileN>(args, sm_count, workspace, stream); \
+  }                                                                                              \
   }

@@ -16,7 +16,7 @@ using WideEpilogue = GroupEpilogueFor<WideTileShape>;
 constexpr int kWideEpilogueSmem = static_cast<int>(sizeof(WideEpilogue::SharedStorage));
 
 template <>
-struct MixedTile<256> {
+struct MixedTile<128, 256> {
   using Shape = WideTileShape;
   using Epilogue = WideEpilogue;
   static constexpr int kEpilogueSmem = kWideEpilogueSmem;

@@ -66,15 +66,16 @@ constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
 // The mixed-input GEMM's automatic tile choice (PrepareOptions::mixed_tile = 0, cutlass_mixed.h's
-// tiles) takes the narrow tile while a call averages at most kMixedNarrowRoutes routes per expert,
-// the middle one up to kMixedMidRoutes, the 128-row one below kMixedWideRoutes, the wide one from
-// there. Measured on qwen3-30b-a3b INT4 (E 128, top 8), generic path, tiles 32 / 64 / 128 forced
-// (bench/results/2026-12-03-h200-mid-tile.md): 247.0 / 263.7 / 339.6 us at 16 routes per expert,
-// 268.4 / 271.1 / 342.9 at 24, 352.7 / 282.3 / 347.4 at 32, 458.2 / 296.1 / 352.0 at 48,
-// 555.2 / 404.3 / 367.9 at 64; wide / 128-row (2026-12-02-h200-shuffle.md) 685 / 639 us at 128,
-// 1062 / 1073 at 256, and mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
+// tiles, named by their N) takes the narrow tile while a call averages at most kMixedNarrowRoutes
+// routes per expert, the middle one up to kMixedMidRoutes, the 128-row one below
+// kMixedWideRoutes, the wide one from there. Measured on qwen3-30b-a3b INT4 (E 128, top 8),
+// generic path, tiles forced (bench/results/2026-12-02-h200-mid-tile.md), 32 / 64 / 128 rows:
+// 190.6 / - / - us at 12 routes per expert, 194.8 / - / 339.6 at 16, 221.5 / 232.7 / 342.9 at
+// 24, 276.2 / 242.8 / 347.4 at 32, - / 261.7 / 352.0 at 48, - / 353.4 / 367.9 at 64; wide /
+// 128-row (2026-12-02-h200-shuffle.md) 685 / 639 us at 128, 1062 / 1073 at 256, and
+// mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
 constexpr int64_t kMixedNarrowRoutes = 24;
-constexpr int64_t kMixedMidRoutes = 48;
+constexpr int64_t kMixedMidRoutes = 64;
 constexpr int64_t kMixedWideRoutes = 256;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts

@@ -1,0 +1,25 @@
+// The tall tile of the mixed-input GEMM, 256 x 128 x 64: two m64 wgmma atoms per consumer
+// warpgroup, so each warp converts two independent k-blocks' codes between waits (the 128-row
+// tile's single chain leaves the tensor cores idle while it waits on its own latency). The same
+// codes per multiply-add as 128 x 128. Included only by the tall instances' translation units
+// (bf16 kInt4, kInt8 and kE4m3: cutlass_mixed_{int4,int8,e4m3}_bf16.cu), whose 128-row N tile
+// it is.
+#pragma once
+
+#include "cuda/gemm/cutlass_mixed_kernel.cuh"
+
+namespace qmoe::cuda::cutlass_detail {
+
+using TallTileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
+// The grouped GEMM's epilogue (fp32 column-major D, no C), on the tall tile.
+using TallEpilogue = GroupEpilogueFor<TallTileShape>;
+constexpr int kTallEpilogueSmem = static_cast<int>(sizeof(TallEpilogue::SharedStorage));
+
+template <>
+struct MixedTile<256, 128> {
+  using Shape = TallTileShape;
+  using Epilogue = TallEpilogue;
+  static constexpr int kEpilogueSmem = kTallEpilogueSmem;
+};
+
+}  // namespace qmoe::cuda::cutlass_detail
