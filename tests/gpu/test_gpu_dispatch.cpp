@@ -19,6 +19,7 @@ using cuda::CallPath;
 using cuda::choice_name;
 using cuda::DispatchChoice;
 using cuda::DispatchTable;
+using cuda::GenericKind;
 
 std::string chosen(const DispatchTable& t, int64_t tokens) { return choice_name(t.choose(tokens)); }
 
@@ -36,7 +37,8 @@ TEST(Dispatch, AnalyticDefault) {
   const DispatchTable mixtral(true, 2, 8);
   EXPECT_EQ(chosen(mixtral, 64), "decode/1");  // 16 routes per expert
   EXPECT_EQ(chosen(mixtral, 65), "generic");
-  const DispatchTable no_dequant(true, 8, 128, true);  // the generic path reads the codes
+  // The generic path reads the codes.
+  const DispatchTable no_dequant(true, 8, 128, GenericKind::kReadsCodes);
   EXPECT_EQ(chosen(no_dequant, 128), "decode/1");      // 8 routes per expert
   EXPECT_EQ(chosen(no_dequant, 129), "generic");
   EXPECT_EQ(chosen(no_dequant, 64), "decode/1");  // the 64-token window stays
@@ -49,21 +51,39 @@ TEST(Dispatch, AnalyticDefault) {
   // 256, 44 MB experts): 8 tokens 1.11, 12 tokens 1.18, 13 tokens 1.20, 16 1.26; Mixtral (2 of 8,
   // 94 MB): 2 tokens 1.14, 3 tokens 1.30. Experts just under the size keep the window above.
   const int64_t large = cuda::kDecodeLargeExpertBytes;
-  const DispatchTable deepseek(true, 8, 256, true, 0, 44 * (int64_t{1} << 20));
+  const DispatchTable deepseek(true, 8, 256, GenericKind::kReadsCodes, 0,
+                               44 * (int64_t{1} << 20));
   EXPECT_EQ(chosen(deepseek, 1), "decode/1");
   EXPECT_EQ(chosen(deepseek, 8), "decode/1");
   EXPECT_EQ(chosen(deepseek, 12), "decode/1");
   EXPECT_EQ(chosen(deepseek, 16), "generic");
   EXPECT_EQ(chosen(deepseek, 64), "generic");
-  const DispatchTable big_mixtral(true, 2, 8, true, 0, 94 * (int64_t{1} << 20));
+  const DispatchTable big_mixtral(true, 2, 8, GenericKind::kReadsCodes, 0,
+                                  94 * (int64_t{1} << 20));
   EXPECT_EQ(chosen(big_mixtral, 1), "decode/1");
   EXPECT_EQ(chosen(big_mixtral, 2), "decode/1");
   EXPECT_EQ(chosen(big_mixtral, 3), "generic");
-  const DispatchTable all_touched(true, 8, 8, true, 0, large);  // slots >= experts
+  // slots >= experts
+  const DispatchTable all_touched(true, 8, 8, GenericKind::kReadsCodes, 0, large);
   EXPECT_EQ(chosen(all_touched, 1), "decode/1");  // one route per expert
   EXPECT_EQ(chosen(all_touched, 2), "generic");   // two
-  const DispatchTable just_under(true, 8, 256, true, 0, large - 1);
+  const DispatchTable just_under(true, 8, 256, GenericKind::kReadsCodes, 0, large - 1);
   EXPECT_EQ(chosen(just_under, 64), "decode/1");
+  // Every FC on the narrow tile: no 64-token floor; 5 routes per expert for 4-bit codes (80
+  // tokens of qwen3-30b-a3b), 2 for 8-bit ones (32 tokens).
+  const DispatchTable narrow4(true, 8, 128, GenericKind::kNarrow4);
+  EXPECT_EQ(chosen(narrow4, 1), "decode/1");
+  EXPECT_EQ(chosen(narrow4, 80), "decode/1");
+  EXPECT_EQ(chosen(narrow4, 81), "generic");
+  const DispatchTable narrow8(true, 8, 128, GenericKind::kNarrow8);
+  EXPECT_EQ(chosen(narrow8, 32), "decode/1");
+  EXPECT_EQ(chosen(narrow8, 33), "generic");
+  EXPECT_EQ(chosen(narrow8, 64), "generic");
+  // The large-expert rule still applies (deepseek-v3's FP8 weights on the narrow tile).
+  const DispatchTable narrow_large(true, 8, 256, GenericKind::kNarrow8, 0,
+                                   44 * (int64_t{1} << 20));
+  EXPECT_EQ(chosen(narrow_large, 12), "decode/1");
+  EXPECT_EQ(chosen(narrow_large, 16), "generic");
 }
 
 // The mixed-input GEMM's tile by the call's average routes per expert (routes / E), at each
@@ -137,7 +157,7 @@ TEST(Dispatch, ForcedChoice) {
 // The fused kernel: a candidate up to the layer's bound, never where the layer lacks it; forced
 // past the bound (or on a layer without it), the decode kernel or the generic path.
 TEST(Dispatch, FusedChoice) {
-  const DispatchTable t(true, 8, 128, false, 16);
+  const DispatchTable t(true, 8, 128, GenericKind::kDequantize, 16);
   const auto names = [](const std::vector<DispatchChoice>& v) {
     std::string s;
     for (const DispatchChoice& c : v) s += choice_name(c) + " ";
@@ -159,7 +179,7 @@ TEST(Dispatch, FusedChoice) {
     EXPECT_EQ(chosen(no_fused, 1), "decode/1");
     EXPECT_EQ(chosen(none, 1), "generic");
   }
-  DispatchTable tuned(true, 8, 128, false, 16);
+  DispatchTable tuned(true, 8, 128, GenericKind::kDequantize, 16);
   ASSERT_TRUE(tuned.apply_tuned({{8, "fused"}, {64, "fused"}}).is_ok());
   EXPECT_EQ(chosen(tuned, 8), "fused");
   EXPECT_EQ(chosen(tuned, 20), "decode/1");  // a row past the bound: the decode kernel

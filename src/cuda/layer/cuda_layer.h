@@ -249,6 +249,8 @@ class CudaLayer final : public PreparedLayer {
   bool all_mixed() const {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }
+  // How the generic path runs this layer, for the dispatch table's window (dispatch.h).
+  GenericKind generic_kind() const;
 
   static std::vector<std::string> names_of(const std::vector<DispatchChoice>& choices) {
     std::vector<std::string> names;

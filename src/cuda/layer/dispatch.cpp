@@ -80,9 +80,23 @@ Status DispatchTable::apply_tuned(const std::vector<TunedRow>& rows) {
 }
 
 DispatchChoice DispatchTable::analytic(int64_t tokens) const {
-  const int64_t mean_cap =
-      generic_reads_codes_ ? kDecodeMaxMeanRoutesNoDequant : kDecodeMaxMeanRoutes;
-  bool in_window = tokens <= kDecodeWindowTokens || tokens * slots_ <= mean_cap * experts_;
+  int64_t mean_cap = kDecodeMaxMeanRoutes;
+  bool floor = true;  // every call of up to kDecodeWindowTokens
+  switch (generic_) {
+    case GenericKind::kDequantize:
+      break;
+    case GenericKind::kReadsCodes:
+      mean_cap = kDecodeMaxMeanRoutesNoDequant;
+      break;
+    case GenericKind::kNarrow4:
+      mean_cap = kDecodeMaxMeanRoutesNarrow4, floor = false;
+      break;
+    case GenericKind::kNarrow8:
+      mean_cap = kDecodeMaxMeanRoutesNarrow8, floor = false;
+      break;
+  }
+  bool in_window =
+      (floor && tokens <= kDecodeWindowTokens) || tokens * slots_ <= mean_cap * experts_;
   if (expert_bytes_ >= kDecodeLargeExpertBytes) {
     // Expected touched experts under uniform routing (all of them once slots >= experts).
     const double miss = slots_ >= experts_ ? 0.0 : 1.0 - static_cast<double>(slots_) / experts_;

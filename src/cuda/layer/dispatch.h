@@ -59,9 +59,18 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // ends where the expected routes per touched expert, T k / (E (1 - (1 - k / E)^T)) for uniform
 // routing, pass kDecodeMaxRoutesPerTouched: deepseek-v3 decodes up to 12 tokens (1.18), Mixtral
 // up to 2 (1.14). Smaller experts (qwen3-30b-a3b's 2.5 MB) keep the window above.
+// Where every FC has the mixed-input GEMM's narrow tile (256 x 32 rows since
+// 2026-12-02-h200-mid-tile.md) the generic path wins sooner still, and the 64-token floor goes:
+// qwen3-30b-a3b, decode/1 against generic, INT4 145.0 / 183.1 us at 64 tokens (4 routes per
+// expert), 161.5 / 184.1 at 80 (5), 192.6 / 185.5 at 96 (6), 220.5 / 186.6 at 128; INT8 175.8 /
+// 177.1 at 24 (1.5), 193.1 / 192.8 at 32 (2), 239.7 / 207.9 at 48 (3), 235.3 / 212.5 at 64. So
+// the decode kernel keeps such layers up to kDecodeMaxMeanRoutesNarrow4 routes per expert for
+// codes of up to 4 bits, kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
+constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
+constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 2;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
@@ -108,18 +117,28 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
 // Every choice some token count's candidates hold: what a layer may be forced onto.
 std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens = 0);
 
+// How the generic path runs a layer's FCs: it sets where the analytic default's window ends.
+enum class GenericKind : uint8_t {
+  kDequantize,  // a dequantize pass, then the GEMMs: kDecodeWindowTokens, kDecodeMaxMeanRoutes
+  kReadsCodes,  // no dequantize pass (the mixed-input GEMM on every FC, or FP8 activations):
+                // kDecodeWindowTokens, kDecodeMaxMeanRoutesNoDequant
+  kNarrow4,     // the mixed-input GEMM with its narrow tile on every FC, codes of up to 4 bits:
+                // kDecodeMaxMeanRoutesNarrow4, no token floor
+  kNarrow8,     // the same with 8-bit codes: kDecodeMaxMeanRoutesNarrow8
+};
+
 class DispatchTable {
  public:
   DispatchTable() = default;
-  // generic_reads_codes: the generic path runs without a dequantize pass (the mixed-input GEMM
-  // takes every FC), which moves the analytic default's window (kDecodeMaxMeanRoutesNoDequant).
+  // generic: how the generic path runs the layer (GenericKind).
   // expert_bytes: one expert's weights (expert_bytes(spec)), for the large-expert window.
-  DispatchTable(bool decode_supported, int slots, int64_t experts, bool generic_reads_codes = false,
-                int64_t fused_max_tokens = 0, int64_t expert_bytes = 0)
+  DispatchTable(bool decode_supported, int slots, int64_t experts,
+                GenericKind generic = GenericKind::kDequantize, int64_t fused_max_tokens = 0,
+                int64_t expert_bytes = 0)
       : decode_supported_(decode_supported),
         slots_(slots),
         experts_(experts),
-        generic_reads_codes_(generic_reads_codes),
+        generic_(generic),
         fused_max_tokens_(fused_max_tokens),
         expert_bytes_(expert_bytes) {}
 
@@ -149,7 +168,7 @@ class DispatchTable {
   bool decode_supported_ = false;
   int slots_ = 1;
   int64_t experts_ = 1;
-  bool generic_reads_codes_ = false;
+  GenericKind generic_ = GenericKind::kDequantize;
   int64_t fused_max_tokens_ = 0;
   int64_t expert_bytes_ = 0;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing

@@ -421,13 +421,28 @@ Status CudaLayer::plan_fused() {
   return Status::ok();
 }
 
+GenericKind CudaLayer::generic_kind() const {
+  if (act_fp8_) return GenericKind::kReadsCodes;  // the FP8 GEMM's tiles are 64 and 128 rows
+  if (!all_mixed()) return GenericKind::kDequantize;
+  // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC.
+  const bool narrow_allowed = mixed_tile_ == 0 || mixed_tile_ == 32;
+  int bits = 0;
+  for (const MixedFc* m : {&mixed1_, &mixed2_, spec_.has_fc3() ? &mixed3_ : nullptr}) {
+    if (m == nullptr) continue;
+    if (!narrow_allowed || !mixed_has_narrow_tile(m->kind, cdt_)) return GenericKind::kReadsCodes;
+    bits = std::max(bits, mixed_code_bits(m->kind));
+  }
+  return bits <= 4 ? GenericKind::kNarrow4 : GenericKind::kNarrow8;
+}
+
 Status CudaLayer::load_dispatch(const std::string& tune_file) {
   // The analytic window compares the mean routes per expert, T slots / E, with a cap. A shard's
   // held experts get the same mean (about T slots L / E routes over L experts), so E stays; its
   // tune rows are its own (tune_key names the local experts).
   // The generic path reads the codes themselves where the mixed-input GEMM takes every FC or
-  // FP8 activations run both FCs on the FP8 GEMM: no dequantize pass.
-  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, all_mixed() || act_fp8_,
+  // FP8 activations run both FCs on the FP8 GEMM (no dequantize pass), and wins sooner still
+  // where every FC has the narrow tile (generic_kind()).
+  DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, generic_kind(),
                       fused_max_tokens_, expert_bytes(spec_));
   table.force(dispatch_.forced());
   if (!tune_file.empty()) {
