@@ -122,9 +122,9 @@ enum class GenericKind : uint8_t {
   kDequantize,  // a dequantize pass, then the GEMMs: kDecodeWindowTokens, kDecodeMaxMeanRoutes
   kReadsCodes,  // no dequantize pass (the mixed-input GEMM on every FC, or FP8 activations):
                 // kDecodeWindowTokens, kDecodeMaxMeanRoutesNoDequant
-  kNarrow4,     // the mixed-input GEMM with its narrow tile on every FC, codes of up to 4 bits:
+  kNarrow4,     // the mixed-input GEMM with its narrow tile on every FC, kInt4 codes:
                 // kDecodeMaxMeanRoutesNarrow4, no token floor
-  kNarrow8,     // the same with 8-bit codes: kDecodeMaxMeanRoutesNarrow8
+  kNarrow8,     // the same with kInt8 codes: kDecodeMaxMeanRoutesNarrow8
 };
 
 class DispatchTable {

@@ -424,12 +424,17 @@ Status CudaLayer::plan_fused() {
 GenericKind CudaLayer::generic_kind() const {
   if (act_fp8_) return GenericKind::kReadsCodes;  // the FP8 GEMM's tiles are 64 and 128 rows
   if (!all_mixed()) return GenericKind::kDequantize;
-  // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC.
+  // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC,
+  // and for the kinds whose window was measured against it (kInt4, kInt8; kE4m3's f32 scales
+  // convert with a third more instructions and keep the window of kReadsCodes).
   const bool narrow_allowed = mixed_tile_ == 0 || mixed_tile_ == 32;
   int bits = 0;
   for (const MixedFc* m : {&mixed1_, &mixed2_, spec_.has_fc3() ? &mixed3_ : nullptr}) {
     if (m == nullptr) continue;
-    if (!narrow_allowed || !mixed_has_narrow_tile(m->kind, cdt_)) return GenericKind::kReadsCodes;
+    const bool measured = m->kind == MixedCodes::kInt4 || m->kind == MixedCodes::kInt8;
+    if (!narrow_allowed || !measured || !mixed_has_narrow_tile(m->kind, cdt_)) {
+      return GenericKind::kReadsCodes;
+    }
     bits = std::max(bits, mixed_code_bits(m->kind));
   }
   return bits <= 4 ? GenericKind::kNarrow4 : GenericKind::kNarrow8;
