@@ -44,6 +44,11 @@ const void* kernel_for(int bits, bool bf16, int spb) {
   }
 }
 
+// Two CTAs per multiprocessor: the dynamic shared memory of each. A multiprocessor has 228 KiB;
+// each CTA also has its static Maps (11280 bytes, ptxas -v) and 1 KiB reserved, which leaves
+// 104432 bytes each.
+constexpr size_t kSmemBudget = 100 * 1024;
+
 FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   const MmaPackShape& s1 = sh.fc1;
   const MmaPackShape& s2 = sh.fc2;
@@ -79,13 +84,16 @@ FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   g.off_zs1 = take(sh.zp1 ? tiles1 * 16 * g.nbp1 * 4 : 0);
   g.off_sc2 = take(static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4);
   g.off_zs2 = take(sh.zp2 ? static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4 : 0);
+  // The weight rings take what the budget leaves (at least kRingMinSlots per warp, so that a
+  // geometry over the budget stays over it and is refused).
+  const size_t per_slot = static_cast<size_t>(kFusedWarps) * (kChunkBytes + 8);
+  const size_t room = kSmemBudget > off + 16 ? (kSmemBudget - off - 16) / per_slot : 0;
+  g.ring = static_cast<int>(std::clamp<size_t>(room, kRingMinSlots, kRingMaxSlots));
+  g.off_ring = take(static_cast<size_t>(kFusedWarps) * g.ring * kChunkBytes);
+  g.off_bars = take(static_cast<size_t>(kFusedWarps) * g.ring * 8);
   g.smem = off;
   return g;
 }
-
-// Two CTAs per multiprocessor: the dynamic shared memory of each.
-// (228 KiB a multiprocessor; each CTA also has its static Maps, about 11 KiB, and 1 KiB reserved.)
-constexpr size_t kSmemBudget = 96 * 1024;
 
 bool pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 

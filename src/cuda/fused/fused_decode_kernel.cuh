@@ -10,17 +10,23 @@
 //   sc1    [tiles1 * 16][nbp1]      FC1 scales of the item's tiles (fp32), zs1 likewise (zp)
 //   sc2    [tiles2 * 16][nbs2]      FC2 scales of the slice's blocks, every row; zs2 likewise
 //
+//   ring   [warps][ring slots][512 B] a warp's weight chunks in flight (WarpRing), and a barrier
+//   bars   [warps][ring slots][8 B]   per slot
+//
 // A warp's share of an FC is a stream of 16-byte-per-lane chunks (mma_pack.h): tiles first,
-// first + kFusedWarps, ... and chunks [c0, c0 + nc) of each. Its loads run kRing chunks ahead in
-// registers, and L2 prefetches kPrefetch chunks ahead of those, so the bytes in flight per SM cover
-// HBM's latency from the item's start; the decode of a chunk is the decode kernel's (window pairs,
-// exact (q - zp) in bf16/f16, scales on the fp32 sums per block).
+// first + kFusedWarps, ... and chunks [c0, c0 + nc) of each. Its lane 0 keeps the warp's ring
+// full with bulk asynchronous copies, opened as soon as an item's addresses are known (FC1's
+// before the item's staging, FC2's as the warp's FC1 ends), so that the bytes in flight per SM
+// (two CTAs of eight warps, up to 16 chunks each) cover HBM's latency without registers; the
+// decode of a chunk is the decode kernel's (window pairs, exact (q - zp) in bf16/f16, scales on the
+// fp32 sums per block).
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/decode/decode_common.cuh"
@@ -34,7 +40,6 @@ namespace qmoe::cuda::fused_detail {
 
 using decode_detail::int8_pair_bf16;
 using decode_detail::kUsesWindows;
-using decode_detail::load_stream;
 using decode_detail::mma16816;
 using decode_detail::pair_of;
 using decode_detail::prefetch_l2;
@@ -45,8 +50,6 @@ using decode_detail::Windows;
 using routing_detail::route_token_warp;
 
 constexpr int kThreads = kFusedWarps * 32;
-constexpr int kRing = 4;       // chunk loads in flight per lane
-constexpr int kPrefetch = 16;  // chunks a warp's L2 prefetch runs ahead of its loads
 constexpr int kCols = 2;       // mma column groups: up to 16 routes per expert
 
 // The call's routing, in every CTA's shared memory.
@@ -194,14 +197,75 @@ __device__ __forceinline__ void stage_scales(const FusedFc& f, int n, float* sc,
   }
 }
 
-// One warp's stream over an FC's tiles. For each finished tile, done(tile, acc) gets the
-// sums in the mma's C layout (acc[ch]: rows g, g + 8 of columns 8 ch + 2 t, + 1).
-//   w0: the expert's words; tiles first, first + kFusedWarps, ... below tile_end; chunks
-//   [c0, c0 + nc) of each (chunks per tile: `chunks`). sc/zs: the scales staged for tile index
-//   tile - tile_base, nbs blocks per row, the first for chunk c0. x[ch]: lane's B row of column
-//   group ch at chunk c0 (+ 4 t added here); nch: the groups with routes.
+// A warp's ring: geo.ring slots of one chunk (16 bytes per lane) in shared memory and a barrier
+// per slot, which the warp's lane 0 fills with bulk asynchronous copies (bulk_copy.cuh) while
+// the warp decodes the slots before them. Every stream leaves it empty; what carries from one
+// stream to the next is where the next read is and its barrier's parity.
+//
+//   slot:  0      1      2     ...  n-1         chunk j of a stream: slot (head0 + j) % n
+//          [512 B][512 B][512 B]    [512 B]     bars[k]: 8 bytes, one phase per use of slot k
+struct WarpRing {
+  uint32_t slots = 0;  // slot 0's shared-memory address
+  uint32_t bars = 0;   // barrier 0's
+  int n = 0;
+  int head = 0;        // the slot the next chunk is read from
+  uint32_t phase = 0;  // its barrier's parity then
+};
+
+// Where one FC's stream of a warp comes from: tiles first, first + kFusedWarps, ... below
+// tile_end, chunks [c0, c0 + nc) of each (chunks per tile: `chunks`); p is the next chunk to
+// copy, into slot tail.
+struct ChunkFeed {
+  const uint32_t* p = nullptr;
+  int64_t jump = 0;  // words from a tile's last chunk to the next tile's first
+  int nc = 0, left = 0;
+  int total = 0, issued = 0;
+  int tail = 0;
+};
+
+// Lane 0 copies the feed's next chunk into slot tail; every lane moves the feed on.
+__device__ __forceinline__ void feed_next(const WarpRing& r, ChunkFeed& f, int lane) {
+  if (lane == 0) {
+    const uint32_t bar = r.bars + 8u * static_cast<uint32_t>(f.tail);
+    mbarrier_arrive_expect_tx(bar, kChunkBytes);
+    bulk_copy_g2s(r.slots + kChunkBytes * static_cast<uint32_t>(f.tail), f.p, kChunkBytes, bar);
+  }
+  f.p += 128;
+  if (--f.left == 0) {
+    f.p += f.jump;
+    f.left = f.nc;
+  }
+  ++f.issued;
+  if (++f.tail == r.n) f.tail = 0;
+}
+
+// Opens a warp's stream (see ChunkFeed) and puts its first chunks, up to a ring's worth, in
+// flight: called as early as the addresses are known, so that the copies overlap whatever the
+// CTA does before the stream is read.
+__device__ __forceinline__ ChunkFeed begin_stream(const WarpRing& r, const uint32_t* w0, int chunks,
+                                                  int first, int tile_end, int c0, int nc) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  ChunkFeed f;
+  const int ntiles = first < tile_end ? (tile_end - first + kFusedWarps - 1) / kFusedWarps : 0;
+  f.total = ntiles * nc;
+  f.p = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128;
+  f.jump = (static_cast<int64_t>(kFusedWarps) * chunks - nc) * 128;
+  f.nc = f.left = nc;
+  f.tail = r.head;
+  const int n0 = min(r.n, f.total);
+  for (int i = 0; i < n0; ++i) feed_next(r, f, lane);
+  return f;
+}
+
+// One warp's stream over an FC's tiles, read from its ring (begin_stream opened it). For each
+// finished tile, done(tile, acc) gets the sums in the mma's C layout (acc[ch]: rows g, g + 8 of
+// columns 8 ch + 2 t, + 1).
+//   tiles first, first + kFusedWarps, ... below tile_end; chunks [c0, c0 + nc) of each.
+//   sc/zs: the scales staged for tile index tile - tile_base, nbs blocks per row, the first for
+//   chunk c0. x[ch]: lane's B row of column group ch at chunk c0 (+ 4 t added here); nch: the
+//   groups with routes.
 template <int kBits, bool kBf16, int kSpb, typename Done>
-__device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int first, int tile_end,
+__device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int first,
                                             int tile_base, int c0, int nc, const float* sc,
                                             const float* zs, int nbs, int cpb,
                                             const uint16_t* const x[kCols], int nch,
@@ -210,41 +274,8 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
   const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
-  const int ntiles = first < tile_end ? (tile_end - first + kFusedWarps - 1) / kFusedWarps : 0;
-  const int total = ntiles * nc;
+  const int total = feed.total;
   if (total == 0) return;
-  const int64_t jump = (static_cast<int64_t>(kFusedWarps) * chunks - nc) * 128;  // tile to tile
-  const uint32_t* lp = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128 + lane * 4;
-  int lc = nc;  // chunks left in the load cursor's tile
-  auto advance = [&](const uint32_t*& p, int& left) {
-    p += 128;
-    if (--left == 0) {
-      p += jump;
-      left = nc;
-    }
-  };
-  // L2 prefetch: lane l's line (l % 4) of chunk (l / 4) of each round of 8 chunks, kPrefetch ahead.
-  const uint32_t* pp = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128 + (lane & 3) * 32;
-  int pc = nc;
-  int pj = 0;                          // the prefetch cursor's chunk
-  auto prefetch_to = [&](int until) {  // every chunk below `until`, 8 a round
-    for (; pj < until && pj < total; pj += 8) {
-      // Lane l takes chunk pj + l / 4: its cursor steps l / 4 chunks ahead, then back.
-      const uint32_t* q = pp;
-      int ql = pc;
-      for (int i = 0; i < (lane >> 2); ++i) advance(q, ql);
-      if (pj + (lane >> 2) < total) prefetch_l2(q);
-      for (int i = 0; i < 8; ++i) advance(pp, pc);
-    }
-  };
-  prefetch_to(kRing + kPrefetch);
-
-  uint4 ring[kRing];
-#pragma unroll
-  for (int i = 0; i < kRing; ++i) {
-    if (i < total) ring[i] = load_stream(lp);
-    advance(lp, lc);
-  }
 
   const bool has_zp = zs != nullptr;
   constexpr int kNPos = window_positions<kBits, kBf16>();
@@ -295,6 +326,7 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
   int left = kSpb == 0 ? cpb - c0 % cpb : 0;  // chunks to the block's end
   int bl = 0;                                 // the current block (local)
   int cleft = nc;                             // chunks to the tile's end
+  int tiles_left = total / nc;                // tiles from the current one on
   load_scale(0);
 
   auto process = [&](const uint4& wv) {
@@ -351,7 +383,7 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
         xa[ch] -= kChunkK * nc;
       }
       tile += kFusedWarps;
-      if (tile < tile_end) {
+      if (--tiles_left > 0) {
         srow += kFusedWarps * 16 * nbs;
         if (has_zp) zrow_s += kFusedWarps * 16 * nbs;
         cleft = nc;
@@ -362,17 +394,19 @@ __device__ __forceinline__ void warp_stream(const uint32_t* w0, int chunks, int 
     }
   };
 
-  for (int jb = 0; jb < total; jb += kRing) {
-    prefetch_to(jb + kRing + kPrefetch);
-#pragma unroll
-    for (int i = 0; i < kRing; ++i) {
-      if (jb + i < total) {
-        const uint4 v = ring[i];
-        if (jb + i + kRing < total) ring[i] = load_stream(lp);
-        advance(lp, lc);
-        process(v);
-        after();
-      }
+  // Chunk j: wait for its slot, read the lane's 16 bytes, decode them; then, every lane's read
+  // done, the slot takes chunk j + n.
+  for (int j = 0; j < total; ++j) {
+    const uint32_t k = static_cast<uint32_t>(ring.head);
+    mbarrier_wait(ring.bars + 8u * k, ring.phase);
+    const uint4 v = decode_detail::lds128(ring.slots + kChunkBytes * k + 16u * lane);
+    process(v);
+    after();
+    __syncwarp();
+    if (feed.issued < total) feed_next(ring, feed, lane);
+    if (++ring.head == ring.n) {
+      ring.head = 0;
+      ring.phase ^= 1u;
     }
   }
 }
@@ -501,6 +535,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = tid; i < geo.zrow_len / 8; i += kThreads) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
   }
+  // The warp's ring and its barriers (only this warp uses them).
+  WarpRing ring;
+  ring.n = geo.ring;
+  ring.slots = smem_addr(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
+  ring.bars = smem_addr(smem + geo.off_bars) + 8u * static_cast<uint32_t>(warp * geo.ring);
+  if (lane == 0) {
+    for (int i = 0; i < ring.n; ++i) mbarrier_init1(ring.bars + 8u * i);
+    mbarrier_init_fence();
+  }
+  __syncwarp();
 
   const int routes = a.tokens * a.slots;
   const int n_items = m.n_touched * geo.slices;
@@ -523,6 +567,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int nc2 = min(U / kChunkK, static_cast<int>(s2.chunks) - c2);
     const uint32_t* w1 = a.fc1.packed + we * s1.words_per_expert();
     const uint32_t* w2 = a.fc2.packed + we * s2.words_per_expert();
+    // The warp's FC1 tiles go out first: their copies overlap the staging below.
+    ChunkFeed feed = begin_stream(ring, w1, static_cast<int>(s1.chunks), m1 + warp, m1_end, 0,
+                                  static_cast<int>(s1.chunks));
     __syncthreads();  // the previous item's readers of the staged rows are done
 
     // FC2's slice (whole chunks at a stride) comes into L2 while the item stages and runs FC1.
@@ -590,8 +637,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     lane_rows(xs, geo.ld1, cnt, zrow, g, x1);
     const int nch = (cnt + 7) / 8;
     warp_stream<kBits, kBf16, kSpb>(
-        w1, static_cast<int>(s1.chunks), m1 + warp, m1_end, m1, 0, static_cast<int>(s1.chunks), sc1,
-        zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
+        ring, feed, m1 + warp, m1, 0, static_cast<int>(s1.chunks), sc1, zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
         [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
@@ -620,6 +666,9 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
           });
         });
+    // The warp's FC2 chunks go out while the other warps finish FC1.
+    feed = begin_stream(ring, w2, static_cast<int>(s2.chunks), warp, static_cast<int>(s2.tiles), c2,
+                        nc2);
     __syncthreads();
     add(kStampFc1Ns);
 
@@ -628,8 +677,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     lane_rows(acts, geo.lda, cnt, zrow, g, x2);
     float* part = a.partial + static_cast<int64_t>(s) * routes * a.hidden;
     warp_stream<kBits, kBf16, kSpb>(
-        w2, static_cast<int>(s2.chunks), warp, static_cast<int>(s2.tiles), 0, c2, nc2, sc2,
-        zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
+        ring, feed, warp, 0, c2, nc2, sc2, zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
         [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);

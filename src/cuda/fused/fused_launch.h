@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "cuda/fused/fused_decode.h"
 #include "cuda/routing/device_routing.h"
@@ -15,6 +16,13 @@ constexpr int kFusedMaxRoutes = kFusedDecodeMaxTokens * kFusedMaxSlots;
 constexpr int kFusedMaxUnits = 256;
 // Work items a call aims for (independent of the device, so that a call's bits are too).
 constexpr int kFusedTargetItems = 256;
+// A warp's weight ring (fused_decode_kernel.cuh's WarpRing): slots of one 512-byte chunk (16 bytes
+// per lane), as many as the shared-memory budget leaves after the staging, within these bounds:
+// 16 slots of 8 warps and two CTAs per SM keep 128 KiB of weights in flight per multiprocessor
+// (one-token calls); 16 tokens of a 2048-wide layer stage 66 KiB of input rows and leave 3.
+constexpr uint32_t kChunkBytes = 512;
+constexpr int kRingMinSlots = 2;
+constexpr int kRingMaxSlots = 16;
 
 // The kernel of a width, activation type and kSpb, or nullptr where none is compiled.
 template <int kBits>
