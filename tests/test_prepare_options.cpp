@@ -87,9 +87,9 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   mine.pdl = false;
   mine.decode = DecodeOptions{5, 4, 1, 2, 2};  // rows, tiles, ring, prefetch, min blocks
   mine.fused_grid_ctas = 3;
-  mine.mixed_tile = 256;
+  mine.mixed_tile = 128;
   ASSERT_TRUE(resolve(mine, &out).is_ok());
-  EXPECT_EQ(out.mixed_tile, 256);
+  EXPECT_EQ(out.mixed_tile, 128);
   EXPECT_EQ(out.tune_file, "mine.json");
   EXPECT_EQ(out.gemm, "cutlass");
   EXPECT_EQ(out.dispatch, "generic");
@@ -162,8 +162,8 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
         Case{"QMOE_DISPATCH", "decode/3", "decode/cc or fused"},
-        Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64, 128 or 256"},
-        Case{"QMOE_MIXED_TILE", "-32", "32, 64, 128 or 256"}}) {
+        Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
+        Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"}}) {
     EnvOverride o(c.var, c.value);
     PrepareOptions out;
     out.decode.rows = 77;  // untouched on error

@@ -95,10 +95,8 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e), 64);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 1024 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e - 1, e), 128);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedWideRoutes * e, e), 256);  // 4096 tokens
-  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes &&
-                    cuda::kMixedMidRoutes < cuda::kMixedWideRoutes,
+  EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens
+  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes,
                 "the tiles grow with the routes per expert");
 }
 

@@ -136,14 +136,13 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
   }
 }
 
-// The narrow (32-row), middle (64-row), 128-row and wide (256-row) tile, each forced, on the kinds
-// that have them (bf16), and the automatic choice on each side of its thresholds; f16 has only the
-// 128-row tile, which a forced choice of another falls back to. 100 tokens x 4 routes over 16
-// experts average 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows; the
-// automatic choice takes the narrow tile at 60 tokens (15 rows on average), the middle one (the
-// 128-row one where there is none) at 100 and the wide one at 1100 (275 rows: ragged 256-row
-// tiles).
-TEST(GpuMixedLayer, NarrowAndWideTiles) {
+// The narrow (32-row), middle (64-row) and 128-row tile, each forced, on the kinds that have them
+// (bf16), and the automatic choice on each side of its thresholds; f16 has only the 128-row tile,
+// which a forced choice of another falls back to. 100 tokens x 4 routes over 16 experts average
+// 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows; the automatic choice
+// takes the narrow tile at 60 tokens (15 rows on average), the middle one (the 128-row one where
+// there is none) at 100 and the 128-row one at 333 and 1100 (275 rows: ragged 128-row tiles).
+TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kBF16));
@@ -151,31 +150,27 @@ TEST(GpuMixedLayer, NarrowAndWideTiles) {
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
-  EXPECT_TRUE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 256));
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 64));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kF16, 64));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 48));
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kUint8, DType::kF16, 128));
-  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kInt4, DType::kF16));
-  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kUint8, DType::kBF16));
-  EXPECT_FALSE(cuda::mixed_has_wide_tile(MixedCodes::kInt8, DType::kBF16));
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
       spec_of(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       int4_spec(DType::kF16, 256, 128, 16, 4, 128, DType::kF32)};
   for (const LayerSpec& s : specs) {
-    for (int tile : {32, 64, 128, 256}) {
+    for (int tile : {32, 64, 128}) {
       check_mixed_against_dequant(s, 100, tile);
       check_mixed_against_dequant(s, 333, tile);
     }
     check_mixed_against_dequant(s, 60);   // automatic: narrow where it exists
     check_mixed_against_dequant(s, 100);  // automatic: 64 rows, or 128
     check_mixed_against_dequant(s, 333);  // automatic: 128 rows
-    check_mixed_against_dequant(s, 1100);  // automatic: wide where it exists
+    check_mixed_against_dequant(s, 1100);  // automatic: 128 rows, ragged tiles
   }
-  // The narrow tile's output does not depend on the wide tile's existence: graph replay and
-  // poison as for the wide one.
+  // The narrow tile in graph replay, with the workspace poisoned.
   const uint64_t seed = fresh_seed();
   TestLayer tl;
   make_layer(specs[0], seed, &tl);

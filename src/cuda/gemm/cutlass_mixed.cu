@@ -190,7 +190,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");
   if (a.tile_n != 128 && !mixed_has_tile(a.codes_kind, a.dtype, a.tile_n)) {
-    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 / 64 / 256 where " +
+    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 / 64 where " +
                          mixed_codes_name(a.codes_kind) + " has that tile)");
   }
   if (mixed_codes_for(f, a.dtype, a.n, a.k, why) != a.codes_kind) return false;
@@ -217,7 +217,6 @@ bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n) {
 }
 
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype) { return mixed_has_tile(c, dtype, 32); }
-bool mixed_has_wide_tile(MixedCodes c, DType dtype) { return mixed_has_tile(c, dtype, 256); }
 
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count) {
   if (max_groups <= 0 || (dtype != DType::kBF16 && dtype != DType::kF16)) return 0;

@@ -92,7 +92,7 @@ struct MixedGemmArgs {
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
-  int tile_n = 128;  // the tile's rows: 128, or 32 / 64 / 256 where the kind has them (below)
+  int tile_n = 128;  // the tile's rows: 128, or 32 / 64 where the kind has them (below)
 };
 
 // Whether the instance list holds the kind's tile of tile_n rows for this activation dtype: every
@@ -101,8 +101,6 @@ bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n);
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kInt8,
 // kE4m3).
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
-// Whether the kind has the wide (256-row) tile for this activation dtype (bf16: kInt4).
-bool mixed_has_wide_tile(MixedCodes c, DType dtype);
 
 // The kind that runs an FC of this format, activation dtype and [n, k] shape, or kNone (with the
 // reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, bf16/f16

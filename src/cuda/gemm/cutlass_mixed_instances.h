@@ -1,6 +1,6 @@
 // The mixed-input instances behind cutlass_mixed.h, one translation unit per code kind, activation
-// dtype and tile (cutlass_mixed_<kind>_<dtype>[_n32|_n64|_n256].cu) so that each compiles once, in parallel,
-// and only they include CUTLASS. kBf16: bf16 activations, else f16; kTileN: the tile's rows.
+// dtype and tile (cutlass_mixed_<kind>_<dtype>[_n32|_n64].cu) so that each compiles once, in
+// parallel, and only they include CUTLASS. kBf16: bf16 activations, else f16; kTileN: the tile's rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,8 +24,8 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
 // narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only: each
 // instance costs 1-4 minutes of a 2-core CI build (docs/cuda-backend.md); the others (int8 with
-// zero points among them) run the 128-row tile at every size. The middle (64 rows) and wide
-// (256 rows) tiles exist for bf16 INT4.
+// zero points among them) run the 128-row tile at every size. The middle (64 rows) tile exists
+// for bf16 INT4.
 #define QMOE_MIXED_INSTANCES(X)     \
   X(MixedCodes::kInt4, true, 128)     \
   X(MixedCodes::kInt4, false, 128)    \
@@ -40,7 +40,6 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
   X(MixedCodes::kInt4, true, 32)      \
   X(MixedCodes::kInt8, true, 32)      \
   X(MixedCodes::kE4m3, true, 32)      \
-  X(MixedCodes::kInt4, true, 256)     \
   X(MixedCodes::kInt4, true, 64)
 
 #define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN)                                          \

@@ -109,7 +109,7 @@ struct ScaleAndZeroMainloop : Base {
 
 // The tile of an instance by its M (weight rows: 128, one m64 wgmma atom per consumer warpgroup,
 // or 256, two) and N (the group's rows): 128 x 128 x 64 with the grouped GEMM's epilogue here;
-// the others in cutlass_mixed_{narrow,mid,tall,wide}.cuh, each included only by its instances'
+// the others in cutlass_mixed_{narrow,mid,tall}.cuh, each included only by its instances'
 // translation units. Each epilogue is built outside any template (see
 // cutlass_grouped_kernel.cuh). Two atoms per warpgroup give each consumer warp two independent
 // conversion chains per k-block: the conversion's latency, not the wgmma, bounds one atom.

@@ -76,16 +76,17 @@ constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
 // The mixed-input GEMM's automatic tile choice (PrepareOptions::mixed_tile = 0, cutlass_mixed.h's
 // tiles, named by their N) takes the narrow tile while a call averages at most kMixedNarrowRoutes
-// routes per expert, the middle one up to kMixedMidRoutes, the 128-row one below
-// kMixedWideRoutes, the wide one from there. Measured on qwen3-30b-a3b INT4 (E 128, top 8),
-// generic path, tiles forced (bench/results/2026-12-02-h200-mid-tile.md), 32 / 64 / 128 rows:
-// 190.6 / - / - us at 12 routes per expert, 194.8 / - / 339.6 at 16, 221.5 / 232.7 / 342.9 at
-// 24, 276.2 / 242.8 / 347.4 at 32, - / 261.7 / 352.0 at 48, - / 353.4 / 367.9 at 64; wide /
-// 128-row (2026-12-02-h200-shuffle.md) 685 / 639 us at 128, 1062 / 1073 at 256, and
-// mixtral-8x7b INT4 at 1024 routes 5103 / 5777 us.
+// routes per expert, the middle one up to kMixedMidRoutes, the 128-row one (256 x 128 where the
+// kind has it) past that. Measured on qwen3-30b-a3b INT4 (E 128, top 8), generic path, tiles
+// forced (bench/results/2026-12-02-h200-mid-tile.md), 32 / 64 / 128 rows: 190.6 / - / - us at 12
+// routes per expert, 194.8 / - / 339.6 at 16, 221.5 / 232.7 / 342.9 at 24, 276.2 / 242.8 / 347.4
+// at 32, - / 261.7 / 352.0 at 48, - / 353.4 / 367.9 at 64. A 128 x 256 tile (each weight tile
+// converted once for 256 rows) lost to the 256 x 128 one from 128 routes per expert on
+// (bench/results/2026-12-03-h200-fused-ring.md, 256 / 128 rows): 601.9 / 500.0 us at 128 routes,
+// 658.1 / 672.1 at 192, 922.5 / 857.5 at 256, 1693.0 / 1565.5 at 512; mixtral-8x7b INT4 1676.5 /
+// 1396.5 us at 256 routes, 4984 / 4983 at 1024. It was deleted.
 constexpr int64_t kMixedNarrowRoutes = 24;
 constexpr int64_t kMixedMidRoutes = 64;
-constexpr int64_t kMixedWideRoutes = 256;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
 // (all E: a shard's held experts share the whole layer's average); the caller falls back to 128
@@ -93,7 +94,6 @@ constexpr int64_t kMixedWideRoutes = 256;
 constexpr int mixed_tile_for(int64_t routes, int64_t experts) {
   return routes <= kMixedNarrowRoutes * experts ? 32
          : routes <= kMixedMidRoutes * experts  ? 64
-         : routes >= kMixedWideRoutes * experts ? 256
                                                 : 128;
 }
 

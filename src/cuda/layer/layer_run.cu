@@ -215,9 +215,8 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.sched = sched;
     m.max_groups = max_groups(maps);
     // Few rows per expert: the narrow or middle tile, so the wgmma is not mostly padding
-    // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); many: the wide one, which converts each
-    // weight tile for twice the rows (cutlass_mixed_wide.cuh). The host knows the average,
-    // routes / E (dispatch.h).
+    // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); more: the 128-row one. The host knows
+    // the average, routes / E (dispatch.h).
     const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
     m.tile_n = mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
