@@ -5,8 +5,14 @@ Reads `cuobjdump -sass BINARY` output (a file or stdin) and, for each kernel who
 every --match string, finds the loops (a backward branch and its target) that hold an HGMMA, HMMA
 or IMMA instruction and contain no smaller such loop, and prints for each: its length in
 instructions, its tensor-core instructions, and the opcodes by count. Instructions per mma step
-is then the loop length over its mma count (issue budget, docs/cuda-backend.md). Runs wherever
-the toolkit's cuobjdump does; it reads text only.
+is then the loop length over its mma count (issue budget, docs/cuda-backend.md). A loop's static
+length counts its rarely run blocks too (a scale block's or a tile's end); "skipping" is the
+length of the path that takes every conditional forward branch inside the loop, which skips
+those blocks: in the decode kernels, the chunk whose scale block goes on, the common case. It
+reads low where a conditional block holds common work (decode/2's second column group, or the
+tail loops that test each chunk against the stream's end): take it from the whole-round loops.
+Runs wherever cuobjdump does (scripts/sass.sh fetches one where the toolkit has none); it reads
+text only.
 
     cuobjdump -sass build-gpu/tools/qmoe > sass.txt
     scripts/sass-loops.py sass.txt --match MixedInput --match 'ILi32E'
@@ -44,6 +50,23 @@ def kernels(lines):
         yield name, body
 
 
+def skipping(insns, index, labels, lo, hi):
+    """Instructions of insns[lo..hi] left when every predicated forward branch inside is taken."""
+    skipped = set()
+    for i in range(lo, hi + 1):
+        text = insns[i][1]
+        if not text.startswith("@") or opcode(text) != "BRA":
+            continue
+        t = TARGET.search(text)
+        if not t:
+            continue
+        dest = labels.get(t.group(1)) if t.group(1) else int(t.group(2), 16)
+        j = index.get(dest)
+        if j is not None and i < j <= hi:
+            skipped.update(range(i + 1, j))
+    return (hi - lo + 1) - len(skipped)
+
+
 def loops(body):
     insns, labels = [], {}
     pending = []
@@ -76,7 +99,7 @@ def loops(body):
         if any(o in MMA for o in ops):
             shapes = sorted({x.split()[0] if not x.startswith("@") else x.split()[1]
                              for _, x in insns[lo:hi + 1] if opcode(x) in MMA})
-            found.append((lo, hi, ops, shapes))
+            found.append((lo, hi, ops, shapes, skipping(insns, index, labels, lo, hi)))
     inner = [f for f in found
              if not any(g is not f and f[0] <= g[0] and g[1] <= f[1] for g in found)]
     return inner
@@ -96,11 +119,11 @@ def main():
             continue
         shown += 1
         print(f"kernel {name[:100]}{'...' if len(name) > 100 else ''}")
-        for lo, hi, ops, shapes in loops(body):
+        for lo, hi, ops, shapes, hot in loops(body):
             count = collections.Counter(ops)
             mma = sum(count[o] for o in MMA)
             print(f"  loop of {len(ops)} instructions, {mma} mma ({' '.join(shapes)}): "
-                  f"{len(ops) / mma:.1f} per mma; "
+                  f"{len(ops) / mma:.1f} per mma, {hot / mma:.1f} skipping; "
                   + ", ".join(f"{o} {n}" for o, n in count.most_common(a.top)))
     if shown == 0:
         print("no kernel matched", a.match, file=sys.stderr)
