@@ -3,8 +3,9 @@
 
 namespace qmoe::cuda::decode_detail {
 
-template Status launch_decode_bits<8>(const DecodeFcArgs&, const DecodeGeometry&, size_t, int,
-                                      cudaStream_t);
-template Status prepare_decode_bits<8>();
+constexpr int kIntCodes = static_cast<int>(MmaCodes::kInt);
+template Status launch_decode_kind<8, kIntCodes>(const DecodeFcArgs&, const DecodeGeometry&, size_t,
+                                                 int, cudaStream_t);
+template Status prepare_decode_kind<8, kIntCodes>();
 
 }  // namespace qmoe::cuda::decode_detail

@@ -68,11 +68,12 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   return items <= 8192 ? 4 : 8;
 }
 
-// Blocks of the kernel one sm_90 multiprocessor holds by shared memory (228 KB, 1 KB reserved
-// per block, the static reduction buffer of 2 or 4 KB), at most its register bound.
+// Blocks of the kernel one sm_90 multiprocessor holds by shared memory (the reserved share of
+// each block and the static reduction buffer of 2 or 4 KB included), at most its register bound.
 int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
-  const size_t per_block = decode_smem_bytes(g, zero_points) + 1024 + (g.mc == 2 ? 4096 : 2048);
-  return std::min(decode_min_blocks(g.mc), static_cast<int>(228 * 1024 / per_block));
+  const size_t per_block =
+      decode_smem_bytes(g, zero_points) + kSm90SmemReservedPerBlock + (g.mc == 2 ? 4096 : 2048);
+  return std::min(decode_min_blocks(g.mc), static_cast<int>(kSm90SmemPerSm / per_block));
 }
 
 // The weight ring goes to shared memory when a warp's stream of 16-byte chunks is long
@@ -225,13 +226,19 @@ bool decode_fits(const MmaPackShape& s, bool zero_points) {
   return decode_smem_bytes(geometry(s), zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
 }
 
+constexpr int kIntCodes = static_cast<int>(MmaCodes::kInt);
+constexpr int kNvFp4Codes = static_cast<int>(MmaCodes::kNvFp4);
+constexpr int kMxFp4Codes = static_cast<int>(MmaCodes::kMxFp4);
+constexpr int kFp8Codes = static_cast<int>(MmaCodes::kFp8);
+
 Status prepare_decode_kernels() {
-  QMOE_RETURN_IF_ERROR(prepare_decode_bits<2>());
-  QMOE_RETURN_IF_ERROR(prepare_decode_bits<3>());
-  QMOE_RETURN_IF_ERROR(prepare_decode_bits<4>());
-  QMOE_RETURN_IF_ERROR(prepare_decode_fp4());
-  QMOE_RETURN_IF_ERROR(prepare_decode_fp8());
-  return prepare_decode_bits<8>();
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<2, kIntCodes>()));
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<3, kIntCodes>()));
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<4, kIntCodes>()));
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<8, kIntCodes>()));
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<4, kNvFp4Codes>()));
+  QMOE_RETURN_IF_ERROR((prepare_decode_kind<4, kMxFp4Codes>()));
+  return prepare_decode_kind<8, kFp8Codes>();
 }
 
 Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
@@ -276,17 +283,25 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
     }
   }
   const size_t smem = decode_smem_bytes(geo, zp);
-  if (a.shape.codes == MmaCodes::kFp8) return launch_decode_fp8(a, geo, smem, route_groups, stream);
-  if (a.shape.codes != MmaCodes::kInt) return launch_decode_fp4(a, geo, smem, route_groups, stream);
+  switch (a.shape.codes) {  // the runtime kind and width to the kernel's template arguments
+    case MmaCodes::kFp8:
+      return launch_decode_kind<8, kFp8Codes>(a, geo, smem, route_groups, stream);
+    case MmaCodes::kNvFp4:
+      return launch_decode_kind<4, kNvFp4Codes>(a, geo, smem, route_groups, stream);
+    case MmaCodes::kMxFp4:
+      return launch_decode_kind<4, kMxFp4Codes>(a, geo, smem, route_groups, stream);
+    default:
+      break;
+  }
   switch (a.shape.bits) {
     case 2:
-      return launch_decode_bits<2>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<2, kIntCodes>(a, geo, smem, route_groups, stream);
     case 3:
-      return launch_decode_bits<3>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<3, kIntCodes>(a, geo, smem, route_groups, stream);
     case 4:
-      return launch_decode_bits<4>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<4, kIntCodes>(a, geo, smem, route_groups, stream);
     case 8:
-      return launch_decode_bits<8>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<8, kIntCodes>(a, geo, smem, route_groups, stream);
     default:
       return Status::invalid("decode: bits must be 2, 3, 4 or 8, got " +
                              std::to_string(a.shape.bits));

@@ -21,6 +21,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <string>
+#include <type_traits>
+
 #include "core/formats/codec.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
@@ -672,88 +675,92 @@ Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
   return Status::ok();
 }
 
-// The scale-block variants a width has: 16-byte chunks of int2 hold 8 K steps (blocks of 1, 2 or
-// 4 steps inside one), int4 4 steps (1 or 2), int8 2 steps (1); int3 chunks of 5 steps never
-// align with power-of-two blocks.
-template <int kBits>
+// The scale-block variants (kSpb) a kind of codes has: 16-byte chunks of int2 hold 8 K steps
+// (blocks of 1, 2 or 4 steps inside one), int4 4 steps (1 or 2), int8 2 steps (1); int3 chunks of
+// 5 steps never align with power-of-two blocks; NVFP4 has one fp32 block over K, MXFP4 blocks of
+// two K steps, FP8 blocks of whole chunks (or one per row).
+template <int kBits, int kCode>
 constexpr bool has_spb(int spb) {
-  if (kBits == 3) return spb == -1;
-  return spb == 0 || (spb > 0 && spb < 16 / kBits);
-}
-
-template <int kBits, bool kBf16, int kMC>
-Status launch_spb(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
-                  cudaStream_t stream) {
-  if constexpr (kBits == 3) {
-    return launch_one<kBits, kBf16, kMC, -1>(a, geo, smem, stream);
+  if constexpr (kCode == static_cast<int>(MmaCodes::kMxFp4)) {
+    return spb == 2;
+  } else if constexpr (kCode != static_cast<int>(MmaCodes::kInt)) {
+    return spb == 0;
+  } else if constexpr (kBits == 3) {
+    return spb == -1;
   } else {
-    switch (geo.spb) {
-      case 0:
-        return launch_one<kBits, kBf16, kMC, 0>(a, geo, smem, stream);
-      case 1:
-        return launch_one<kBits, kBf16, kMC, 1>(a, geo, smem, stream);
-      case 2:
-        if constexpr (has_spb<kBits>(2))
-          return launch_one<kBits, kBf16, kMC, 2>(a, geo, smem, stream);
-        break;
-      case 4:
-        if constexpr (has_spb<kBits>(4))
-          return launch_one<kBits, kBf16, kMC, 4>(a, geo, smem, stream);
-        break;
-      default:
-        break;
-    }
-    return Status::internal("decode: no kernel for " + std::to_string(geo.spb) +
-                            " steps per scale block at " + std::to_string(kBits) + " bits");
+    return spb == 0 || (spb > 0 && spb < 16 / kBits);
   }
 }
 
-template <int kBits>
-Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
+// The instantiation list of one kind of codes: f(bf16, column groups, kSpb) as integral constants,
+// for both activation dtypes, column groups 0, 1 and 2 and the kind's scale-block variants, in
+// order, stopping at the first error. The launch switch and the shared-memory opt-in both walk
+// it, so that every kernel launched was opted in.
+template <int kBits, int kCode, typename F>
+Status for_each_kernel(F&& f) {
+  Status st = Status::ok();
+  auto each_spb = [&](auto bf16, auto mc) {
+    auto one = [&](auto spb) {
+      if constexpr (has_spb<kBits, kCode>(decltype(spb)::value)) {
+        if (st.is_ok()) st = f(bf16, mc, spb);
+      }
+    };
+    one(std::integral_constant<int, -1>{});
+    one(std::integral_constant<int, 0>{});
+    one(std::integral_constant<int, 1>{});
+    one(std::integral_constant<int, 2>{});
+    one(std::integral_constant<int, 4>{});
+  };
+  auto each_mc = [&](auto bf16) {
+    each_spb(bf16, std::integral_constant<int, 0>{});
+    each_spb(bf16, std::integral_constant<int, 1>{});
+    each_spb(bf16, std::integral_constant<int, 2>{});
+  };
+  each_mc(std::true_type{});
+  each_mc(std::false_type{});
+  return st;
+}
+
+// The launch of the kind's kernel for the call's dtype, column groups (route_groups) and, for
+// integer codes, the geometry's scale-block variant (the other kinds have one each).
+template <int kBits, int kCode>
+Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                           int route_groups, cudaStream_t stream) {
+  constexpr bool kInt = kCode == static_cast<int>(MmaCodes::kInt);
   const bool bf16 = a.dtype == DType::kBF16;
-  if (route_groups == 0) {
-    return bf16 ? launch_spb<kBits, true, 0>(a, geo, smem, stream)
-                : launch_spb<kBits, false, 0>(a, geo, smem, stream);
-  }
-  if (route_groups == 1) {
-    return bf16 ? launch_spb<kBits, true, 1>(a, geo, smem, stream)
-                : launch_spb<kBits, false, 1>(a, geo, smem, stream);
-  }
-  return bf16 ? launch_spb<kBits, true, 2>(a, geo, smem, stream)
-              : launch_spb<kBits, false, 2>(a, geo, smem, stream);
-}
-
-template <int kBits, bool kBf16, int kMC, int kSpb, int kCode = 0>
-Status opt_in() {
-  if constexpr (kCode != 0 || has_spb<kBits>(kSpb)) {
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, false, kCode>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kMaxDynamicSmem));
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kBf16, kMC, kSpb, true, kCode>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kMaxDynamicSmem));
+  bool launched = false;
+  const Status st = for_each_kernel<kBits, kCode>([&](auto b, auto mc, auto spb) -> Status {
+    if (launched || b.value != bf16 || mc.value != route_groups || (kInt && spb.value != geo.spb)) {
+      return Status::ok();
+    }
+    launched = true;
+    return launch_one<kBits, decltype(b)::value, decltype(mc)::value, decltype(spb)::value, kCode>(
+        a, geo, smem, stream);
+  });
+  QMOE_RETURN_IF_ERROR(st);
+  if (!launched) {
+    return Status::internal("decode: no kernel for " + std::to_string(kBits) + "-bit codes (kind " +
+                            std::to_string(kCode) + "), " + std::to_string(route_groups) +
+                            " column groups, " + std::to_string(geo.spb) +
+                            " steps per scale block");
   }
   return Status::ok();
 }
 
-template <int kBits, bool kBf16, int kMC>
-Status opt_in_all_spb() {
-  QMOE_RETURN_IF_ERROR((opt_in<kBits, kBf16, kMC, -1>()));
-  QMOE_RETURN_IF_ERROR((opt_in<kBits, kBf16, kMC, 0>()));
-  QMOE_RETURN_IF_ERROR((opt_in<kBits, kBf16, kMC, 1>()));
-  QMOE_RETURN_IF_ERROR((opt_in<kBits, kBf16, kMC, 2>()));
-  return opt_in<kBits, kBf16, kMC, 4>();
-}
-
-template <int kBits>
-Status prepare_decode_bits() {
-  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 0>()));
-  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, false, 0>()));
-  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 1>()));
-  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, true, 2>()));
-  QMOE_RETURN_IF_ERROR((opt_in_all_spb<kBits, false, 1>()));
-  return opt_in_all_spb<kBits, false, 2>();
+// Once per device, outside capture: every kernel of the kind may take kMaxDynamicSmem.
+template <int kBits, int kCode>
+Status prepare_decode_kind() {
+  return for_each_kernel<kBits, kCode>([](auto b, auto mc, auto spb) -> Status {
+    constexpr bool kB = decltype(b)::value;
+    constexpr int kMC = decltype(mc)::value, kSpb = decltype(spb)::value;
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kMC, kSpb, false, kCode>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kMaxDynamicSmem));
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kMC, kSpb, true, kCode>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kMaxDynamicSmem));
+    return Status::ok();
+  });
 }
 
 }  // namespace qmoe::cuda::decode_detail

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "cuda/common/sm90.h"
 #include "cuda/decode/decode_gemv.h"
 #include "qmoe/status.h"
 
@@ -69,21 +70,18 @@ inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
          mult + static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
 }
 
-// The opt-in shared memory of sm_90 (227 KiB) less the kernel's static reduction buffer.
-constexpr int kMaxDynamicSmem = 227 * 1024 - 8 * 1024;  // static: red, at most 4 KiB
+// The opt-in shared memory of sm_90 less room for the kernel's static reduction buffer (at most
+// 4 KiB).
+constexpr int kMaxDynamicSmem = static_cast<int>(kSm90SmemPerBlockOptin) - 8 * 1024;
 
-template <int kBits>
-Status launch_decode_bits(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
+// The decode kernel of one kind of codes (kBits, kCode = MmaCodes): its launch for a call, and
+// its shared-memory opt-in (once per device), both from one instantiation list
+// (decode_kernel.cuh's for_each_kernel). Instantiated by decode_b2.cu, decode_b3.cu,
+// decode_b4.cu, decode_b8.cu (integer codes), decode_fp4.cu (NVFP4, MXFP4) and decode_fp8.cu.
+template <int kBits, int kCode>
+Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
                           int route_groups, cudaStream_t stream);
-template <int kBits>
-Status prepare_decode_bits();
-// NVFP4 and MXFP4 (decode_fp4.cu).
-Status launch_decode_fp4(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
-                         int route_groups, cudaStream_t stream);
-Status prepare_decode_fp4();
-// fp8 and fp8_block (decode_fp8.cu).
-Status launch_decode_fp8(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
-                         int route_groups, cudaStream_t stream);
-Status prepare_decode_fp8();
+template <int kBits, int kCode>
+Status prepare_decode_kind();
 
 }  // namespace qmoe::cuda::decode_detail

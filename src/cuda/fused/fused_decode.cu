@@ -44,10 +44,7 @@ const void* kernel_for(int bits, bool bf16, int spb) {
   }
 }
 
-// Two CTAs per multiprocessor: the dynamic shared memory of each. A multiprocessor has 228 KiB;
-// each CTA also has its static Maps (11280 bytes, ptxas -v) and 1 KiB reserved, which leaves
-// 104432 bytes each.
-constexpr size_t kSmemBudget = 100 * 1024;
+constexpr size_t kSmemBudget = kFusedSmemBudget;
 
 FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   const MmaPackShape& s1 = sh.fc1;

@@ -116,7 +116,8 @@ struct FusedGeometry {
   int nbp1 = 1, cpb1 = 1;  // FC1: scale blocks per row (whole K), chunks per block
   int nbs2 = 1, cpb2 = 1;  // FC2: scale blocks per row of a slice, chunks per block
   int off_xs = 0, off_zrow = 0, off_acts = 0, off_sc1 = 0, off_zs1 = 0, off_sc2 = 0, off_zs2 = 0;
-  int ring = 0;  // weight-ring slots per warp (what the budget leaves, kRingMinSlots..kRingMaxSlots)
+  // Weight-ring slots per warp: what the budget leaves, kRingMinSlots..kRingMaxSlots.
+  int ring = 0;
   int off_ring = 0, off_bars = 0;
   size_t smem = 0;
   int spb = 0;  // steps per scale block when blocks are shorter than a chunk, else 0

@@ -50,7 +50,7 @@ using decode_detail::Windows;
 using routing_detail::route_token_warp;
 
 constexpr int kThreads = kFusedWarps * 32;
-constexpr int kCols = 2;       // mma column groups: up to 16 routes per expert
+constexpr int kCols = 2;  // mma column groups: up to 16 routes per expert
 
 // The call's routing, in every CTA's shared memory.
 struct Maps {
@@ -62,6 +62,10 @@ struct Maps {
   int32_t perm[kFusedMaxRoutes];  // expert-major, tokens ascending: route ids
   int32_t n_touched;
 };
+
+// Two CTAs per multiprocessor: their dynamic budget, their maps and the reserved share.
+static_assert(2 * (kFusedSmemBudget + sizeof(Maps) + kSm90SmemReservedPerBlock) <= kSm90SmemPerSm,
+              "two fused CTAs must fit a multiprocessor's shared memory");
 
 // Whether router expert e is held here (local experts: [first_expert, first_expert + L)).
 __device__ __forceinline__ bool holds_expert(const FusedDecodeArgs& a, int e) {
@@ -538,7 +542,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The warp's ring and its barriers (only this warp uses them).
   WarpRing ring;
   ring.n = geo.ring;
-  ring.slots = smem_addr(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
+  ring.slots =
+      smem_addr(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
   ring.bars = smem_addr(smem + geo.off_bars) + 8u * static_cast<uint32_t>(warp * geo.ring);
   if (lane == 0) {
     for (int i = 0; i < ring.n; ++i) mbarrier_init1(ring.bars + 8u * i);
@@ -602,8 +607,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int i = base + u * kThreads;
           if (i >= n) continue;
           const int r = i / pieces, p = i - r * pieces;
-          if (s == 0 && a.error != nullptr &&
-              nonfinite16x8(v[u], kBf16)) {
+          if (s == 0 && a.error != nullptr && nonfinite16x8(v[u], kBf16)) {
             atomicOr(a.error, kErrorInput);
             atomicMin(a.error + 1, tok[u]);
           }
@@ -637,8 +641,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     lane_rows(xs, geo.ld1, cnt, zrow, g, x1);
     const int nch = (cnt + 7) / 8;
     warp_stream<kBits, kBf16, kSpb>(
-        ring, feed, m1 + warp, m1, 0, static_cast<int>(s1.chunks), sc1, zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
-        [&](int tile, const float(&acc)[kCols][4]) {
+        ring, feed, m1 + warp, m1, 0, static_cast<int>(s1.chunks), sc1, zp1 ? zs1 : nullptr,
+        geo.nbp1, geo.cpb1, x1, nch, [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
           for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {

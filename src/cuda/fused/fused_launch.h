@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/sm90.h"
 #include "cuda/fused/fused_decode.h"
 #include "cuda/routing/device_routing.h"
 
@@ -16,6 +17,10 @@ constexpr int kFusedMaxRoutes = kFusedDecodeMaxTokens * kFusedMaxSlots;
 constexpr int kFusedMaxUnits = 256;
 // Work items a call aims for (independent of the device, so that a call's bits are too).
 constexpr int kFusedTargetItems = 256;
+// Two CTAs per multiprocessor: the dynamic shared memory each may use. Each also has its static
+// routing maps (11280 bytes; fused_decode_kernel.cuh asserts that two CTAs fit) and the reserved
+// share, which leaves 104432 bytes of the multiprocessor's 228 KiB each.
+constexpr size_t kFusedSmemBudget = 100 * 1024;
 // A warp's weight ring (fused_decode_kernel.cuh's WarpRing): slots of one 512-byte chunk (16 bytes
 // per lane), as many as the shared-memory budget leaves after the staging, within these bounds:
 // 16 slots of 8 warps and two CTAs per SM keep 128 KiB of weights in flight per multiprocessor

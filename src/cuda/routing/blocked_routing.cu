@@ -23,6 +23,7 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/sm90.h"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -137,7 +138,7 @@ Status launch_blocked_routing(const DeviceRoutingArgs& args, void* temp, size_t 
       static_cast<size_t>(kBlockTokens) * routing_warp_floats(num_e, slots) * sizeof(float);
   QMOE_RETURN_IF_ERROR(with_routing_method(args.routing.method, [&](auto method) -> Status {
     auto* kernel = &blocked_route_kernel<decltype(method)::value>;
-    if (smem + kFusedMaxExperts * sizeof(uint32_t) > 48 * 1024) {
+    if (smem + kFusedMaxExperts * sizeof(uint32_t) > kSm90SmemDefaultPerBlock) {
       QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
     kernel<<<static_cast<unsigned>(l.blocks), kRouteThreads, smem, stream>>>(token_routing(args),

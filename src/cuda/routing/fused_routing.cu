@@ -11,6 +11,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/sm90.h"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -163,9 +164,9 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
     static const size_t static_bytes = [kernel] {
       cudaFuncAttributes fa{};
       return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess ? fa.sharedSizeBytes
-                                                               : size_t{48 * 1024};
+                                                               : kSm90SmemDefaultPerBlock;
     }();
-    if (smem + static_bytes > 48 * 1024) {
+    if (smem + static_bytes > kSm90SmemDefaultPerBlock) {
       QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
     const RouteMapsView& m = args.maps;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/sm90.h"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -24,7 +25,7 @@ namespace {
 // Warps per routing block: as many as fit the default 48 KiB of shared memory (2 E floats each,
 // at most 8); from E = 6145 on a single warp needs the opt-in (at most 128 KiB at E = 16384).
 constexpr int kMaxWarpsPerBlock = 8;
-constexpr size_t kDefaultSmem = 48 * 1024;
+constexpr size_t kDefaultSmem = kSm90SmemDefaultPerBlock;
 constexpr int kScatterThreads = 256;
 
 // Key bits the radix sort needs for ids in [0, experts).
