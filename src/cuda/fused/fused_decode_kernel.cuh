@@ -264,7 +264,7 @@ __device__ __forceinline__ ChunkFeed begin_stream(const WarpRing& r, const uint3
 // One warp's stream over an FC's tiles, read from its ring (begin_stream opened it). For each
 // finished tile, done(tile, acc) gets the sums in the mma's C layout (acc[ch]: rows g, g + 8 of
 // columns 8 ch + 2 t, + 1).
-//   tiles first, first + kFusedWarps, ... below tile_end; chunks [c0, c0 + nc) of each.
+//   the feed's tiles (first, first + kFusedWarps, ...), chunks [c0, c0 + nc) of each.
 //   sc/zs: the scales staged for tile index tile - tile_base, nbs blocks per row, the first for
 //   chunk c0. x[ch]: lane's B row of column group ch at chunk c0 (+ 4 t added here); nch: the
 //   groups with routes.
