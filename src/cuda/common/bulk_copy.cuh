@@ -5,8 +5,8 @@
 // (arrive_expect_tx: one arrival plus the transaction count); the copy engine counts them down as
 // they land, and the barrier's phase flips once both are complete. A reader waits for the phase
 // it expects (0, 1, 0, ... for the 1st, 2nd, 3rd use of the barrier), then reads the bytes with
-// ordinary loads. Addresses are 32-bit shared-memory addresses (smem_addr); copies move multiples
-// of 16 bytes between 16-byte aligned addresses.
+// ordinary loads. Addresses are 32-bit shared-memory addresses (decode_common.cuh's smem_u32);
+// copies move multiples of 16 bytes between 16-byte aligned addresses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,10 +14,6 @@
 #include <cstdint>
 
 namespace qmoe::cuda {
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // A barrier that completes a phase after one arrival (and its announced bytes).
 __device__ __forceinline__ void mbarrier_init1(uint32_t bar) {

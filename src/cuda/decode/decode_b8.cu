@@ -3,7 +3,6 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kIntCodes = static_cast<int>(MmaCodes::kInt);
 template Status launch_decode_kind<8, kIntCodes>(const DecodeFcArgs&, const DecodeGeometry&, size_t,
                                                  int, cudaStream_t);
 template Status prepare_decode_kind<8, kIntCodes>();

@@ -5,8 +5,6 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kNvFp4Codes = static_cast<int>(MmaCodes::kNvFp4);
-constexpr int kMxFp4Codes = static_cast<int>(MmaCodes::kMxFp4);
 template Status launch_decode_kind<4, kNvFp4Codes>(const DecodeFcArgs&, const DecodeGeometry&,
                                                    size_t, int, cudaStream_t);
 template Status prepare_decode_kind<4, kNvFp4Codes>();

@@ -5,7 +5,6 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kFp8Codes = static_cast<int>(MmaCodes::kFp8);
 template Status launch_decode_kind<8, kFp8Codes>(const DecodeFcArgs&, const DecodeGeometry&, size_t,
                                                  int, cudaStream_t);
 template Status prepare_decode_kind<8, kFp8Codes>();

@@ -226,11 +226,6 @@ bool decode_fits(const MmaPackShape& s, bool zero_points) {
   return decode_smem_bytes(geometry(s), zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
 }
 
-constexpr int kIntCodes = static_cast<int>(MmaCodes::kInt);
-constexpr int kNvFp4Codes = static_cast<int>(MmaCodes::kNvFp4);
-constexpr int kMxFp4Codes = static_cast<int>(MmaCodes::kMxFp4);
-constexpr int kFp8Codes = static_cast<int>(MmaCodes::kFp8);
-
 Status prepare_decode_kernels() {
   QMOE_RETURN_IF_ERROR((prepare_decode_kind<2, kIntCodes>()));
   QMOE_RETURN_IF_ERROR((prepare_decode_kind<3, kIntCodes>()));

@@ -78,6 +78,10 @@ constexpr int kMaxDynamicSmem = static_cast<int>(kSm90SmemPerBlockOptin) - 8 * 1
 // its shared-memory opt-in (once per device), both from one instantiation list
 // (decode_kernel.cuh's for_each_kernel). Instantiated by decode_b2.cu, decode_b3.cu,
 // decode_b4.cu, decode_b8.cu (integer codes), decode_fp4.cu (NVFP4, MXFP4) and decode_fp8.cu.
+constexpr int kIntCodes = static_cast<int>(MmaCodes::kInt);
+constexpr int kNvFp4Codes = static_cast<int>(MmaCodes::kNvFp4);
+constexpr int kMxFp4Codes = static_cast<int>(MmaCodes::kMxFp4);
+constexpr int kFp8Codes = static_cast<int>(MmaCodes::kFp8);
 template <int kBits, int kCode>
 Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
                           int route_groups, cudaStream_t stream);

@@ -44,8 +44,6 @@ const void* kernel_for(int bits, bool bf16, int spb) {
   }
 }
 
-constexpr size_t kSmemBudget = kFusedSmemBudget;
-
 FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   const MmaPackShape& s1 = sh.fc1;
   const MmaPackShape& s2 = sh.fc2;
@@ -84,7 +82,7 @@ FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   // The weight rings take what the budget leaves (at least kRingMinSlots per warp, so that a
   // geometry over the budget stays over it and is refused).
   const size_t per_slot = static_cast<size_t>(kFusedWarps) * (kChunkBytes + 8);
-  const size_t room = kSmemBudget > off + 16 ? (kSmemBudget - off - 16) / per_slot : 0;
+  const size_t room = kFusedSmemBudget > off + 16 ? (kFusedSmemBudget - off - 16) / per_slot : 0;
   g.ring = static_cast<int>(std::clamp<size_t>(room, kRingMinSlots, kRingMaxSlots));
   g.off_ring = take(static_cast<size_t>(kFusedWarps) * g.ring * kChunkBytes);
   g.off_bars = take(static_cast<size_t>(kFusedWarps) * g.ring * 8);
@@ -112,7 +110,7 @@ bool fused_decode_supports(const FusedShape& sh, DType act_dtype) {
   if (sh.experts > kFusedMaxExperts || sh.slots > kFusedMaxSlots || sh.slots < 1) return false;
   if (sh.hidden % 8 != 0 || s2.n != sh.hidden || s2.k != sh.inter) return false;
   if (!pow2(chunk_k(s2)) || chunk_k(s2) > kFusedMaxUnits) return false;
-  return fused_geometry(sh, kFusedDecodeMaxTokens, chunk_k(s2)).smem <= kSmemBudget;
+  return fused_geometry(sh, kFusedDecodeMaxTokens, chunk_k(s2)).smem <= kFusedSmemBudget;
 }
 
 int fused_decode_units(const FusedShape& sh, int tokens) {
@@ -125,7 +123,7 @@ int fused_decode_units(const FusedShape& sh, int tokens) {
   int u = ck;
   while (2 * u <= kFusedMaxUnits && 2 * u <= kmax &&
          touched * ((sh.inter + 2 * u - 1) / (2 * u)) >= kFusedTargetItems &&
-         fused_geometry(sh, tokens, 2 * u).smem <= kSmemBudget) {
+         fused_geometry(sh, tokens, 2 * u).smem <= kFusedSmemBudget) {
     u *= 2;
   }
   return u;
@@ -145,7 +143,7 @@ Status prepare_fused_decode() {
         const void* k = kernel_for(bits, bf16, spb);
         if (k == nullptr) continue;
         QMOE_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kSmemBudget)));
+                                           static_cast<int>(kFusedSmemBudget)));
       }
     }
   }
@@ -162,7 +160,7 @@ Status plan_fused_decode(const FusedShape& sh, DType act_dtype, int tokens, int 
   FusedLaunch p;
   p.geo = fused_geometry(sh, tokens, fused_decode_units(sh, tokens));
   p.kernel = kernel_for(sh.fc1.bits, act_dtype == DType::kBF16, p.geo.spb);
-  if (p.kernel == nullptr || p.geo.smem > kSmemBudget) {
+  if (p.kernel == nullptr || p.geo.smem > kFusedSmemBudget) {
     return Status::invalid("fused decode: no kernel for this layer (fused_decode_supports)");
   }
   int device = 0, sms = 0, per_sm = 0;

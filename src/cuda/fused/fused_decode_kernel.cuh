@@ -43,6 +43,7 @@ using decode_detail::kUsesWindows;
 using decode_detail::mma16816;
 using decode_detail::pair_of;
 using decode_detail::prefetch_l2;
+using decode_detail::smem_u32;
 using decode_detail::window_base;
 using decode_detail::window_pair;
 using decode_detail::window_positions;
@@ -542,9 +543,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The warp's ring and its barriers (only this warp uses them).
   WarpRing ring;
   ring.n = geo.ring;
-  ring.slots =
-      smem_addr(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
-  ring.bars = smem_addr(smem + geo.off_bars) + 8u * static_cast<uint32_t>(warp * geo.ring);
+  ring.slots = smem_u32(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
+  ring.bars = smem_u32(smem + geo.off_bars) + 8u * static_cast<uint32_t>(warp * geo.ring);
   if (lane == 0) {
     for (int i = 0; i < ring.n; ++i) mbarrier_init1(ring.bars + 8u * i);
     mbarrier_init_fence();
