@@ -222,7 +222,8 @@ struct WarpRing {
 // copy, into slot tail.
 struct ChunkFeed {
   const uint32_t* p = nullptr;
-  int64_t jump = 0;  // words from a tile's last chunk to the next tile's first
+  int64_t jump = 0;       // words from a tile's last chunk to the next tile's first
+  int first = 0, c0 = 0;  // the stream's first tile, and its chunks' first in each tile
   int nc = 0, left = 0;
   int total = 0, issued = 0;
   int tail = 0;
@@ -255,6 +256,8 @@ __device__ __forceinline__ ChunkFeed begin_stream(const WarpRing& r, const uint3
   f.total = ntiles * nc;
   f.p = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128;
   f.jump = (static_cast<int64_t>(kFusedWarps) * chunks - nc) * 128;
+  f.first = first;
+  f.c0 = c0;
   f.nc = f.left = nc;
   f.tail = r.head;
   const int n0 = min(r.n, f.total);
@@ -270,9 +273,8 @@ __device__ __forceinline__ ChunkFeed begin_stream(const WarpRing& r, const uint3
 //   chunk c0. x[ch]: lane's B row of column group ch at chunk c0 (+ 4 t added here); nch: the
 //   groups with routes.
 template <int kBits, bool kBf16, int kSpb, typename Done>
-__device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int first,
-                                            int tile_base, int c0, int nc, const float* sc,
-                                            const float* zs, int nbs, int cpb,
+__device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int tile_base,
+                                            const float* sc, const float* zs, int nbs, int cpb,
                                             const uint16_t* const x[kCols], int nch,
                                             const Done& done) {
   constexpr int kSteps = 16 / kBits;
@@ -281,6 +283,7 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
   const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
   const int total = feed.total;
   if (total == 0) return;
+  const int first = feed.first, c0 = feed.c0, nc = feed.nc;
 
   const bool has_zp = zs != nullptr;
   constexpr int kNPos = window_positions<kBits, kBf16>();
@@ -641,8 +644,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     lane_rows(xs, geo.ld1, cnt, zrow, g, x1);
     const int nch = (cnt + 7) / 8;
     warp_stream<kBits, kBf16, kSpb>(
-        ring, feed, m1 + warp, m1, 0, static_cast<int>(s1.chunks), sc1, zp1 ? zs1 : nullptr,
-        geo.nbp1, geo.cpb1, x1, nch, [&](int tile, const float(&acc)[kCols][4]) {
+        ring, feed, m1, sc1, zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
+        [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
           for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
@@ -681,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     lane_rows(acts, geo.lda, cnt, zrow, g, x2);
     float* part = a.partial + static_cast<int64_t>(s) * routes * a.hidden;
     warp_stream<kBits, kBf16, kSpb>(
-        ring, feed, warp, 0, c2, nc2, sc2, zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
+        ring, feed, 0, sc2, zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
         [&](int tile, const float(&acc)[kCols][4]) {
           const int64_t lr0 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g);
           const int64_t lr1 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
