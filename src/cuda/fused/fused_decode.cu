@@ -81,11 +81,11 @@ FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   g.off_zs2 = take(sh.zp2 ? static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4 : 0);
   // The weight rings take what the budget leaves (at least kRingMinSlots per warp, so that a
   // geometry over the budget stays over it and is refused).
-  const size_t per_slot = static_cast<size_t>(kFusedWarps) * (kChunkBytes + 8);
+  const size_t per_slot = static_cast<size_t>(kFusedWarps) * (kChunkBytes + kBarrierBytes);
   const size_t room = kFusedSmemBudget > off + 16 ? (kFusedSmemBudget - off - 16) / per_slot : 0;
   g.ring = static_cast<int>(std::clamp<size_t>(room, kRingMinSlots, kRingMaxSlots));
   g.off_ring = take(static_cast<size_t>(kFusedWarps) * g.ring * kChunkBytes);
-  g.off_bars = take(static_cast<size_t>(kFusedWarps) * g.ring * 8);
+  g.off_bars = take(static_cast<size_t>(kFusedWarps) * g.ring * kBarrierBytes);
   g.smem = off;
   return g;
 }

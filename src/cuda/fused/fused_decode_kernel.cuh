@@ -232,7 +232,7 @@ struct ChunkFeed {
 // Lane 0 copies the feed's next chunk into slot tail; every lane moves the feed on.
 __device__ __forceinline__ void feed_next(const WarpRing& r, ChunkFeed& f, int lane) {
   if (lane == 0) {
-    const uint32_t bar = r.bars + 8u * static_cast<uint32_t>(f.tail);
+    const uint32_t bar = r.bars + kBarrierBytes * static_cast<uint32_t>(f.tail);
     mbarrier_arrive_expect_tx(bar, kChunkBytes);
     bulk_copy_g2s(r.slots + kChunkBytes * static_cast<uint32_t>(f.tail), f.p, kChunkBytes, bar);
   }
@@ -406,7 +406,7 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
   // done, the slot takes chunk j + n.
   for (int j = 0; j < total; ++j) {
     const uint32_t k = static_cast<uint32_t>(ring.head);
-    mbarrier_wait(ring.bars + 8u * k, ring.phase);
+    mbarrier_wait(ring.bars + kBarrierBytes * k, ring.phase);
     const uint4 v = decode_detail::lds128(ring.slots + kChunkBytes * k + 16u * lane);
     process(v);
     after();
@@ -547,9 +547,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   WarpRing ring;
   ring.n = geo.ring;
   ring.slots = smem_u32(smem + geo.off_ring) + kChunkBytes * static_cast<uint32_t>(warp * geo.ring);
-  ring.bars = smem_u32(smem + geo.off_bars) + 8u * static_cast<uint32_t>(warp * geo.ring);
+  ring.bars =
+      smem_u32(smem + geo.off_bars) + kBarrierBytes * static_cast<uint32_t>(warp * geo.ring);
   if (lane == 0) {
-    for (int i = 0; i < ring.n; ++i) mbarrier_init1(ring.bars + 8u * i);
+    for (int i = 0; i < ring.n; ++i) mbarrier_init1(ring.bars + kBarrierBytes * i);
     mbarrier_init_fence();
   }
   __syncwarp();

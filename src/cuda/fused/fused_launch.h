@@ -26,6 +26,7 @@ constexpr size_t kFusedSmemBudget = 100 * 1024;
 // 16 slots of 8 warps and two CTAs per SM keep 128 KiB of weights in flight per multiprocessor
 // (one-token calls); 16 tokens of a 2048-wide layer stage 66 KiB of input rows and leave 3.
 constexpr uint32_t kChunkBytes = 512;
+constexpr uint32_t kBarrierBytes = 8;  // a slot's shared-memory barrier (bulk_copy.cuh)
 constexpr int kRingMinSlots = 2;
 constexpr int kRingMaxSlots = 16;
 
