@@ -163,7 +163,8 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
         Case{"QMOE_DISPATCH", "decode/3", "decode/cc or fused"},
         Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
-        Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"}}) {
+        Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"},
+        Case{"QMOE_MIXED_TILE", "256", "32, 64 or 128"}}) {  // the deleted wide tile
     EnvOverride o(c.var, c.value);
     PrepareOptions out;
     out.decode.rows = 77;  // untouched on error
@@ -195,6 +196,7 @@ TEST_F(PrepareOptionsTest, BadFieldsAreNamed) {
            Case{[](PrepareOptions* o) { o->dispatch = "decode"; }, "dispatch"},
            Case{[](PrepareOptions* o) { o->fused_grid_ctas = -2; }, "fused_grid_ctas"},
            Case{[](PrepareOptions* o) { o->mixed_tile = 96; }, "mixed_tile"},
+           Case{[](PrepareOptions* o) { o->mixed_tile = 256; }, "mixed_tile"},
        }) {
     PrepareOptions in, out;
     c.set(&in);
