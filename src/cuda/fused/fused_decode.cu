@@ -1,4 +1,4 @@
-// The fused decode kernel's launcher (see fused_decode.h): which layers it takes, the slice width,
+// The fused decode kernel's launcher (see fused_decode.h): which layers it takes, the split,
 // the shared-memory geometry and the grid (planned once per layer and token count), the
 // cooperative launch, and the turn from runtime widths into
 // template arguments (fused_kernel_for, one file per width).
@@ -30,6 +30,7 @@ int chunks_per_block(const MmaPackShape& s) {
 }
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 const void* kernel_for(int bits, bool bf16, int spb) {
   switch (bits) {
@@ -44,41 +45,49 @@ const void* kernel_for(int bits, bool bf16, int spb) {
   }
 }
 
-FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
+int pad_ld(int halves) { return halves % 32 == 0 ? halves + 16 : halves; }
+
+// Row strides of 16 halves modulo 32: the B loads of a half-warp's rows meet no bank twice
+// (decode_gemv.cu's geometry()).
+FusedGeometry fused_geometry(const FusedShape& sh, int tokens, FusedSplit split) {
   const MmaPackShape& s1 = sh.fc1;
   const MmaPackShape& s2 = sh.fc2;
   FusedGeometry g;
-  g.units = units;
-  g.slices = static_cast<int>((sh.inter + units - 1) / units);
+  g.kt1 = split.kt1;
+  g.kt2 = split.kt2;
+  g.items1 = static_cast<int>((s1.tiles + g.kt1 - 1) / g.kt1);
+  g.items2 = static_cast<int>((s2.tiles + g.kt2 - 1) / g.kt2);
+  const int parts1 = kFusedWarps / g.kt1, parts2 = kFusedWarps / g.kt2;
+  g.cpp1 = static_cast<int>((s1.chunks + parts1 - 1) / parts1);
+  g.cpp2 = static_cast<int>((s2.chunks + parts2 - 1) / parts2);
   const int rows = std::min(tokens, kFusedDecodeMaxTokens);
-  // Row strides of 16 halves modulo 32: the B loads of a half-warp's rows meet no bank twice
-  // (decode_gemv.cu's geometry()).
-  const int kpad = static_cast<int>(s1.chunks) * chunk_k(s1);
-  g.ld1 = kpad % 32 == 0 ? kpad + 16 : kpad;
-  g.lda = units % 32 == 0 ? units + 16 : units;
-  g.zrow_len = (std::max(g.ld1, g.lda) + 7) / 8 * 8;
+  g.ld1 = pad_ld(static_cast<int>(s1.chunks) * chunk_k(s1));
+  g.ld2 = pad_ld(static_cast<int>(s2.chunks) * chunk_k(s2));
+  g.zrow_len = (std::max(g.ld1, g.ld2) + 7) / 8 * 8;
   g.nbp1 = static_cast<int>(s1.scale_blocks);
   g.cpb1 = chunks_per_block(s1);
-  g.nbs2 = s2.block_size == 0 ? 1 : std::max(1, units / s2.block_size);
+  g.nbp2 = static_cast<int>(s2.scale_blocks);
   g.cpb2 = chunks_per_block(s2);
   g.spb = steps_per_block(s1);
-  const int upt1 = s1.map == MmaRowMap::kIdentity ? 16 : 8;
-  const size_t tiles1 = static_cast<size_t>(units / upt1);
   const size_t routing_bytes = static_cast<size_t>(kFusedWarps) *
                                routing_detail::routing_warp_floats(sh.experts, sh.slots) * 4;
+  // The K parts' sums (8 floats a lane) where an item splits K; the combine's slot values.
+  const size_t red_bytes =
+      std::max<size_t>(g.kt1 < kFusedWarps || g.kt2 < kFusedWarps ? kFusedWarps * 32 * 8 * 4 : 0,
+                       static_cast<size_t>(sh.slots) * 32 * 4);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t o = off;
     off += align16(bytes);
     return static_cast<int>(o);
   };
-  g.off_xs = take(std::max(static_cast<size_t>(rows) * g.ld1 * 2, routing_bytes));
+  g.off_b = take(std::max({static_cast<size_t>(rows) * std::max(g.ld1, g.ld2) * 2, routing_bytes,
+                           red_bytes}));
   g.off_zrow = take(static_cast<size_t>(g.zrow_len) * 2);
-  g.off_acts = take(static_cast<size_t>(rows) * g.lda * 2);
-  g.off_sc1 = take(tiles1 * 16 * g.nbp1 * 4);
-  g.off_zs1 = take(sh.zp1 ? tiles1 * 16 * g.nbp1 * 4 : 0);
-  g.off_sc2 = take(static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4);
-  g.off_zs2 = take(sh.zp2 ? static_cast<size_t>(s2.tiles) * 16 * g.nbs2 * 4 : 0);
+  g.off_sc1 = take(static_cast<size_t>(g.kt1) * 16 * g.nbp1 * 4);
+  g.off_zs1 = take(sh.zp1 ? static_cast<size_t>(g.kt1) * 16 * g.nbp1 * 4 : 0);
+  g.off_sc2 = take(static_cast<size_t>(g.kt2) * 16 * g.nbp2 * 4);
+  g.off_zs2 = take(sh.zp2 ? static_cast<size_t>(g.kt2) * 16 * g.nbp2 * 4 : 0);
   // The weight rings take what the budget leaves (at least kRingMinSlots per warp, so that a
   // geometry over the budget stays over it and is refused).
   const size_t per_slot = static_cast<size_t>(kFusedWarps) * (kChunkBytes + kBarrierBytes);
@@ -87,6 +96,10 @@ FusedGeometry fused_geometry(const FusedShape& sh, int tokens, int units) {
   g.off_ring = take(static_cast<size_t>(kFusedWarps) * g.ring * kChunkBytes);
   g.off_bars = take(static_cast<size_t>(kFusedWarps) * g.ring * kBarrierBytes);
   g.smem = off;
+  // The workspace: partial sums, activations, counters.
+  const size_t routes = static_cast<size_t>(tokens) * sh.slots;
+  g.ws_acts = align256(routes * sh.hidden * 4);
+  g.ws_ready = g.ws_acts + align256(routes * sh.inter * 2);
   return g;
 }
 
@@ -108,32 +121,41 @@ bool fused_decode_supports(const FusedShape& sh, DType act_dtype) {
   // until that is understood, those layers keep the decode kernel.
   if ((sh.zp1 || sh.zp2) && s1.block_size != 0 && steps_per_block(s1) == 0) return false;
   if (sh.experts > kFusedMaxExperts || sh.slots > kFusedMaxSlots || sh.slots < 1) return false;
-  if (sh.hidden % 8 != 0 || s2.n != sh.hidden || s2.k != sh.inter) return false;
-  if (!pow2(chunk_k(s2)) || chunk_k(s2) > kFusedMaxUnits) return false;
-  return fused_geometry(sh, kFusedDecodeMaxTokens, chunk_k(s2)).smem <= kFusedSmemBudget;
+  // H and I multiples of 8: 16-byte rows of inputs and activations.
+  if (sh.hidden % 8 != 0 || sh.inter % 8 != 0 || s2.n != sh.hidden || s2.k != sh.inter) {
+    return false;
+  }
+  // The widest items (no K split) take the least shared memory.
+  return fused_geometry(sh, kFusedDecodeMaxTokens, FusedSplit{kFusedWarps, kFusedWarps}).smem <=
+         kFusedSmemBudget;
 }
 
-int fused_decode_units(const FusedShape& sh, int tokens) {
-  const int ck = chunk_k(sh.fc2);
-  const int64_t kmax = sh.fc2.chunks * ck;
+FusedSplit fused_decode_split(const FusedShape& sh, int tokens) {
   // Experts a call touches: at most its routes; a shard's held experts get about L / E of them.
   const int64_t held = sh.local_experts > 0 ? sh.local_experts : sh.experts;
   const int64_t routes = static_cast<int64_t>(tokens) * sh.slots;
   const int64_t touched = std::min<int64_t>(held, (routes * held + sh.experts - 1) / sh.experts);
-  int u = ck;
-  while (2 * u <= kFusedMaxUnits && 2 * u <= kmax &&
-         touched * ((sh.inter + 2 * u - 1) / (2 * u)) >= kFusedTargetItems &&
-         fused_geometry(sh, tokens, 2 * u).smem <= kFusedSmemBudget) {
-    u *= 2;
-  }
-  return u;
+  // Halve the tiles per item (doubling the K parts) while the items are too few and every part
+  // keeps a chunk.
+  auto pick = [&](const MmaPackShape& s) {
+    int kt = kFusedWarps;
+    while (kt > 1 && touched * ((s.tiles + kt - 1) / kt) < kFusedTargetItems &&
+           kFusedWarps / (kt / 2) <= s.chunks) {
+      kt /= 2;
+    }
+    return kt;
+  };
+  FusedSplit sp{pick(sh.fc1), pick(sh.fc2)};
+  // A K split needs room for its sums: back to whole tiles where the shared memory is short.
+  if (fused_geometry(sh, tokens, sp).smem > kFusedSmemBudget) sp = {kFusedWarps, kFusedWarps};
+  return sp;
 }
 
 size_t fused_decode_workspace_bytes(const FusedShape& sh, int tokens) {
-  const int u = fused_decode_units(sh, tokens);
-  const int64_t slices = (sh.inter + u - 1) / u;
-  const size_t bytes = static_cast<size_t>(slices) * tokens * sh.slots * sh.hidden * 4;
-  return (bytes + 255) / 256 * 256;
+  const FusedGeometry g = fused_geometry(sh, tokens, FusedSplit{kFusedWarps, kFusedWarps});
+  const int64_t routes = static_cast<int64_t>(tokens) * sh.slots;
+  const int64_t held = sh.local_experts > 0 ? sh.local_experts : sh.experts;
+  return g.ws_ready + align256(static_cast<size_t>(std::min(held, routes)) * 4);
 }
 
 Status prepare_fused_decode() {
@@ -158,7 +180,7 @@ Status plan_fused_decode(const FusedShape& sh, DType act_dtype, int tokens, int 
                            std::to_string(kFusedDecodeMaxTokens) + " tokens)");
   }
   FusedLaunch p;
-  p.geo = fused_geometry(sh, tokens, fused_decode_units(sh, tokens));
+  p.geo = fused_geometry(sh, tokens, fused_decode_split(sh, tokens));
   p.kernel = kernel_for(sh.fc1.bits, act_dtype == DType::kBF16, p.geo.spb);
   if (p.kernel == nullptr || p.geo.smem > kFusedSmemBudget) {
     return Status::invalid("fused decode: no kernel for this layer (fused_decode_supports)");
@@ -202,6 +224,9 @@ Status launch_fused_decode(const FusedDecodeArgs& a, const FusedLaunch& plan, cu
   cfg.numAttrs = 1;
   FusedDecodeArgs args = a;
   FusedGeometry g = plan.geo;
+  char* ws = reinterpret_cast<char*>(a.partial);
+  args.acts = reinterpret_cast<uint16_t*>(ws + g.ws_acts);
+  args.ready = reinterpret_cast<int32_t*>(ws + g.ws_ready);
   void* params[] = {&args, &g};
   QMOE_CUDA_TRY(cudaLaunchKernelExC(&cfg, plan.kernel, params));
   QMOE_CUDA_CHECK_LAUNCH("fused_decode_kernel");

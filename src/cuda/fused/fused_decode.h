@@ -5,20 +5,24 @@
 //
 //   every CTA        routes all the call's tokens itself (route_warp.cuh, bit for bit route()) and
 //                    builds the expert maps in shared memory: no routing kernel, no maps in memory
-//   work items       (touched expert u, unit slice s), expert-major, CTA c takes c, c + G, ...:
-//                      FC1 tiles of units [s U, s U + U) -> activation -> shared memory (bf16/f16)
-//                      FC2 K-slice [s U, s U + U) of every output row -> fp32 partial sums
-//                    FC1's result never leaves the CTA and FC2 waits for nobody, so no counters
+//   FC1 items        (touched expert u, kt1 of its FC1 tiles), all of K split into kFusedWarps / kt1
+//                    parts: activations into the workspace, then ready[u] += 1 (release)
+//   FC2 items        (touched expert u, kt2 of its FC2 tiles, i.e. output rows), all of K: their
+//                    weights stream in at once, then they wait for ready[u] = FC1 items per
+//                    expert (acquire) and read the activations; sums by route into `partial`
+//                    CTA c takes items c, c + G, ... of [FC1 items..., FC2 items...]
 //   grid.sync()      (cooperative groups: the barrier's state is the driver's, not the workspace)
-//   combine          out[t, c] = sum over slots j (slot order) of w_j (sum over s (slice order) of
-//                    partial[s][t slots + j][c] + b2[e_j, c]); the CTAs share the columns. Local
-//                    experts: only the held experts are touched, other shards' slots are skipped
+//   combine          out[t, c] = sum over slots j (slot order) of w_j (partial[t slots + j][c] +
+//                    b2[e_j, c]); the CTAs share the columns. Local experts: only the held experts
+//                    are touched, other shards' slots are skipped
 //
-// Partial sums, in the workspace (fused_decode_workspace_bytes):
-//     partial [slices][T * slots][H] fp32     route id r = t * slots + j
-// Each entry is written by exactly one work item, whatever CTA runs it, and every sum has a fixed
-// order, so a call's bits do not depend on the grid size or on scheduling. U depends on the call's
-// token count and the layer only (fused_decode_units), never on the device.
+// The workspace (fused_decode_workspace_bytes; each part 256-byte aligned):
+//     partial [T * slots][H] fp32           route id r = t * slots + j
+//     acts    [T * slots][I] bf16/f16       by position in the expert-major order (maps.offset)
+//     ready   [min(E, T * slots)] int32     cleared by CTA 0 before the grid's first barrier
+// Each entry is written by exactly one item, whatever CTA runs it, and every sum has a fixed order,
+// so a call's bits do not depend on the grid size or on scheduling. kt1 and kt2 depend on the
+// call's token count and the layer only (fused_decode_split), never on the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -68,7 +72,9 @@ struct FusedDecodeArgs {
   const void* x = nullptr;  // input [T, H]
   void* out = nullptr;      // [T, H] in out_dtype
   DType out_dtype = DType::kBF16;
-  float* partial = nullptr;  // workspace, fused_decode_workspace_bytes()
+  float* partial = nullptr;  // workspace, fused_decode_workspace_bytes() (launch derives the rest)
+  uint16_t* acts = nullptr;   // FC1's activations, in the workspace
+  int32_t* ready = nullptr;   // per touched expert: FC1 items done, in the workspace
   int32_t* error = nullptr;  // the layer's error record (device_routing.h, stages.h)
   // Profiling only (RunProfile): each CTA's kFusedStamps %globaltimer readings, or nullptr.
   unsigned long long* stamps = nullptr;
@@ -78,16 +84,15 @@ struct FusedDecodeArgs {
 enum FusedStamp : int {
   kStampStart,      // the CTA's first instruction
   kStampRouted,     // routing and maps done
-  kStampStageNs,    // items: staging the rows and scales (sum)
-  kStampFc1Ns,      // items: FC1 and the activation (sum)
-  kStampFc2Ns,      // items: FC2 (sum)
+  kStampFc1Ns,      // FC1 items: staging, the dot products, the activation (sum)
+  kStampFc2Ns,      // FC2 items: staging, the wait for the expert's FC1, the dot products (sum)
   kStampItemsDone,  // before grid.sync()
   kStampSynced,     // after grid.sync()
   kStampEnd,        // the combine done
   kFusedStamps
 };
 
-// What the slice width, the shared memory and the workspace depend on: the layer's packed FCs.
+// What the split, the shared memory and the workspace depend on: the layer's packed FCs.
 struct FusedShape {
   MmaPackShape fc1, fc2;
   bool zp1 = false, zp2 = false;  // zero points
@@ -101,26 +106,32 @@ struct FusedShape {
 // E <= 512 experts, slots <= 16, and a call of 16 tokens fits two CTAs' shared memory per SM.
 bool fused_decode_supports(const FusedShape& shape, DType act_dtype);
 
-// The units per work item's slice for a call of `tokens`: a power-of-two multiple of FC2's chunk,
-// the widest that still gives kFusedTargetItems items (a device-independent count) and fits the
-// shared memory, so that a call's bits depend on the layer and the token count only.
-int fused_decode_units(const FusedShape& shape, int tokens);
+// Tiles per item (kt1 for FC1, kt2 for FC2; K parts kFusedWarps / kt) for a call of `tokens`: the
+// widest items that still give kFusedTargetItems items of each FC (a device-independent count)
+// and fit the shared memory, so that a call's bits depend on the layer and the token count only.
+struct FusedSplit {
+  int kt1 = 0, kt2 = 0;
+};
+FusedSplit fused_decode_split(const FusedShape& shape, int tokens);
 
-// The workspace the partial sums take (256-byte multiple).
+// The workspace the partial sums, the activations and the counters take (256-byte multiple).
 size_t fused_decode_workspace_bytes(const FusedShape& shape, int tokens);
 
 // Byte offsets into the dynamic shared memory and the strides (fused_decode_kernel.cuh draws it).
 struct FusedGeometry {
-  int units = 0, slices = 0;
-  int ld1 = 0, lda = 0, zrow_len = 0;
-  int nbp1 = 1, cpb1 = 1;  // FC1: scale blocks per row (whole K), chunks per block
-  int nbs2 = 1, cpb2 = 1;  // FC2: scale blocks per row of a slice, chunks per block
-  int off_xs = 0, off_zrow = 0, off_acts = 0, off_sc1 = 0, off_zs1 = 0, off_sc2 = 0, off_zs2 = 0;
+  int kt1 = 1, kt2 = 1;          // tiles per item
+  int items1 = 0, items2 = 0;    // items per touched expert
+  int cpp1 = 0, cpp2 = 0;        // chunks per K part
+  int ld1 = 0, ld2 = 0, zrow_len = 0;
+  int nbp1 = 1, cpb1 = 1;        // FC1: scale blocks per row (whole K), chunks per block
+  int nbp2 = 1, cpb2 = 1;        // FC2 likewise
+  int off_b = 0, off_zrow = 0, off_sc1 = 0, off_zs1 = 0, off_sc2 = 0, off_zs2 = 0;
   // Weight-ring slots per warp: what the budget leaves, kRingMinSlots..kRingMaxSlots.
   int ring = 0;
   int off_ring = 0, off_bars = 0;
   size_t smem = 0;
   int spb = 0;  // steps per scale block when blocks are shorter than a chunk, else 0
+  size_t ws_acts = 0, ws_ready = 0;  // workspace byte offsets from `partial`
 };
 
 // What a call of one token count launches on one device: derived once per layer and token count

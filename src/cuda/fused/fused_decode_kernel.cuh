@@ -1,25 +1,25 @@
 // The fused decode kernel (see fused_decode.h), included once per code width by fused_b*.cu.
 //
-// A CTA of kFusedWarps warps, persistent: routing, then work items, then grid.sync(), then its
-// share of the combine. Shared memory (dynamic, fused_geometry() sizes it):
+// A CTA of kFusedWarps warps, persistent: routing, then work items (FC1's, then FC2's), then a
+// grid barrier, then its share of the combine. Shared memory (dynamic, fused_geometry() sizes it):
 //
-//   xs     [rows_cap][ld1] halves   the item's routes' input rows, zero from H to ld1 (FC1's B)
-//          (before the items, the routing warps' scratch lives here: routing_warp_floats each)
-//   zrow   [max(ld1, lda)]          zeros: the B rows of absent routes
-//   acts   [rows_cap][lda] halves   the item's activations, units [s U, s U + U) (FC2's B)
-//   sc1    [tiles1 * 16][nbp1]      FC1 scales of the item's tiles (fp32), zs1 likewise (zp)
-//   sc2    [tiles2 * 16][nbs2]      FC2 scales of the slice's blocks, every row; zs2 likewise
-//
+//   b      [rows_cap][ld] halves    the item's B rows: FC1 the routes' input rows (ld1, zero from H),
+//                                   FC2 the expert's activations (ld2, zero from I); then the K
+//                                   parts' sums (red, 8 floats a lane); before the items the
+//                                   routing warps' scratch, after them the combine's
+//   zrow   [max(ld1, ld2)]          zeros: the B rows of absent routes
+//   sc1    [kt1 * 16][nbp1]         FC1 scales of the item's tiles (fp32), zs1 likewise (zp)
+//   sc2    [kt2 * 16][nbp2]         FC2 scales of the item's tiles, every block of K; zs2 likewise
 //   ring   [warps][ring slots][512 B] a warp's weight chunks in flight (WarpRing), and a barrier
 //   bars   [warps][ring slots][8 B]   per slot
 //
-// A warp's share of an FC is a stream of 16-byte-per-lane chunks (mma_pack.h): tiles first,
-// first + kFusedWarps, ... and chunks [c0, c0 + nc) of each. Its lane 0 keeps the warp's ring
-// full with bulk asynchronous copies, opened as soon as an item's addresses are known (FC1's
-// before the item's staging, FC2's as the warp's FC1 ends), so that the bytes in flight per SM
-// (two CTAs of eight warps, up to 16 chunks each) cover HBM's latency without registers; the
-// decode of a chunk is the decode kernel's (window pairs, exact (q - zp) in bf16/f16, scales on the
-// fp32 sums per block).
+// An item is kt tiles of one touched expert's FC; its warps split them: warp w takes tile w % kt
+// and K part w / kt (chunks [part cpp, part cpp + cpp)), and the parts are added in part order.
+// A warp's part is a stream of 16-byte-per-lane chunks (mma_pack.h) that its lane 0 copies into
+// the warp's ring with bulk asynchronous copies as soon as the item is known, so that the bytes
+// arrive while the CTA stages its B rows, or, for FC2, waits for the expert's FC1; the decode of
+// a chunk is the decode kernel's (window pairs, exact (q - zp) in bf16/f16, scales on the fp32
+// sums per block).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -217,73 +217,134 @@ struct WarpRing {
   uint32_t phase = 0;  // its barrier's parity then
 };
 
-// Where one FC's stream of a warp comes from: tiles first, first + kFusedWarps, ... below
-// tile_end, chunks [c0, c0 + nc) of each (chunks per tile: `chunks`); p is the next chunk to
-// copy, into slot tail.
+// The call's items: FC1's [0, n1), then FC2's [n1, n); CTA c takes c, c + G, ... in order.
+struct ItemList {
+  int n1 = 0, n = 0;
+};
+
+// A warp's part of an item: kt tiles of one touched expert's FC, the warp taking tile tl = w % kt
+// (tile0 + tl) and K part w / kt, chunks [c0, c0 + nc) (nc 0 where the item has fewer tiles).
+struct Part {
+  bool fc1 = true;
+  int u = 0, grp = 0;  // touched expert, tile group
+  int kt = 1, tl = 0, part = 0, tile0 = 0, ntl = 0, c0 = 0, nc = 0;
+  const uint32_t* w = nullptr;  // chunk c0 of the warp's tile
+};
+
+__device__ __forceinline__ Part part_of(const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                        const Maps& m, const ItemList& il, int item, int warp) {
+  Part q;
+  q.fc1 = item < il.n1;
+  const int it = q.fc1 ? item : item - il.n1;
+  const int per = q.fc1 ? geo.items1 : geo.items2;
+  q.u = it / per;
+  q.grp = it - q.u * per;
+  const FusedFc& f = q.fc1 ? a.fc1 : a.fc2;
+  const MmaPackShape& s = f.shape;
+  q.kt = q.fc1 ? geo.kt1 : geo.kt2;
+  q.tl = warp % q.kt;
+  q.part = warp / q.kt;
+  q.tile0 = q.grp * q.kt;
+  q.ntl = min(q.kt, static_cast<int>(s.tiles) - q.tile0);
+  const int chunks = static_cast<int>(s.chunks);
+  const int cpp = q.fc1 ? geo.cpp1 : geo.cpp2;
+  q.c0 = q.part * cpp;
+  q.nc = q.tl < q.ntl ? max(0, min(cpp, chunks - q.c0)) : 0;
+  const int we = m.touched[q.u] - a.first_expert;
+  q.w = f.packed + we * s.words_per_expert() +
+        (static_cast<int64_t>(q.tile0 + q.tl) * chunks + q.c0) * 128;
+  return q;
+}
+
+// The scales (and zero points) an item stages, brought into L2 ahead of it: a CTA calls this for
+// its next item as the current one starts, so that the next staging reads L2, not DRAM.
+__device__ __forceinline__ void prefetch_item_scales(const FusedDecodeArgs& a,
+                                                     const FusedGeometry& geo, const Maps& m,
+                                                     const ItemList& il, int item) {
+  if (item >= il.n) return;
+  const Part q = part_of(a, geo, m, il, item, 0);
+  const FusedFc& f = q.fc1 ? a.fc1 : a.fc2;
+  const int nbp = q.fc1 ? geo.nbp1 : geo.nbp2;
+  const int64_t we = m.touched[q.u] - a.first_expert;
+  const int64_t first = (we * f.shape.tiles + q.tile0) * 16 * nbp, n = q.ntl * 16 * nbp;
+  const int64_t size = f.scale_dtype == DType::kF32 ? 4 : 2;
+  const char* sp = reinterpret_cast<const char*>(f.scales) + first * size;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t lines = (n * size + 127) / 128;
+  for (int64_t i = tid; i < lines; i += kThreads) prefetch_l2(sp + i * 128);
+  if (f.zero_points != nullptr) {
+    for (int64_t i = tid; i < (n + 127) / 128; i += kThreads) {
+      prefetch_l2(f.zero_points + first + i * 128);
+    }
+  }
+}
+
+// A warp's feed: the chunks of its parts of the CTA's items, item after item, so that its ring
+// stays full across items (the next item's weights arrive while this one computes). p is the next
+// chunk to copy, into slot tail; left the chunks of item's part still to copy (0: the end).
 struct ChunkFeed {
   const uint32_t* p = nullptr;
-  int64_t jump = 0;       // words from a tile's last chunk to the next tile's first
-  int first = 0, c0 = 0;  // the stream's first tile, and its chunks' first in each tile
-  int nc = 0, left = 0;
-  int total = 0, issued = 0;
+  int left = 0;
+  int item = 0;
   int tail = 0;
 };
 
+// The feed moves to the warp's first part with chunks from `item` on (once per part, outside the
+// chunk loop's common path; inlined, so that the feed stays in registers).
+__device__ __forceinline__ void feed_seek(const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                          const Maps& m, const ItemList& il, int item, int warp,
+                                          ChunkFeed& f) {
+  for (; item < il.n; item += static_cast<int>(gridDim.x)) {
+    const Part q = part_of(a, geo, m, il, item, warp);
+    if (q.nc > 0) {
+      f.item = item;
+      f.p = q.w;
+      f.left = q.nc;
+      return;
+    }
+  }
+  f.item = il.n;
+  f.left = 0;
+}
+
 // Lane 0 copies the feed's next chunk into slot tail; every lane moves the feed on.
-__device__ __forceinline__ void feed_next(const WarpRing& r, ChunkFeed& f, int lane) {
+__device__ __forceinline__ void feed_next(const WarpRing& r, ChunkFeed& f, int lane,
+                                          const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                          const Maps& m, const ItemList& il, int warp) {
   if (lane == 0) {
     const uint32_t bar = r.bars + kBarrierBytes * static_cast<uint32_t>(f.tail);
     mbarrier_arrive_expect_tx(bar, kChunkBytes);
     bulk_copy_g2s(r.slots + kChunkBytes * static_cast<uint32_t>(f.tail), f.p, kChunkBytes, bar);
   }
   f.p += 128;
-  if (--f.left == 0) {
-    f.p += f.jump;
-    f.left = f.nc;
-  }
-  ++f.issued;
   if (++f.tail == r.n) f.tail = 0;
+  if (--f.left == 0) feed_seek(a, geo, m, il, f.item + static_cast<int>(gridDim.x), warp, f);
 }
 
-// Opens a warp's stream (see ChunkFeed) and puts its first chunks, up to a ring's worth, in
-// flight: called as early as the addresses are known, so that the copies overlap whatever the
-// CTA does before the stream is read.
-__device__ __forceinline__ ChunkFeed begin_stream(const WarpRing& r, const uint32_t* w0, int chunks,
-                                                  int first, int tile_end, int c0, int nc) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  ChunkFeed f;
-  const int ntiles = first < tile_end ? (tile_end - first + kFusedWarps - 1) / kFusedWarps : 0;
-  f.total = ntiles * nc;
-  f.p = w0 + (static_cast<int64_t>(first) * chunks + c0) * 128;
-  f.jump = (static_cast<int64_t>(kFusedWarps) * chunks - nc) * 128;
-  f.first = first;
-  f.c0 = c0;
-  f.nc = f.left = nc;
-  f.tail = r.head;
-  const int n0 = min(r.n, f.total);
-  for (int i = 0; i < n0; ++i) feed_next(r, f, lane);
-  return f;
-}
-
-// One warp's stream over an FC's tiles, read from its ring (begin_stream opened it). For each
-// finished tile, done(tile, acc) gets the sums in the mma's C layout (acc[ch]: rows g, g + 8 of
-// columns 8 ch + 2 t, + 1).
-//   the feed's tiles (first, first + kFusedWarps, ...), chunks [c0, c0 + nc) of each.
-//   sc/zs: the scales staged for tile index tile - tile_base, nbs blocks per row, the first for
-//   chunk c0. x[ch]: lane's B row of column group ch at chunk c0 (+ 4 t added here); nch: the
-//   groups with routes.
-template <int kBits, bool kBf16, int kSpb, typename Done>
-__device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int tile_base,
-                                            const float* sc, const float* zs, int nbs, int cpb,
-                                            const uint16_t* const x[kCols], int nch,
-                                            const Done& done) {
+// One warp's part of its tile (chunks [c0, c0 + nc), the next nc chunks of its ring), read from
+// the ring, into acc in the mma's C layout (acc[ch]: rows g, g + 8 of columns 8 ch + 2 t, + 1).
+//   sc/zs: the tile's staged scales (row r's blocks at r * nbs), from the block of chunk c0 on;
+//   x[ch]: the lane's B row of column group ch at chunk c0 (+ 4 t added here); nch: the groups
+//   with routes.
+template <int kBits, bool kBf16, int kSpb>
+__device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
+                                         const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                         const Maps& m, const ItemList& il, int nc,
+                                         const float* sc, const float* zs, int nbs, int c0,
+                                         int cpb, const uint16_t* const x[kCols], int nch,
+                                         float (&acc)[kCols][4]) {
   constexpr int kSteps = 16 / kBits;
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
   const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
-  const int total = feed.total;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+#pragma unroll
+  for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[ch][i] = 0.0f;
+  }
+  const int total = nc;
   if (total == 0) return;
-  const int first = feed.first, c0 = feed.c0, nc = feed.nc;
 
   const bool has_zp = zs != nullptr;
   constexpr int kNPos = window_positions<kBits, kBf16>();
@@ -298,11 +359,11 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
     }
   };
   set_subs();
-  float acc[kCols][4], blk[kCols][4];
+  float blk[kCols][4];
 #pragma unroll
   for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
   }
   auto flush = [&]() {
 #pragma unroll
@@ -315,9 +376,8 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
       for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
     }
   };
-  int tile = first;
-  const float* srow = sc + ((tile - tile_base) * 16 + g) * nbs;  // row g's entries
-  const float* zrow_s = has_zp ? zs + ((tile - tile_base) * 16 + g) * nbs : nullptr;
+  const float* srow = sc + g * nbs;  // row g's entries
+  const float* zrow_s = has_zp ? zs + g * nbs : nullptr;
   const int nbs8 = 8 * nbs;
   auto load_scale = [&](int b) {
     s0 = srow[b];
@@ -332,12 +392,10 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
 #pragma unroll
   for (int ch = 0; ch < kCols; ++ch) xa[ch] = x[ch] + 4 * t4;
   int left = kSpb == 0 ? cpb - c0 % cpb : 0;  // chunks to the block's end
-  int bl = 0;                                 // the current block (local)
-  int cleft = nc;                             // chunks to the tile's end
-  int tiles_left = total / nc;                // tiles from the current one on
+  int bl = 0;                                 // the current block (from c0's)
   load_scale(0);
 
-  auto process = [&](const uint4& wv) {
+  auto process = [&](const uint4& wv, bool first_chunk) {
     const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
     if constexpr (kSpb == 0) {  // a block that starts with this chunk: the last one's sums out
       if (left == 0) {
@@ -350,7 +408,7 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       if constexpr (kSpb > 0) {
-        if (st % kSpb == 0 && !(st == 0 && bl == 0 && cleft == nc)) {
+        if (st % kSpb == 0 && !(st == 0 && first_chunk)) {
           flush();
           load_scale(++bl);
         }
@@ -377,46 +435,24 @@ __device__ __forceinline__ void warp_stream(WarpRing& ring, ChunkFeed& feed, int
       }
     }
   };
-  // After a chunk: the B pointers move on; a scale block's or a tile's end flushes.
-  auto after = [&]() {
-#pragma unroll
-    for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
-    if (--cleft == 0) {  // the tile's end
-      flush();
-      done(tile, acc);
-#pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[ch][i] = 0.0f;
-        xa[ch] -= kChunkK * nc;
-      }
-      tile += kFusedWarps;
-      if (--tiles_left > 0) {
-        srow += kFusedWarps * 16 * nbs;
-        if (has_zp) zrow_s += kFusedWarps * 16 * nbs;
-        cleft = nc;
-        bl = 0;
-        left = kSpb == 0 ? cpb - c0 % cpb : 0;
-        load_scale(0);
-      }
-    }
-  };
 
   // Chunk j: wait for its slot, read the lane's 16 bytes, decode them; then, every lane's read
-  // done, the slot takes chunk j + n.
+  // done, the slot takes the feed's next chunk (this part's, or a later item's).
   for (int j = 0; j < total; ++j) {
     const uint32_t k = static_cast<uint32_t>(ring.head);
     mbarrier_wait(ring.bars + kBarrierBytes * k, ring.phase);
     const uint4 v = decode_detail::lds128(ring.slots + kChunkBytes * k + 16u * lane);
-    process(v);
-    after();
+    process(v, j == 0);
+#pragma unroll
+    for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
     __syncwarp();
-    if (feed.issued < total) feed_next(ring, feed, lane);
+    if (feed.left > 0) feed_next(ring, feed, lane, a, geo, m, il, warp);
     if (++ring.head == ring.n) {
       ring.head = 0;
       ring.phase ^= 1u;
     }
   }
+  flush();
 }
 
 // The lane's B rows for an FC: route 8 ch + g's row of `base` (stride ld) below cnt, else the zero
@@ -446,16 +482,26 @@ __device__ __forceinline__ void for_lane_routes(const float (&acc)[kCols][4], in
   }
 }
 
+// FC1 -> FC2 readiness: one counter per touched expert in the workspace, which FC1's items of
+// the expert add 1 to (release, after the CTA's activation stores) and FC2's items wait on
+// (acquire, then a CTA barrier before any thread reads the activations).
+__device__ __forceinline__ void release_add(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int32_t acquire_load(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // The combine, after every partial sum is written. A unit is one token's 32 columns: lane c
-// takes column c, warp w the token's slots w, w + kFusedWarps, ...; each slot's value (the slices
-// summed in order, the bias, the routing weight) waits in shared memory, and warp 0 adds the slots
-// in order, as the finalize kernel does (combine.cuh). The slices' loads are all in flight at
-// once, so a unit costs about two round trips to L2.
-static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const FusedGeometry& geo,
-                                            const Maps& m, float* red) {
+// takes column c, warp w the token's slots w, w + kFusedWarps, ...; each slot's value (its FC2
+// sum, the bias, the routing weight) waits in shared memory, and warp 0 adds the slots in order,
+// as the finalize kernel does (combine.cuh). Local experts: other shards' slots are skipped.
+static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Maps& m, float* red) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int groups = static_cast<int>((a.hidden + 31) / 32);
-  const int64_t plane = static_cast<int64_t>(a.tokens) * a.slots * a.hidden;
   for (int unit = static_cast<int>(blockIdx.x); unit < a.tokens * groups;
        unit += static_cast<int>(gridDim.x)) {
     const int tk = unit / groups;
@@ -464,18 +510,7 @@ static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Fuse
     for (int j = warp; j < a.slots; j += kFusedWarps) {
       const int r = tk * a.slots + j;
       if (!holds_expert(a, m.ids[r])) continue;  // another shard's: no partial sums, skipped
-      const float* p = a.partial + static_cast<int64_t>(r) * a.hidden + (col ? c : 0);
-      float y = 0.0f;
-      for (int s0 = 0; s0 < geo.slices; s0 += 8) {
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-          v[u] = s0 + u < geo.slices ? __ldcg(p + (s0 + u) * plane) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (s0 + u < geo.slices) y = y + v[u];
-        }
-      }
+      float y = __ldcg(a.partial + static_cast<int64_t>(r) * a.hidden + (col ? c : 0));
       if (a.fc2.bias && col) {
         y = y + load_scalar(a.fc2.bias, a.fc2.bias_dtype,
                             static_cast<int64_t>(m.ids[r] - a.first_expert) * a.hidden + c);
@@ -494,6 +529,65 @@ static __device__ __noinline__ void combine(const FusedDecodeArgs& a, const Fuse
   }
 }
 
+// The routes' input rows (FC1's B) into bs: row r is route off + r's token's, zero from H to the
+// row's end (ld halves); a non-finite input is recorded by the items of tile group 0.
+template <bool kBf16>
+__device__ __forceinline__ void stage_inputs(const FusedDecodeArgs& a, const Maps& m, int off,
+                                             int cnt, int ld, bool check, uint16_t* bs) {
+  constexpr int kBatch = 4;
+  const int pieces = ld / 8, real = static_cast<int>(a.hidden) / 8;
+  const int n = cnt * pieces;
+  for (int base = static_cast<int>(threadIdx.x); base < n; base += kThreads * kBatch) {
+    uint4 v[kBatch];
+    int tok[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      const int r = i / pieces, p = i - r * pieces;
+      tok[u] = i < n ? m.perm[off + r] / a.slots : 0;
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) +
+                                                        static_cast<int64_t>(tok[u]) * a.hidden);
+      v[u] = i < n && p < real ? __ldg(src + p) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      if (i >= n) continue;
+      const int r = i / pieces, p = i - r * pieces;
+      if (check && a.error != nullptr && nonfinite16x8(v[u], kBf16)) {
+        atomicOr(a.error, kErrorInput);
+        atomicMin(a.error + 1, tok[u]);
+      }
+      reinterpret_cast<uint4*>(bs + r * ld)[p] = v[u];
+    }
+  }
+}
+
+// The expert's activations (FC2's B) from the workspace into bs: rows off + r of acts (I halves
+// each, I a multiple of 16), zero from I to the row's end (ld halves). L2 reads (__ldcg): FC1
+// wrote them during this kernel.
+__device__ __forceinline__ void stage_acts(const FusedDecodeArgs& a, const FusedGeometry& geo,
+                                           int off, int cnt, uint16_t* bs) {
+  constexpr int kBatch = 4;
+  const int ld = geo.ld2, pieces = ld / 8, real = static_cast<int>(a.inter) / 8;
+  const uint4* src = reinterpret_cast<const uint4*>(a.acts + static_cast<int64_t>(off) * a.inter);
+  const int n = cnt * pieces;
+  for (int base = static_cast<int>(threadIdx.x); base < n; base += kThreads * kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      const int r = i / pieces, p = i - r * pieces;
+      v[u] = i < n && p < real ? __ldcg(src + r * real + p) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kThreads;
+      if (i < n) reinterpret_cast<uint4*>(bs + (i / pieces) * ld)[i % pieces] = v[u];
+    }
+  }
+}
+
 template <int kBits, bool kBf16, int kSpb>
 __global__ void __launch_bounds__(kThreads, 2)
     fused_decode_kernel(const __grid_constant__ FusedDecodeArgs a,
@@ -504,17 +598,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ Maps m;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  uint16_t* xs = reinterpret_cast<uint16_t*>(smem + geo.off_xs);
+  uint16_t* bs = reinterpret_cast<uint16_t*>(smem + geo.off_b);
+  float* red = reinterpret_cast<float*>(smem + geo.off_b);  // after the B rows' last reader
   uint16_t* zrow = reinterpret_cast<uint16_t*>(smem + geo.off_zrow);
-  uint16_t* acts = reinterpret_cast<uint16_t*>(smem + geo.off_acts);
   float* sc1 = reinterpret_cast<float*>(smem + geo.off_sc1);
   float* zs1 = reinterpret_cast<float*>(smem + geo.off_zs1);
   float* sc2 = reinterpret_cast<float*>(smem + geo.off_sc2);
   float* zs2 = reinterpret_cast<float*>(smem + geo.off_zs2);
   const bool zp1 = a.fc1.zero_points != nullptr, zp2 = a.fc2.zero_points != nullptr;
   const MmaPackShape& s1 = a.fc1.shape;
-  const MmaPackShape& s2 = a.fc2.shape;
   const DType act_dtype = kBf16 ? DType::kBF16 : DType::kF16;
+  auto grid = cooperative_groups::this_grid();
 
   // Profiling (a.stamps): thread 0's %globaltimer, instants and summed phase durations.
   unsigned long long* st = a.stamps != nullptr && tid == 0
@@ -536,9 +630,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       mark = t;
     }
   };
-  if (st != nullptr) st[kStampStageNs] = st[kStampFc1Ns] = st[kStampFc2Ns] = 0;
+  if (st != nullptr) st[kStampFc1Ns] = st[kStampFc2Ns] = 0;
   at(kStampStart);
-  route_all(a, reinterpret_cast<float*>(smem), m);
+  route_all(a, reinterpret_cast<float*>(smem + geo.off_b), m);
   at(kStampRouted);
   for (int i = tid; i < geo.zrow_len / 8; i += kThreads) {
     reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -555,157 +649,160 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncwarp();
 
-  const int routes = a.tokens * a.slots;
-  const int n_items = m.n_touched * geo.slices;
-  const int U = geo.units;
+  // The counters start at zero: CTA 0 clears them before the grid barrier, and every CTA passes
+  // that barrier before its first count (an FC1 item's end) or wait (an FC2 item's), so a CTA
+  // reaches it without waiting on any other: no deadlock, the grid being co-resident.
+  const int n_touched = m.n_touched;
+  if (blockIdx.x == 0) {
+    for (int i = tid; i < n_touched; i += kThreads) a.ready[i] = 0;
+  }
+  bool synced = false;
+  auto first_sync = [&]() {
+    if (!synced) {
+      grid.sync();
+      synced = true;
+    }
+  };
+
+  ItemList il;
+  il.n1 = n_touched * geo.items1;
+  il.n = il.n1 + n_touched * geo.items2;
   const int gated = s1.map != MmaRowMap::kIdentity;
-  const int upt1 = gated ? 8 : 16;
   const int64_t fc1_rows = gated ? 2 * s1.units : s1.n;
 
-  for (int item = static_cast<int>(blockIdx.x); item < n_items;
+  // The warp's feed opens on its first part and fills the ring: the copies overlap the grid's
+  // first barrier and the first item's staging.
+  ChunkFeed feed;
+  feed.tail = ring.head;
+  feed_seek(a, geo, m, il, static_cast<int>(blockIdx.x), warp, feed);
+  for (int i = 0; i < ring.n && feed.left > 0; ++i) feed_next(ring, feed, lane, a, geo, m, il, warp);
+
+  // Items: FC1's first, then FC2's. An FC2 item waits only for FC1 items, which come before every
+  // FC2 item in each CTA's order, so every FC1 item runs.
+  for (int item = static_cast<int>(blockIdx.x); item < il.n;
        item += static_cast<int>(gridDim.x)) {
-    const int u = item / geo.slices, s = item - u * geo.slices;
+    const Part q = part_of(a, geo, m, il, item, warp);
+    const bool fc1 = q.fc1;
+    const int u = q.u, grp = q.grp;
     const int e = m.touched[u];         // router index: the maps
     const int we = e - a.first_expert;  // index in the weight tensors
     const int off = m.offset[e];
     const int cnt = __popcll(m.mask[e]);
-    const int j0 = s * U;
-    const int m1 = j0 / upt1;
-    const int m1_end = min(m1 + U / upt1, static_cast<int>(s1.tiles));
-    const int c2 = j0 / kChunkK;
-    const int nc2 = min(U / kChunkK, static_cast<int>(s2.chunks) - c2);
-    const uint32_t* w1 = a.fc1.packed + we * s1.words_per_expert();
-    const uint32_t* w2 = a.fc2.packed + we * s2.words_per_expert();
-    // The warp's FC1 tiles go out first: their copies overlap the staging below.
-    ChunkFeed feed = begin_stream(ring, w1, static_cast<int>(s1.chunks), m1 + warp, m1_end, 0,
-                                  static_cast<int>(s1.chunks));
-    __syncthreads();  // the previous item's readers of the staged rows are done
+    const int nch = (cnt + 7) / 8;
+    const FusedFc& f = fc1 ? a.fc1 : a.fc2;
+    const MmaPackShape& s = f.shape;
+    const int kt = q.kt, tl = q.tl, part = q.part, tile0 = q.tile0, ntl = q.ntl;
+    const int tile = tile0 + tl, c0 = q.c0;
+    prefetch_item_scales(a, geo, m, il, item + static_cast<int>(gridDim.x));
+    __syncthreads();  // the previous item's readers of the B rows, partials and scales are done
 
-    // FC2's slice (whole chunks at a stride) comes into L2 while the item stages and runs FC1.
-    for (int i = tid; i < static_cast<int>(s2.tiles) * nc2 * 4; i += kThreads) {
-      const int tile = i / (nc2 * 4), line = i - tile * (nc2 * 4);
-      prefetch_l2(w2 + (static_cast<int64_t>(tile) * s2.chunks + c2) * 128 + line * 32);
-    }
-
-    // 1. Stage: the routes' input rows, the activations' zeros, both FCs' scales, every load of a
-    //    batch in flight at once (a CTA's item starts with these round trips).
+    // 1. Stage: the tiles' scales (every block of K), then FC1's input rows, or, once the expert's
+    //    FC1 is complete, FC2's activations.
     if (st != nullptr) mark = now();
-    const int pieces = geo.ld1 / 8, real = static_cast<int>(a.hidden) / 8;
+    const int nbp = fc1 ? geo.nbp1 : geo.nbp2;
+    float* sc = fc1 ? sc1 : sc2;
+    float* zs = fc1 ? zs1 : zs2;
     {
-      constexpr int kBatch = 4;
-      const int n = cnt * pieces;
-      for (int base = tid; base < n; base += kThreads * kBatch) {
-        uint4 v[kBatch];
-        int tok[kBatch];
+      const int64_t first = (we * s.tiles + tile0) * 16 * nbp;
+      stage_scales(f, ntl * 16 * nbp, sc, zs, [&](int i) { return first + i; });
+    }
+    if (fc1) {
+      stage_inputs<kBf16>(a, m, off, cnt, geo.ld1, grp == 0, bs);
+    } else {
+      first_sync();
+      if (tid == 0) {
+        while (acquire_load(a.ready + u) < geo.items1) __nanosleep(32);
+      }
+      __syncthreads();
+      stage_acts(a, geo, off, cnt, bs);
+    }
+    __syncthreads();
+
+    // 2. The warp's part of its tile, then the parts summed in order (part 0 + 1 + ...).
+    const int ld = fc1 ? geo.ld1 : geo.ld2;
+    const uint16_t* x[kCols];
+    lane_rows(bs, ld, cnt, zrow, g, x);
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int i = base + u * kThreads;
-          const int r = i / pieces, p = i - r * pieces;
-          tok[u] = i < n ? m.perm[off + r] / a.slots : 0;
-          const uint4* src = reinterpret_cast<const uint4*>(
-              static_cast<const uint16_t*>(a.x) + static_cast<int64_t>(tok[u]) * a.hidden);
-          v[u] = i < n && p < real ? __ldg(src + p) : make_uint4(0u, 0u, 0u, 0u);
-        }
+    for (int ch = 0; ch < kCols; ++ch) x[ch] += c0 * kChunkK;
+    const int cpb = fc1 ? geo.cpb1 : geo.cpb2;
+    const int b0 = kSpb == 0 ? c0 / cpb : c0 * kSteps / max(kSpb, 1);  // chunk c0's block
+    const bool zp = fc1 ? zp1 : zp2;
+    float acc[kCols][4];
+    warp_dot<kBits, kBf16, kSpb>(ring, feed, a, geo, m, il, q.nc, sc + tl * 16 * nbp + b0,
+                                 zp ? zs + tl * 16 * nbp + b0 : nullptr, nbp, c0, cpb, x, nch,
+                                 acc);
+    if (kt < kFusedWarps) {
+      __syncthreads();  // every B row read: the partials take their place
+      float* mine = red + (warp * 32 + lane) * 8;
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int i = base + u * kThreads;
-          if (i >= n) continue;
-          const int r = i / pieces, p = i - r * pieces;
-          if (s == 0 && a.error != nullptr && nonfinite16x8(v[u], kBf16)) {
-            atomicOr(a.error, kErrorInput);
-            atomicMin(a.error + 1, tok[u]);
+      for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mine[ch * 4 + i] = acc[ch][i];
+      }
+      __syncthreads();
+      if (part == 0) {
+        for (int p = 1; p < kFusedWarps / kt; ++p) {
+          const float* other = red + ((p * kt + tl) * 32 + lane) * 8;
+#pragma unroll
+          for (int ch = 0; ch < kCols; ++ch) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[ch][i] = acc[ch][i] + other[ch * 4 + i];
           }
-          reinterpret_cast<uint4*>(xs + r * geo.ld1)[p] = v[u];
         }
       }
     }
-    for (int i = tid; i < cnt * geo.lda / 8; i += kThreads) {
-      reinterpret_cast<uint4*>(acts)[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    {
-      const int64_t first1 = (we * s1.tiles + m1) * 16 * geo.nbp1;
-      stage_scales(a.fc1, (m1_end - m1) * 16 * geo.nbp1, sc1, zs1,
-                   [&](int i) { return first1 + i; });
-      // FC2: the slice's nbs2 blocks of every row, from block b2; the last slice may pass K's
-      // last block (its codes there meet zero activations).
-      const int nbp2 = static_cast<int>(s2.scale_blocks);
-      const int b2 = s2.block_size ? j0 / s2.block_size : 0;
-      const int nbs2 = geo.nbs2;
-      const int64_t first2 = we * s2.tiles * 16 * nbp2 + b2;
-      stage_scales(a.fc2, static_cast<int>(s2.tiles) * 16 * nbs2, sc2, zs2, [&](int i) {
-        const int row = i / nbs2, b = i - row * nbs2;
-        return b2 + b < nbp2 ? first2 + static_cast<int64_t>(row) * nbp2 + b : int64_t{-1};
-      });
-    }
-    __syncthreads();
-    add(kStampStageNs);
 
-    // 2. FC1: tiles [m1, m1_end), a warp each in turn, all of K; the activation into acts.
-    const uint16_t* x1[kCols];
-    lane_rows(xs, geo.ld1, cnt, zrow, g, x1);
-    const int nch = (cnt + 7) / 8;
-    warp_stream<kBits, kBf16, kSpb>(
-        ring, feed, m1, sc1, zp1 ? zs1 : nullptr, geo.nbp1, geo.cpb1, x1, nch,
-        [&](int tile, const float(&acc)[kCols][4]) {
-          const int64_t lr0 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g);
-          const int64_t lr1 = s1.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
-          for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
-            const float scale = a.scale_input ? m.weights[m.perm[off + r]] : 1.0f;
-            auto value = [&](float dot, int64_t lr) {
-              const float b =
-                  a.fc1.bias ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, we * fc1_rows + lr) : 0.0f;
-              return scale * dot + b;
-            };
-            uint16_t* row = acts + r * geo.lda;
-            if (gated) {
-              if (lr0 >= 0) {
-                store_float(row, act_dtype, (tile - m1) * 8 + g,
-                            gated_act(a.act, value(dot0, lr0), value(dot1, lr1)));
-              }
-            } else {
-              if (lr0 >= 0) {
-                store_float(row, act_dtype, (tile - m1) * 16 + g,
-                            scalar_act(a.act.kind, value(dot0, lr0)));
-              }
-              if (lr1 >= 0) {
-                store_float(row, act_dtype, (tile - m1) * 16 + g + 8,
-                            scalar_act(a.act.kind, value(dot1, lr1)));
-              }
+    // 3. The epilogue: FC1's activations into the workspace (the bias, the routing weight where
+    //    the input is scaled), FC2's sums into the partial sums by route id.
+    if (part == 0 && tl < ntl) {
+      const int64_t lr0 = s.logical_row(static_cast<int64_t>(tile) * 16 + g);
+      const int64_t lr1 = s.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
+      if (fc1) {
+        for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
+          const float scale = a.scale_input ? m.weights[m.perm[off + r]] : 1.0f;
+          auto value = [&](float dot, int64_t lr) {
+            const float b =
+                a.fc1.bias ? load_scalar(a.fc1.bias, a.fc1.bias_dtype, we * fc1_rows + lr) : 0.0f;
+            return scale * dot + b;
+          };
+          uint16_t* row = a.acts + static_cast<int64_t>(off + r) * a.inter;
+          if (gated) {
+            if (lr0 >= 0) {
+              store_float(row, act_dtype, tile * 8 + g,
+                          gated_act(a.act, value(dot0, lr0), value(dot1, lr1)));
             }
-          });
+          } else {
+            if (lr0 >= 0) {
+              store_float(row, act_dtype, tile * 16 + g, scalar_act(a.act.kind, value(dot0, lr0)));
+            }
+            if (lr1 >= 0) {
+              store_float(row, act_dtype, tile * 16 + g + 8,
+                          scalar_act(a.act.kind, value(dot1, lr1)));
+            }
+          }
         });
-    // The warp's FC2 chunks go out while the other warps finish FC1.
-    feed = begin_stream(ring, w2, static_cast<int>(s2.chunks), warp, static_cast<int>(s2.tiles), c2,
-                        nc2);
-    __syncthreads();
-    add(kStampFc1Ns);
-
-    // 3. FC2: every tile, chunks [c2, c2 + nc2): partial sums of the slice.
-    const uint16_t* x2[kCols];
-    lane_rows(acts, geo.lda, cnt, zrow, g, x2);
-    float* part = a.partial + static_cast<int64_t>(s) * routes * a.hidden;
-    warp_stream<kBits, kBf16, kSpb>(
-        ring, feed, 0, sc2, zp2 ? zs2 : nullptr, geo.nbs2, geo.cpb2, x2, nch,
-        [&](int tile, const float(&acc)[kCols][4]) {
-          const int64_t lr0 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g);
-          const int64_t lr1 = s2.logical_row(static_cast<int64_t>(tile) * 16 + g + 8);
-          for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
-            float* y = part + static_cast<int64_t>(m.perm[off + r]) * a.hidden;
-            if (lr0 >= 0) y[lr0] = dot0;
-            if (lr1 >= 0) y[lr1] = dot1;
-          });
+      } else {
+        for_lane_routes(acc, cnt, t4, [&](int r, float dot0, float dot1) {
+          float* y = a.partial + static_cast<int64_t>(m.perm[off + r]) * a.hidden;
+          if (lr0 >= 0) y[lr0] = dot0;
+          if (lr1 >= 0) y[lr1] = dot1;
         });
-    if (a.stamps != nullptr) {
-      __syncthreads();
-      add(kStampFc2Ns);
+      }
     }
+    if (fc1) {
+      __syncthreads();  // the CTA's activation stores, then one count for the expert
+      first_sync();
+      if (tid == 0) release_add(a.ready + u, 1);
+    }
+    add(fc1 ? kStampFc1Ns : kStampFc2Ns);
   }
 
   // 4. Every partial sum is written: the combine.
+  first_sync();
   at(kStampItemsDone);
-  cooperative_groups::this_grid().sync();
+  grid.sync();
   at(kStampSynced);
-  combine(a, geo, m, reinterpret_cast<float*>(smem));
+  combine(a, m, reinterpret_cast<float*>(smem + geo.off_b));
   at(kStampEnd);
 }
 

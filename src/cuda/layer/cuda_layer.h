@@ -228,8 +228,9 @@ class CudaLayer final : public PreparedLayer {
                     cudaStream_t stream);
   // The whole call in the fused kernel.
   // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest
-  // CTA's routing), fc1 (the busiest CTA's staging and FC1), fc2 (its FC2) and combine (from the
-  // last CTA's items to the end: the grid barrier's wait and the combine).
+  // CTA's routing), fc1 (the busiest CTA's FC1 items), fc2 (its FC2 items, their wait for FC1
+  // included) and combine (from the last CTA's items to the end: the grid barrier's wait and the
+  // combine).
   Status run_fused(const RunInputs& in, const MutableTensorView& out, const Layout& l, char* ws,
                    int64_t tokens, cudaStream_t stream, RunProfile* profile);
   // Whether the fused kernel takes this layer (after pack_for_decode), and up to what count.

@@ -90,8 +90,8 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
     routed = std::max(routed, s[kStampRouted]);
     done = std::max(done, s[kStampItemsDone]);
     end = std::max(end, s[kStampEnd]);
-    if (s[kStampStageNs] + s[kStampFc1Ns] + s[kStampFc2Ns] >= busy + fc2) {
-      busy = s[kStampStageNs] + s[kStampFc1Ns];
+    if (s[kStampFc1Ns] + s[kStampFc2Ns] >= busy + fc2) {  // the busiest CTA's items
+      busy = s[kStampFc1Ns];
       fc2 = s[kStampFc2Ns];
     }
   }

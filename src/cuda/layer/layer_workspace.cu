@@ -27,8 +27,9 @@ namespace qmoe::cuda {
 //               min(L, R)))                           may differ in kind, e.g. FC2 per channel);
 //               or A(fp8_gemm_workspace_bytes(        with act_quant, the FP8 GEMM's
 //               min(L, R)))
-//   fused       max over T' <= min(T, F) of           the fused kernel's partial sums (layers
-//               fused_decode_workspace_bytes(T')      it takes; F = fused_max_tokens_): the
+//   fused       max over T' <= min(T, F) of           the fused kernel's partial sums,
+//               fused_decode_workspace_bytes(T')      activations and FC1 -> FC2 counters (layers
+//                                                     it takes; F = fused_max_tokens_): the
 //                                                     maximum keeps the total monotone in T
 // S = max(1, min(L, R, floor(max_dequant_bytes / (cs max(...))))): a call never needs more
 // slots than it can touch experts, so decode shapes get a small scratch. A shard's R rows of xa
