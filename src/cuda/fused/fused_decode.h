@@ -12,6 +12,8 @@
 //                    expert (acquire) and read the activations; sums by route into `partial`
 //                    CTA c takes items c, c + G, ... of [FC1 items..., FC2 items...]
 //   grid.sync()      (cooperative groups: the barrier's state is the driver's, not the workspace)
+//                    once per CTA before its first count or wait (CTA 0 clears the counters
+//                    before it), and once before the combine
 //   combine          out[t, c] = sum over slots j (slot order) of w_j (partial[t slots + j][c] +
 //                    b2[e_j, c]); the CTAs share the columns. Local experts: only the held experts
 //                    are touched, other shards' slots are skipped

@@ -1,7 +1,9 @@
 // The fused decode kernel (see fused_decode.h), included once per code width by fused_b*.cu.
 //
-// A CTA of kFusedWarps warps, persistent: routing, then work items (FC1's, then FC2's), then a
-// grid barrier, then its share of the combine. Shared memory (dynamic, fused_geometry() sizes it):
+// A CTA of kFusedWarps warps, persistent: routing, then work items (FC1's, then FC2's; the grid
+// barrier that orders the counters' clearing is passed once, before the CTA's first count or wait),
+// then a grid barrier, then its share of the combine. Shared memory (dynamic, fused_geometry()
+// sizes it):
 //
 //   b      [rows_cap][ld] halves    the item's B rows: FC1 the routes' input rows (ld1, zero from H),
 //                                   FC2 the expert's activations (ld2, zero from I); then the K
@@ -15,9 +17,10 @@
 //
 // An item is kt tiles of one touched expert's FC; its warps split them: warp w takes tile w % kt
 // and K part w / kt (chunks [part cpp, part cpp + cpp)), and the parts are added in part order.
-// A warp's part is a stream of 16-byte-per-lane chunks (mma_pack.h) that its lane 0 copies into
-// the warp's ring with bulk asynchronous copies as soon as the item is known, so that the bytes
-// arrive while the CTA stages its B rows, or, for FC2, waits for the expert's FC1; the decode of
+// A warp's parts are one stream of 16-byte-per-lane chunks (mma_pack.h), item after item, that
+// its lane 0 copies into the warp's ring with bulk asynchronous copies ahead of use, so that the
+// bytes arrive while the previous item computes, the CTA stages its B rows, or, for FC2, waits
+// for the expert's FC1; the decode of
 // a chunk is the decode kernel's (window pairs, exact (q - zp) in bf16/f16, scales on the fp32
 // sums per block).
 #pragma once
