@@ -33,7 +33,7 @@ std::string tune_key(const LayerSpec& spec, const std::string& device);
 Status load_tuned_rows(const std::string& path, const std::string& key, std::vector<TunedRow>* rows,
                        bool* found);
 
-// Every dispatch choice name there is ("generic", "decode/1", "decode/2", "decode/cc", "fused":
+// Every dispatch choice name there is ("generic", "decode/1", "decode/2", "fused":
 // the CUDA backend's paths, src/cuda/layer/dispatch.h), and them as a message: "generic,
 // decode/1, ... or fused".
 const std::vector<std::string>& dispatch_choice_names();

@@ -60,7 +60,7 @@ inline PrepareOptions with_gemm(const std::string& gemm, PrepareOptions o = {}) 
 }
 
 // PrepareOptions (over `o`) forcing one dispatch choice ("generic", "decode/1", "decode/2",
-// "decode/cc"), or setting the decode kernel's tiles per block or weight ring (DecodeOptions).
+// "fused"), or setting the decode kernel's tiles per block or weight ring (DecodeOptions).
 inline PrepareOptions with_dispatch(const std::string& choice, PrepareOptions o = {}) {
   o.dispatch = choice;
   return o;
@@ -251,7 +251,7 @@ inline void check_replay_and_poison(const TestLayer& tl, PreparedLayer* layer, u
   EXPECT_EQ(a.out, c.out);
 }
 
-// Every decode form (CUDA cores, one and two column groups), tiles per block and ring on tl at 1,
+// Every decode form (one and two column groups), tiles per block and ring on tl at 1,
 // 7 and 40 tokens: the forms within the budget; tiles per block of 4 and more, and both rings,
 // the same bits.
 inline void check_forms_tiles_and_rings(const TestLayer& tl, uint64_t seed) {
@@ -260,7 +260,7 @@ inline void check_forms_tiles_and_rings(const TestLayer& tl, uint64_t seed) {
     SCOPED_TRACE("tokens " + std::to_string(tokens) + " seed " + std::to_string(seed));
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    for (const char* form : {"decode/cc", "decode/1", "decode/2"}) {
+    for (const char* form : {"decode/1", "decode/2"}) {
       GpuRun r;
       gpu_run(tl, ti, &r, with_dispatch(form));
       EXPECT_LE(r.error, gpu_budget(dt)) << form;

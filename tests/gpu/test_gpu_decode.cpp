@@ -335,41 +335,6 @@ TEST(GpuDecode, PrefetchKeepsTheBits) {
   }
 }
 
-// The CUDA-core form (dispatch decode/cc: one route per pass, FMAs instead of mma) against
-// the oracle over widths, zero points, scale blocks shorter than a chunk and per channel, both
-// dtypes, one tile per block and several, and experts with several routes (several passes).
-TEST(GpuDecode, CudaCoreFormMatchesOracle) {
-  QMOE_REQUIRE_GPU();
-  const PrepareOptions cc = with_dispatch("decode/cc");
-  {
-    LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 768, 16, 4);
-    s.act_dtype = DType::kBF16;
-    TestLayer tl;
-    make_layer(s, fresh_seed(), &tl);
-    std::unique_ptr<PreparedLayer> layer;
-    ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, cc, &layer).is_ok());
-    ASSERT_EQ(layer->dispatch_choice(7), "decode/cc");
-  }
-  // K of 1024 and 768: at least 6 chunks in both FCs for every width, so 4 tiles per block are
-  // honoured; blocks of 16 and 64 give 1, 2 and 4 K steps per scale block inside a chunk.
-  for (WeightFormat f :
-       {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kInt4, WeightFormat::kInt8}) {
-    for (int block : {0, 16, 64}) {
-      for (DType dt : {DType::kBF16, DType::kF16}) {
-        LayerSpec s = small_spec(f, 1024, 768, 16, 4);
-        s.act_dtype = dt;
-        s.fc1.block_size = s.fc2.block_size = block;
-        s.fc1.zero_points = s.fc2.zero_points = block == 16;
-        SCOPED_TRACE(s.fc1.to_string() + " " + dtype_name(dt));
-        for (int tpb : {1, 4}) {
-          check_gpu_case(s, 1, false, with_tiles(tpb, cc));
-          check_gpu_case(s, 7, false, with_tiles(tpb, cc));
-        }
-      }
-    }
-  }
-}
-
 // A non-finite activation on the decode path is reported with its token.
 TEST(GpuDecode, NonFiniteInputIsReported) {
   QMOE_REQUIRE_GPU();

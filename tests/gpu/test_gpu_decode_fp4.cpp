@@ -92,7 +92,7 @@ TEST(GpuDecodeFp4, NPackedLayoutKeepsTheBits) {
   }
 }
 
-// Every form (CUDA cores, one and two column groups), tiles per block and ring: the forms within
+// Every form (one and two column groups), tiles per block and ring: the forms within
 // the budget; tiles per block of 4 and more, and both rings, the same bits.
 TEST(GpuDecodeFp4, FormsTilesAndRings) {
   QMOE_REQUIRE_GPU();

@@ -116,7 +116,7 @@ TEST(GpuDecodeFp8, SeparateFc3) {
   check_decode_call(tl, 1, seed, false);
 }
 
-// Every form (CUDA cores, one and two column groups), tiles per block and ring: the forms within
+// Every form (one and two column groups), tiles per block and ring: the forms within
 // the budget; tiles per block of 4 and more, and both rings, the same bits.
 TEST(GpuDecodeFp8, FormsTilesAndRings) {
   QMOE_REQUIRE_GPU();

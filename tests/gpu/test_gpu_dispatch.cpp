@@ -143,9 +143,9 @@ TEST(Dispatch, ForcedChoice) {
   }
   EXPECT_EQ(names, dispatch_choice_names());
   EXPECT_EQ(cuda::layer_choices(false).size(), 1u);
-  EXPECT_EQ(cuda::layer_choices(true).size(), 4u);            // no fused kernel on the layer
+  EXPECT_EQ(cuda::layer_choices(true).size(), 3u);            // no fused kernel on the layer
   EXPECT_EQ(cuda::layer_choices(false, 16).size(), 2u);       // generic and fused
-  EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 3u);   // generic, decode/1, decode/cc
+  EXPECT_EQ(cuda::dispatch_candidates(true, 4).size(), 2u);   // generic, decode/1
   EXPECT_EQ(cuda::dispatch_candidates(true, 12).size(), 3u);  // generic, decode/1, decode/2
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
   EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes).size(), 3u);
@@ -161,11 +161,12 @@ TEST(Dispatch, FusedChoice) {
     for (const DispatchChoice& c : v) s += choice_name(c) + " ";
     return s;
   };
-  EXPECT_EQ(names(cuda::dispatch_candidates(true, 1, 16)), "generic decode/1 decode/cc fused ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 1, 16)), "generic decode/1 fused ");
   EXPECT_EQ(names(cuda::dispatch_candidates(true, 16, 16)), "generic decode/1 decode/2 fused ");
   EXPECT_EQ(names(cuda::dispatch_candidates(true, 17, 16)), "generic decode/1 decode/2 ");
-  EXPECT_EQ(names(cuda::dispatch_candidates(true, 4, 0)), "generic decode/1 decode/cc ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 4, 0)), "generic decode/1 ");
   DispatchChoice c;
+  EXPECT_FALSE(cuda::parse_choice("decode/cc", &c));  // the CUDA-core form was deleted
   ASSERT_TRUE(cuda::parse_choice("fused", &c));
   EXPECT_EQ(c.path, CallPath::kFused);
   {
@@ -199,8 +200,7 @@ TEST(Dispatch, DecodeRowsPerPass) {
 }
 
 // Every choice within budget; decode/1 and decode/2 compute each route's column alike, so they
-// agree bit for bit (decode/1 runs more passes past 8 routes). decode/cc (CUDA cores, a pass per
-// route) sums in another order: within budget only.
+// agree bit for bit (decode/1 runs more passes past 8 routes).
 TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -211,9 +211,9 @@ TEST(GpuDispatch, EveryChoiceMatchesOracleAndGroupsAgreeBitwise) {
   for (int64_t tokens : {1, 8, 12, 40}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    GpuRun runs[4];
-    const char* names[4] = {"generic", "decode/1", "decode/2", "decode/cc"};
-    for (int i = 0; i < 4; ++i) {
+    GpuRun runs[3];
+    const char* names[3] = {"generic", "decode/1", "decode/2"};
+    for (int i = 0; i < 3; ++i) {
       gpu_run(tl, ti, &runs[i], with_dispatch(names[i]));
       if (::testing::Test::HasFatalFailure()) return;
       EXPECT_LE(runs[i].error, gpu_budget(s.act_dtype)) << names[i] << ", " << tokens << " tokens";

@@ -205,19 +205,6 @@ __device__ __forceinline__ uint32_t window_pair(uint32_t w, int jj, uint32_t sub
   }
 }
 
-// A bf16x2/f16x2 as two floats (exact).
-template <bool kBf16>
-__device__ __forceinline__ void unpack_pair(uint32_t p, float& lo, float& hi) {
-  if constexpr (kBf16) {
-    lo = __uint_as_float(p << 16);
-    hi = __uint_as_float(p & 0xFFFF0000u);
-  } else {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&p));
-    lo = f.x;
-    hi = f.y;
-  }
-}
-
 template <bool kBf16>
 __device__ __forceinline__ uint32_t pair_of(float base_plus_zp) {
   if constexpr (kBf16) {

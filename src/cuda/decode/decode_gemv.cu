@@ -111,7 +111,7 @@ DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, boo
 // passes of up to max_routes rows, then the ring and the prefetch.
 DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_groups, int tpb) {
   DecodeGeometry geo = geometry(a.shape);
-  geo.mc = std::max(route_groups, 1);  // the kernel's accumulator groups (CUDA cores: one)
+  geo.mc = route_groups;  // the kernel's accumulator groups
   const bool zp = a.zero_points != nullptr;
   // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
@@ -120,7 +120,7 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_gr
   if (a.shape.chunks < ring) tpb = 1;
   while (tpb > 1) {
     geo.tpb = tpb;
-    geo.rows_cap = route_groups == 0 ? 1 : std::min(max_routes, 8);
+    geo.rows_cap = std::min(max_routes, 8);
     if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
     tpb = tpb > 4 ? tpb / 2 / 4 * 4 : 1;
   }
@@ -128,7 +128,7 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_gr
   geo.rows_cap = 1;
   const size_t fixed = decode_smem_bytes(geo, zp);
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
-  geo.rows_cap = route_groups == 0 ? 1 : std::min({max_routes, 8 * route_groups, fit});
+  geo.rows_cap = std::min({max_routes, 8 * route_groups, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
   geo = choose_ring(a, geo, zp);
   // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
@@ -243,8 +243,8 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
                            ", got " + std::to_string(max_routes));
   }
-  if (route_groups < 0 || route_groups > 2) {
-    return Status::invalid("decode: route_groups must be 0 (CUDA cores), 1 or 2, got " +
+  if (route_groups < 1 || route_groups > 2) {
+    return Status::invalid("decode: route_groups must be 1 or 2, got " +
                            std::to_string(route_groups));
   }
   if (tiles_per_block < 0 || (tiles_per_block > 1 && tiles_per_block % 4 != 0)) {
@@ -267,7 +267,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
   // many routes per expert), the geometry stays: there 8 tiles per block won at 2 blocks per SM
   // (gpt-oss-20b, 32 and 64 tokens: 326 and 456 us against 364 and 527 with 4 tiles).
   const int floor_rows = std::max(2, (a.max_rows > 0 ? a.max_rows : geo.rows_cap) / 2);
-  if (a.min_blocks > 0 && route_groups > 0 && floor_rows < geo.rows_cap &&
+  if (a.min_blocks > 0 && floor_rows < geo.rows_cap &&
       blocks_per_sm(geo, zp) < a.min_blocks) {
     int rows = geo.rows_cap;
     while (rows > floor_rows && blocks_per_sm(geo, zp) < a.min_blocks) {

@@ -113,8 +113,7 @@ Status prepare_decode_kernels();
 
 // max_routes: an upper bound of any expert's routes in this call (the token count serves: a
 // token routes to an expert at most once); it sizes the staged activations. route_groups: mma
-// column groups of 8 routes per pass, 1 or 2, or 0 for CUDA cores, one route per pass
-// (dispatch.h chooses). tiles_per_block: 1, a multiple
+// column groups of 8 routes per pass, 1 or 2 (dispatch.h chooses). tiles_per_block: 1, a multiple
 // of 4, or 0 for the launcher's choice (a request it cannot honour falls back to fewer).
 Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int route_groups,
                         int tiles_per_block, cudaStream_t stream);

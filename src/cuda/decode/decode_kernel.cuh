@@ -161,10 +161,7 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
 // kSmemRing: the weight ring in shared memory, else in registers (the launcher chooses).
-// kMC: mma column groups of 8 routes per pass (1 or 2), or 0 for the CUDA-core form: one route per
-// pass, the codes and the route's activations turned into fp32 and multiplied with FMAs (no
-// columns wasted on absent routes, twice the instructions per K step), each lane's sums added over
-// the 4 lanes that share its rows. The accumulators keep the mma layout, so the rest is common.
+// kMC: mma column groups of 8 routes per pass (1 or 2).
 // kCode: the codes (MmaCodes): integers, or E2M1 (kBits 4) in the FP4 layout, decoded by fp4_pair.
 // NVFP4 multiplies each pair by its block's multiplier (copy_fp4_scales stages them in shared
 // memory; a chunk's four per row are one 8-byte load) and its fp32 scale is the global one per row
@@ -184,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
                 "FP4 codes are 4 bits; NVFP4 has one fp32 scale block, MXFP4 two K steps each");
   static_assert(!kFp8 || (kBits == 8 && kSpb == 0),
                 "FP8 codes are 8 bits, their scale blocks whole chunks (or one per row)");
-  constexpr int kCols = kMC == 0 ? 1 : kMC;  // accumulator groups
+  constexpr int kCols = kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
@@ -386,16 +383,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
       }
     };
-    // The CUDA-core form: a lane's sums cover its 4 of each step's 16 K; the 4 lanes of a row group
-    // add theirs (butterfly, so all four hold the same bits).
-    auto lanes_sum = [&]() {
-      if constexpr (kMC == 0) {
-        acc[0][0] = acc[0][0] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][0], 1);
-        acc[0][2] = acc[0][2] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][2], 1);
-        acc[0][0] = acc[0][0] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][0], 2);
-        acc[0][2] = acc[0][2] + __shfl_xor_sync(0xFFFFFFFFu, acc[0][2], 2);
-      }
-    };
     // The K loop's running state, so that a chunk costs its decode and little else (the tests a
     // chunk once made, where its tile and scale block start, cost a third of its instructions):
     // the lane's B fragment addresses at the chunk's start, the current scale block's entry, and a
@@ -415,8 +402,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     const uint16_t* xa[kCols];  // the lane's B fragments at the chunk's start
 #pragma unroll
     for (int ch = 0; ch < kCols; ++ch) {
-      // Lane g reads route g's row (an mma column); the CUDA-core form reads the pass's one route.
-      const int r = kMC == 0 ? 0 : 8 * ch + g;
+      const int r = 8 * ch + g;  // lane g reads route g's row (an mma column)
       xa[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t + kChunkK * c0;
     }
     // kSpb == 0: chunks to the current scale block's end; its row-g entry (sp - srow counts the
@@ -477,29 +463,11 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
             af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
           }
         }
-        if constexpr (kMC == 0) {
-          // Row g: a0 . x[0, 2) + a2 . x[2, 4); row g + 8: a1 and a3 likewise.
-          const uint2 bv = *reinterpret_cast<const uint2*>(xa[0] + 16 * st);
-          float x[4], w8[8];
-          unpack_pair<kBf16>(bv.x, x[0], x[1]);
-          unpack_pair<kBf16>(bv.y, x[2], x[3]);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) unpack_pair<kBf16>(af[j], w8[2 * j], w8[2 * j + 1]);
-          blk[0][0] = fmaf(w8[0], x[0], blk[0][0]);
-          blk[0][0] = fmaf(w8[1], x[1], blk[0][0]);
-          blk[0][0] = fmaf(w8[4], x[2], blk[0][0]);
-          blk[0][0] = fmaf(w8[5], x[3], blk[0][0]);
-          blk[0][2] = fmaf(w8[2], x[0], blk[0][2]);
-          blk[0][2] = fmaf(w8[3], x[1], blk[0][2]);
-          blk[0][2] = fmaf(w8[6], x[2], blk[0][2]);
-          blk[0][2] = fmaf(w8[7], x[3], blk[0][2]);
-        } else {
-#pragma unroll
-          for (int ch = 0; ch < kCols; ++ch) {
-            if (kMC == 1 || ch < nch) {
-              const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
-              mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
-            }
+        for (int ch = 0; ch < kCols; ++ch) {
+          if (kMC == 1 || ch < nch) {
+            const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
+            mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
           }
         }
 #if defined(QMOE_DECODE_ABLATE_NO_KPAIR)
@@ -511,7 +479,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     // the state moves to the next tile. Returns false after the warp's last tile.
     auto next_tile = [&]() {
       flush();
-      lanes_sum();
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
 #pragma unroll
@@ -633,7 +600,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
       continue;
     }
     flush();
-    lanes_sum();
 
     // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
     if (warp > 0) {
@@ -693,7 +659,7 @@ constexpr bool has_spb(int spb) {
 }
 
 // The instantiation list of one kind of codes: f(bf16, column groups, kSpb) as integral constants,
-// for both activation dtypes, column groups 0, 1 and 2 and the kind's scale-block variants, in
+// for both activation dtypes, column groups 1 and 2 and the kind's scale-block variants, in
 // order, stopping at the first error. The launch switch and the shared-memory opt-in both walk
 // it, so that every kernel launched was opted in.
 template <int kBits, int kCode, typename F>
@@ -712,7 +678,6 @@ Status for_each_kernel(F&& f) {
     one(std::integral_constant<int, 4>{});
   };
   auto each_mc = [&](auto bf16) {
-    each_spb(bf16, std::integral_constant<int, 0>{});
     each_spb(bf16, std::integral_constant<int, 1>{});
     each_spb(bf16, std::integral_constant<int, 2>{});
   };

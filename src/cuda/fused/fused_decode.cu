@@ -45,10 +45,12 @@ const void* kernel_for(int bits, bool bf16, int spb) {
   }
 }
 
-int pad_ld(int halves) { return halves % 32 == 0 ? halves + 16 : halves; }
-
 // Row strides of 16 halves modulo 32: the B loads of a half-warp's rows meet no bank twice
 // (decode_gemv.cu's geometry()).
+int pad_ld(int halves) { return halves % 32 == 0 ? halves + 16 : halves; }
+
+// The shared-memory layout (fused_decode_kernel.cuh draws it) and the workspace offsets of a call
+// of `tokens` with this split.
 FusedGeometry fused_geometry(const FusedShape& sh, int tokens, FusedSplit split) {
   const MmaPackShape& s1 = sh.fc1;
   const MmaPackShape& s2 = sh.fc2;

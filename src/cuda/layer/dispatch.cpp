@@ -10,7 +10,6 @@ namespace qmoe::cuda {
 std::string choice_name(const DispatchChoice& c) {
   if (c.path == CallPath::kGeneric) return "generic";
   if (c.path == CallPath::kFused) return "fused";
-  if (c.route_groups == 0) return "decode/cc";
   return "decode/" + std::to_string(c.route_groups);
 }
 
@@ -22,7 +21,6 @@ namespace {
 constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric, 1},
                                        {CallPath::kDecode, 1},
                                        {CallPath::kDecode, 2},
-                                       {CallPath::kDecode, 0},
                                        {CallPath::kFused, 1}};
 
 }  // namespace
@@ -43,8 +41,6 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
   if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
     c.push_back(DispatchChoice{CallPath::kDecode, 1});
     if (tokens > 8) c.push_back(DispatchChoice{CallPath::kDecode, 2});
-    // CUDA cores, one route per pass: a candidate where experts mostly have one route.
-    if (tokens <= 8) c.push_back(DispatchChoice{CallPath::kDecode, 0});
   }
   if (tokens >= 1 && tokens <= fused_max_tokens) c.push_back(DispatchChoice{CallPath::kFused, 1});
   return c;

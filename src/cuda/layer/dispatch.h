@@ -13,13 +13,9 @@
 //   decode/2          16 routes per pass: a tuner candidate past 8 tokens, never the analytic
 //                     default (it lost to decode/1 at every count measured on an H200, from 16 to
 //                     64 routes per expert: docs/cuda-backend.md);
-//   decode/cc         the decode kernel on CUDA cores, one route per pass (an expert with r routes
-//                     reads its weights r times, all but the first from L2): a tuner candidate up
-//                     to 8 tokens, never the analytic default (it lost to decode/1 at every count
-//                     measured on an H200, docs/cuda-backend.md);
 //   fused             one cooperative kernel for the whole call (fused_decode.h): routing, FC1,
 //                     FC2 and the combine; a candidate up to the layer's fused_max_tokens;
-//   forced            generic | decode/1 | decode/2 | decode/cc | fused: one choice for every call
+//   forced            generic | decode/1 | decode/2 | fused: one choice for every call
 //                     (A/B runs and the tuner): PrepareOptions::dispatch (or $QMOE_DISPATCH) at
 //                     prepare, PreparedLayer::force_dispatch() later.
 // A choice the call cannot take (decode past kDecodeMaxRoutes tokens or for a layer it does not
@@ -99,14 +95,14 @@ constexpr int mixed_tile_for(int64_t routes, int64_t experts) {
 
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
-  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2); 0: CUDA cores
+  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2)
 
   bool operator==(const DispatchChoice& o) const {
     return path == o.path && (path != CallPath::kDecode || route_groups == o.route_groups);
   }
 };
 
-// "generic", "decode/1", "decode/2", "decode/cc", "fused".
+// "generic", "decode/1", "decode/2", "fused".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 
