@@ -161,7 +161,7 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
 // kSmemRing: the weight ring in shared memory, else in registers (the launcher chooses).
-// kMC: mma column groups of 8 routes per pass (1 or 2).
+// kMC: mma column groups of 8 routes per pass (1 or 2), each with its own accumulators.
 // kCode: the codes (MmaCodes): integers, or E2M1 (kBits 4) in the FP4 layout, decoded by fp4_pair.
 // NVFP4 multiplies each pair by its block's multiplier (copy_fp4_scales stages them in shared
 // memory; a chunk's four per row are one 8-byte load) and its fp32 scale is the global one per row
@@ -181,7 +181,6 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
                 "FP4 codes are 4 bits; NVFP4 has one fp32 scale block, MXFP4 two K steps each");
   static_assert(!kFp8 || (kBits == 8 && kSpb == 0),
                 "FP8 codes are 8 bits, their scale blocks whole chunks (or one per row)");
-  constexpr int kCols = kMC;  // accumulator groups
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
@@ -201,16 +200,16 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
   constexpr uint32_t kSlotBytes = kRingSlotBytes;
   static_assert(kRingSlotBytes == kWarps * 32 * 16, "a slot holds 16 bytes per lane");
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[kWarps][kCols][4][32];  // split K: warps 1.. hand warp 0 their partial sums
+  __shared__ float red[kWarps][kMC][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem + kSlots * kSlotBytes);
   float* zs = sc + geo.tpb * 16 * nbp;
-  // Several tiles: each finished tile's sums wait here, [tile][kCols][4][32], for the epilogues
+  // Several tiles: each finished tile's sums wait here, [tile][kMC][4][32], for the epilogues
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
   // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
-  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kCols * 128 : 0));
+  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kMC * 128 : 0));
   uint16_t* zrow = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
@@ -348,9 +347,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 
     // 4. The K loop: per step, 4 A registers from the codes, one mma per 8 routes.
     const int nch = (rows + 7) / 8;
-    float acc[kCols][4], blk[kCols][4];
+    float acc[kMC][4], blk[kMC][4];
 #pragma unroll
-    for (int ch = 0; ch < kCols; ++ch) {
+    for (int ch = 0; ch < kMC; ++ch) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
     }
@@ -369,7 +368,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     set_subs();
     auto flush = [&]() {
 #pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) {
+      for (int ch = 0; ch < kMC; ++ch) {
         if constexpr (kFp8 && !kBf16) {  // f16 pairs are e4m3 * 2^-8: the sums times 2^8, exact
           constexpr float kBack = exp2_int(kFp8F16Shift);
 #pragma unroll
@@ -399,9 +398,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         set_subs();
       }
     };
-    const uint16_t* xa[kCols];  // the lane's B fragments at the chunk's start
+    const uint16_t* xa[kMC];  // the lane's B fragments at the chunk's start
 #pragma unroll
-    for (int ch = 0; ch < kCols; ++ch) {
+    for (int ch = 0; ch < kMC; ++ch) {
       const int r = 8 * ch + g;  // lane g reads route g's row (an mma column)
       xa[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t + kChunkK * c0;
     }
@@ -464,7 +463,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
           }
         }
 #pragma unroll
-        for (int ch = 0; ch < kCols; ++ch) {
+        for (int ch = 0; ch < kMC; ++ch) {
           if (kMC == 1 || ch < nch) {
             const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
             mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
@@ -480,10 +479,10 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     auto next_tile = [&]() {
       flush();
 #pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) {
+      for (int ch = 0; ch < kMC; ++ch) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          sums[((tile * kCols + ch) * 4 + r) * 32 + lane] = acc[ch][r];
+          sums[((tile * kMC + ch) * 4 + r) * 32 + lane] = acc[ch][r];
           acc[ch][r] = 0.0f;
         }
         xa[ch] -= kChunkK * nw;  // a tile is nw chunks: back to its start
@@ -503,7 +502,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     auto step = [&](const uint4& wv) {
       process(wv);
 #pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;
+      for (int ch = 0; ch < kMC; ++ch) xa[ch] += kChunkK;
       if constexpr (kSpb > 0) sp += kSteps / kSpb;
       if constexpr (kSpb < 0) kc += kChunkK;
       if constexpr (kNvFp4) mp += kSteps;  // a block per K step
@@ -590,9 +589,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         const int m = m0 + tl;
         const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
 #pragma unroll
-        for (int ch = 0; ch < kCols; ++ch) {
+        for (int ch = 0; ch < kMC; ++ch) {
           if (ch >= nch) continue;
-          const float* f = sums + (tl * kCols + ch) * 128 + lane;
+          const float* f = sums + (tl * kMC + ch) * 128 + lane;
           const float v[4] = {f[0], f[32], f[64], f[96]};
           epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
         }
@@ -604,7 +603,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
     if (warp > 0) {
 #pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) {
+      for (int ch = 0; ch < kMC; ++ch) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
       }
@@ -613,7 +612,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     if (warp == 0) {
       const int64_t lr0 = s.logical_row(16 * m0 + g), lr1 = s.logical_row(16 * m0 + g + 8);
 #pragma unroll
-      for (int ch = 0; ch < kCols; ++ch) {
+      for (int ch = 0; ch < kMC; ++ch) {
         if (ch >= nch) continue;
         float v[4];
 #pragma unroll
