@@ -33,7 +33,7 @@ build_cli() {
   local src="$1" dir="$2"
   shift 2
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a "$@" >"$dir.configure.log" 2>&1 &&
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_CUDA_LINEINFO=ON "$@" >"$dir.configure.log" 2>&1 &&
     cmake --build "$dir" -j "$(nproc)" --target qmoe_cli >"$dir.build.log" 2>&1 ||
     { tail -40 "$dir.configure.log" "$dir.build.log"; return 1; }
 }

@@ -16,19 +16,30 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
 cmake --build build-fuzz -j "$jobs" --target fuzz_safetensors fuzz_layer_file fuzz_checkpoint_json
 
 mkdir -p build-fuzz/artifacts
-for target in fuzz_safetensors fuzz_layer_file fuzz_checkpoint_json; do
+# The targets run side by side (each fuzzer is one process): the whole run takes one target's time.
+targets=(fuzz_safetensors fuzz_layer_file fuzz_checkpoint_json)
+pids=()
+for target in "${targets[@]}"; do
   work="build-fuzz/corpus-$target"
   rm -rf "$work"
   cp -r "tests/fuzz/corpus/$target" "$work"
+  "build-fuzz/tests/fuzz/$target" "$work" -max_total_time="$seconds" -max_len=65536 \
+    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix=build-fuzz/artifacts/ >"build-fuzz/$target.log" 2>&1 &
+  pids+=("$!")
+done
+failed=0
+for i in "${!targets[@]}"; do
+  target="${targets[$i]}"
   log="build-fuzz/$target.log"
-  if ! "build-fuzz/tests/fuzz/$target" "$work" -max_total_time="$seconds" -max_len=65536 \
-      -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-      -artifact_prefix=build-fuzz/artifacts/ >"$log" 2>&1; then
+  if ! wait "${pids[$i]}"; then
     tail -40 "$log"
     echo "fuzz: $target failed; the input is in build-fuzz/artifacts/" >&2
-    exit 1
+    failed=1
+    continue
   fi
   runs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")"
   cov="$(grep -o 'cov: [0-9]*' "$log" | tail -1)"
   echo "fuzz: $target ${seconds} s, ${runs:-?} inputs, ${cov:-cov: ?}, no failures"
 done
+exit "$failed"

@@ -24,7 +24,7 @@ step() { echo "== $1: $2" | tee -a "$out/summary.txt"; [ "$2" = ok ] || status=1
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_CUDA_LINEINFO=ON >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 

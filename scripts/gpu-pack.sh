@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_CUDA_LINEINFO=ON >/dev/null
 nice -n 5 cmake --build build-gpu -j "${JOBS:-2}" --target qmoe_gpu_tests qmoe_cli
 # Both binaries in one xz archive with a dictionary that spans them: their device code is the same
 # library's, so the second copy costs almost nothing (a 64 MiB limit on what a run ships).

@@ -56,7 +56,7 @@ if [ "${QMOE_QUICK_PREBUILT:-0}" = 1 ]; then
   step "prebuilt binaries" ok
 else
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DQMOE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a "${prefix[@]}" >"$dest/configure.log" 2>&1 ||
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DQMOE_CUDA_LINEINFO=ON "${prefix[@]}" >"$dest/configure.log" 2>&1 ||
   { tail -30 "$dest/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" >"$dest/build.log" 2>&1 ||
   { grep -E "error|Error" "$dest/build.log" | head -40; tail -20 "$dest/build.log"; exit 1; }
