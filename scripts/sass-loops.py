@@ -9,8 +9,8 @@ is then the loop length over its mma count (issue budget, docs/cuda-backend.md).
 length counts its rarely run blocks too (a scale block's or a tile's end); "skipping" is the
 length of the path that takes every conditional forward branch inside the loop, which skips
 those blocks: in the decode kernels, the chunk whose scale block goes on, the common case. It
-reads low where a conditional block holds common work (decode/2's second column group, or the
-tail loops that test each chunk against the stream's end): take it from the whole-round loops.
+reads low where a conditional block holds common work (the tail loops that test each chunk
+against the stream's end): take it from the whole-round loops.
 Runs wherever cuobjdump does (scripts/sass.sh fetches one where the toolkit has none); it reads
 text only.
 

@@ -66,7 +66,7 @@ TEST_F(PrepareOptionsTest, DefaultsStayWithoutTheEnvironment) {
 
 TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EnvOverride a("QMOE_TUNE_FILE", "/tmp/t.json"), b("QMOE_GEMM", "mma"),
-      c("QMOE_DISPATCH", "decode/2"), d("QMOE_PDL", "0"), e("QMOE_DECODE_ROWS", "3"),
+      c("QMOE_DISPATCH", "fused"), d("QMOE_PDL", "0"), e("QMOE_DECODE_ROWS", "3"),
       f("QMOE_DECODE_TPB", "8"), g("QMOE_DECODE_RING", "2"), h("QMOE_DECODE_PREFETCH", "0"),
       i("QMOE_DECODE_MIN_BLOCKS", "0"), j("QMOE_FUSED_GRID", "5"), k("QMOE_MIXED_TILE", "32");
   PrepareOptions out;
@@ -75,7 +75,7 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EXPECT_EQ(out.mixed_tile, 32);
   EXPECT_EQ(out.tune_file, "/tmp/t.json");
   EXPECT_EQ(out.gemm, "mma");
-  EXPECT_EQ(out.dispatch, "decode/2");
+  EXPECT_EQ(out.dispatch, "fused");
   EXPECT_FALSE(out.pdl);
   expect_decode(out.decode, 3, 8, 2, 0, 0);
 
@@ -161,7 +161,8 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_RING", "3", "shared memory"}, Case{"QMOE_DECODE_PREFETCH", "17", "0..16"},
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
-        Case{"QMOE_DISPATCH", "decode/3", "decode/2 or fused"},
+        Case{"QMOE_DISPATCH", "decode/3", "decode/1 or fused"},
+        Case{"QMOE_DISPATCH", "decode/2", "decode/1 or fused"},  // the deleted two-group form
         Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
         Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"},
         Case{"QMOE_MIXED_TILE", "256", "32, 64 or 128"}}) {  // the deleted wide tile
@@ -259,17 +260,18 @@ TEST_F(PrepareOptionsTest, ActQuantValuesAndTheCpuBackend) {
 }
 
 TEST(ForceDispatch, ChecksTheChoiceAgainstTheLayers) {
-  const std::vector<std::string> decode = {"generic", "decode/1", "decode/2"};
+  const std::vector<std::string> decode = {"generic", "decode/1", "fused"};
   EXPECT_TRUE(check_forced_choice("", decode).is_ok());
-  EXPECT_TRUE(check_forced_choice("decode/2", decode).is_ok());
+  EXPECT_TRUE(check_forced_choice("fused", decode).is_ok());
   EXPECT_TRUE(check_forced_choice("", {}).is_ok());
   EXPECT_FALSE(check_forced_choice("decode/cc", decode).is_ok());  // the deleted CUDA-core form
+  EXPECT_FALSE(check_forced_choice("decode/2", decode).is_ok());   // the deleted two-group form
 
   Status st = check_forced_choice("decode/7", decode);
   ASSERT_FALSE(st.is_ok());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
-            "force_dispatch: expected generic, decode/1 or decode/2, or \"\" for the "
+            "force_dispatch: expected generic, decode/1 or fused, or \"\" for the "
             "dispatch table, got 'decode/7'");
   st = check_forced_choice("fused", {"generic", "decode/1"});  // a name, not this layer's
   ASSERT_FALSE(st.is_ok());
@@ -281,7 +283,7 @@ TEST(ForceDispatch, ChecksTheChoiceAgainstTheLayers) {
       << st.message();
   EXPECT_NE(st.message().find("generic, or \"\""), std::string::npos) << st.message();
 
-  EXPECT_EQ(dispatch_choice_list(), "generic, decode/1, decode/2 or fused");
+  EXPECT_EQ(dispatch_choice_list(), "generic, decode/1 or fused");
 }
 
 // The CPU backend has one path: "" is the only choice, and it says so.

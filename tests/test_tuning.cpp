@@ -18,7 +18,7 @@ std::string temp_path(const std::string& name) {
 
 TEST(Tuning, RowsRoundTripAndOtherKeysSurvive) {
   const std::string path = temp_path("roundtrip");
-  const std::vector<TunedRow> a = {{1, "decode/1"}, {16, "decode/2"}, {64, "generic"}};
+  const std::vector<TunedRow> a = {{1, "decode/1"}, {16, "fused"}, {64, "generic"}};
   const std::vector<TunedRow> b = {{8, "generic"}};
   ASSERT_TRUE(save_tuned_rows(path, "layer A", a).is_ok());
   ASSERT_TRUE(save_tuned_rows(path, "layer B", b).is_ok());

@@ -20,7 +20,7 @@ namespace qmoe {
 
 struct TunedRow {
   int64_t max_tokens = 0;
-  std::string choice;  // a backend's choice name, e.g. "decode/1", "decode/2", "generic"
+  std::string choice;  // a backend's choice name: "generic", "decode/1" or "fused"
 };
 
 // The key a layer's rows are stored under: the device, then everything in the spec that changes
@@ -33,9 +33,9 @@ std::string tune_key(const LayerSpec& spec, const std::string& device);
 Status load_tuned_rows(const std::string& path, const std::string& key, std::vector<TunedRow>* rows,
                        bool* found);
 
-// Every dispatch choice name there is ("generic", "decode/1", "decode/2", "fused":
+// Every dispatch choice name there is ("generic", "decode/1", "fused":
 // the CUDA backend's paths, src/cuda/layer/dispatch.h), and them as a message: "generic,
-// decode/1, ... or fused".
+// decode/1 or fused".
 const std::vector<std::string>& dispatch_choice_names();
 std::string dispatch_choice_list();
 

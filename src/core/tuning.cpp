@@ -104,7 +104,7 @@ Status save_tuned_rows(const std::string& path, const std::string& key,
 }
 
 const std::vector<std::string>& dispatch_choice_names() {
-  static const std::vector<std::string> names = {"generic", "decode/1", "decode/2", "fused"};
+  static const std::vector<std::string> names = {"generic", "decode/1", "fused"};
   return names;
 }
 

@@ -282,7 +282,7 @@ void for_tokens_and_tiles(const LayerSpec& s, std::initializer_list<int> tiles, 
 // The weight ring in registers and in shared memory (DecodeOptions::ring 1|2): the same chunks
 // decoded in the same order, so the same bits, within the budget. Every width, zero points, scale
 // blocks inside a chunk and spanning chunks, both dtypes, one tile per block (the warps split K)
-// and several (a warp's stream crossing tile ends), one and two column groups, several passes.
+// and several (a warp's stream crossing tile ends), several passes.
 TEST(GpuDecode, RingKindsKeepTheBits) {
   QMOE_REQUIRE_GPU();
   struct Case {

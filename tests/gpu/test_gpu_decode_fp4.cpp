@@ -92,12 +92,12 @@ TEST(GpuDecodeFp4, NPackedLayoutKeepsTheBits) {
   }
 }
 
-// Every form (one and two column groups), tiles per block and ring: the forms within
-// the budget; tiles per block of 4 and more, and both rings, the same bits.
-TEST(GpuDecodeFp4, FormsTilesAndRings) {
+// The decode kernel forced, its tiles per block and rings: within the budget; tiles per block of 4
+// and more, and both rings, the same bits.
+TEST(GpuDecodeFp4, TilesAndRings) {
   QMOE_REQUIRE_GPU();
   for_layers_of(kFp4Formats, 1024, 768, 8, 4,
-                [](const TestLayer& tl, uint64_t seed) { check_forms_tiles_and_rings(tl, seed); });
+                [](const TestLayer& tl, uint64_t seed) { check_decode_tiles_and_rings(tl, seed); });
 }
 
 // Where shared memory holds fewer blocks than the registers allow (K 2880: a 5.8 KB row per route

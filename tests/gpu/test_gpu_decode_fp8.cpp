@@ -116,12 +116,12 @@ TEST(GpuDecodeFp8, SeparateFc3) {
   check_decode_call(tl, 1, seed, false);
 }
 
-// Every form (one and two column groups), tiles per block and ring: the forms within
-// the budget; tiles per block of 4 and more, and both rings, the same bits.
-TEST(GpuDecodeFp8, FormsTilesAndRings) {
+// The decode kernel forced, its tiles per block and rings: within the budget; tiles per block of 4
+// and more, and both rings, the same bits.
+TEST(GpuDecodeFp8, TilesAndRings) {
   QMOE_REQUIRE_GPU();
   for_layers_of(kFp8Formats, 1024, 768, 8, 4,
-                [](const TestLayer& tl, uint64_t seed) { check_forms_tiles_and_rings(tl, seed); });
+                [](const TestLayer& tl, uint64_t seed) { check_decode_tiles_and_rings(tl, seed); });
 }
 
 // One fp8_block scale entry i of q set to v (in the FC's scale dtype).

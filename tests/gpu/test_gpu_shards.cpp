@@ -305,16 +305,16 @@ TEST(GpuShards, GraphReplayEqualsEagerBitwise) {
   }
 }
 
-TEST(GpuShards, DecodeFormsTilesAndRings) {
+TEST(GpuShards, DecodeTilesAndRings) {
   QMOE_REQUIRE_GPU();
-  // On a shard, every decode form within budget, and tiles per block and both weight rings the
+  // On a shard, the decode kernel within budget, and tiles per block and both weight rings the
   // same bits (the decode kernels' scheduling changes no bit).
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kNvFp4}) {
     TestLayer whole;
     uint64_t seed = 0;
     make_whole(small_spec(f, 256, 128, 16, 4), DType::kBF16, &whole, &seed);
     SCOPED_TRACE(layer_name(whole.spec));
-    check_forms_tiles_and_rings(make_shard(whole, 4, 9), seed);
+    check_decode_tiles_and_rings(make_shard(whole, 4, 9), seed);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }

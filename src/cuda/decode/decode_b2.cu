@@ -4,7 +4,7 @@
 namespace qmoe::cuda::decode_detail {
 
 template Status launch_decode_kind<2, kIntCodes>(const DecodeFcArgs&, const DecodeGeometry&, size_t,
-                                                 int, cudaStream_t);
+                                                 cudaStream_t);
 template Status prepare_decode_kind<2, kIntCodes>();
 
 }  // namespace qmoe::cuda::decode_detail

@@ -69,11 +69,11 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 }
 
 // Blocks of the kernel one sm_90 multiprocessor holds by shared memory (the reserved share of
-// each block and the static reduction buffer of 2 or 4 KB included), at most its register bound.
+// each block and the static reduction buffer of 2 KB included), at most its register bound.
 int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
   const size_t per_block =
-      decode_smem_bytes(g, zero_points) + kSm90SmemReservedPerBlock + (g.mc == 2 ? 4096 : 2048);
-  return std::min(decode_min_blocks(g.mc), static_cast<int>(kSm90SmemPerSm / per_block));
+      decode_smem_bytes(g, zero_points) + kSm90SmemReservedPerBlock + 2048;
+  return std::min(kDecodeMinBlocks, static_cast<int>(kSm90SmemPerSm / per_block));
 }
 
 // The weight ring goes to shared memory when a warp's stream of 16-byte chunks is long
@@ -109,13 +109,12 @@ DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, boo
 
 // The launch geometry for tpb tiles per block (the request; fewer where they do not fit) and
 // passes of up to max_routes rows, then the ring and the prefetch.
-DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_groups, int tpb) {
+DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int tpb) {
   DecodeGeometry geo = geometry(a.shape);
-  geo.mc = route_groups;  // the kernel's accumulator groups
   const bool zp = a.zero_points != nullptr;
   // Several tiles per block: a warp's ring must not span two tile ends (decode_kernel.cuh), and
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
-  const int ring = decode_ring(a.shape.bits, geo.mc);
+  const int ring = decode_ring(a.shape.bits);
   tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
   if (a.shape.chunks < ring) tpb = 1;
   while (tpb > 1) {
@@ -128,7 +127,7 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int route_gr
   geo.rows_cap = 1;
   const size_t fixed = decode_smem_bytes(geo, zp);
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
-  geo.rows_cap = std::min({max_routes, 8 * route_groups, fit});
+  geo.rows_cap = std::min({max_routes, 8, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
   geo = choose_ring(a, geo, zp);
   // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
@@ -236,16 +235,12 @@ Status prepare_decode_kernels() {
   return prepare_decode_kind<8, kFp8Codes>();
 }
 
-Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
-                        int tiles_per_block, cudaStream_t stream) {
+Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_block,
+                        cudaStream_t stream) {
   QMOE_RETURN_IF_ERROR(check_decode_args(a));
   if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
                            ", got " + std::to_string(max_routes));
-  }
-  if (route_groups < 1 || route_groups > 2) {
-    return Status::invalid("decode: route_groups must be 1 or 2, got " +
-                           std::to_string(route_groups));
   }
   if (tiles_per_block < 0 || (tiles_per_block > 1 && tiles_per_block % 4 != 0)) {
     return Status::invalid(
@@ -258,7 +253,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
                            " too large to stage one activation row in shared memory");
   }
   const int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a, max_routes);
-  DecodeGeometry geo = plan_geometry(a, max_routes, route_groups, tpb);
+  DecodeGeometry geo = plan_geometry(a, max_routes, tpb);
   // Shared memory may hold fewer blocks per multiprocessor than the kernel's registers allow
   // where K is long (a staged row per route) or the scales are many per tile (FP4: one per 16 or
   // 32 K): then fewer rows per pass (down to half the mean-based choice, a.max_rows) and, where
@@ -271,32 +266,32 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int route_groups,
       blocks_per_sm(geo, zp) < a.min_blocks) {
     int rows = geo.rows_cap;
     while (rows > floor_rows && blocks_per_sm(geo, zp) < a.min_blocks) {
-      geo = plan_geometry(a, std::min(max_routes, --rows), route_groups, geo.tpb);
+      geo = plan_geometry(a, std::min(max_routes, --rows), geo.tpb);
     }
     if (blocks_per_sm(geo, zp) < a.min_blocks && tiles_per_block == 0 && geo.tpb > 4) {
-      geo = plan_geometry(a, std::min(max_routes, rows), route_groups, 4);
+      geo = plan_geometry(a, std::min(max_routes, rows), 4);
     }
   }
   const size_t smem = decode_smem_bytes(geo, zp);
   switch (a.shape.codes) {  // the runtime kind and width to the kernel's template arguments
     case MmaCodes::kFp8:
-      return launch_decode_kind<8, kFp8Codes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<8, kFp8Codes>(a, geo, smem, stream);
     case MmaCodes::kNvFp4:
-      return launch_decode_kind<4, kNvFp4Codes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<4, kNvFp4Codes>(a, geo, smem, stream);
     case MmaCodes::kMxFp4:
-      return launch_decode_kind<4, kMxFp4Codes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<4, kMxFp4Codes>(a, geo, smem, stream);
     default:
       break;
   }
   switch (a.shape.bits) {
     case 2:
-      return launch_decode_kind<2, kIntCodes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<2, kIntCodes>(a, geo, smem, stream);
     case 3:
-      return launch_decode_kind<3, kIntCodes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<3, kIntCodes>(a, geo, smem, stream);
     case 4:
-      return launch_decode_kind<4, kIntCodes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<4, kIntCodes>(a, geo, smem, stream);
     case 8:
-      return launch_decode_kind<8, kIntCodes>(a, geo, smem, route_groups, stream);
+      return launch_decode_kind<8, kIntCodes>(a, geo, smem, stream);
     default:
       return Status::invalid("decode: bits must be 2, 3, 4 or 8, got " +
                              std::to_string(a.shape.bits));

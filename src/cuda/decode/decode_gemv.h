@@ -78,8 +78,8 @@ struct DecodeFcArgs {
   // blocks of tile 0 check every activation of their routes.
   int32_t* error = nullptr;
 
-  // The most activation rows one pass stages (0: as many as max_routes, the column groups and
-  // shared memory allow). Fewer rows take less shared memory, so more blocks fit a
+  // The most activation rows one pass stages (0: as many as max_routes, the mma column group (8)
+  // and shared memory allow). Fewer rows take less shared memory, so more blocks fit a
   // multiprocessor, and an expert with more routes takes several passes over its weights.
   int max_rows = 0;
   // Where the weight ring lives (decode_launch.h): 0 the launcher chooses, 1 registers, 2 shared
@@ -112,10 +112,10 @@ int decode_rows_per_pass(int64_t tokens, int top_k, int num_shared, int64_t expe
 Status prepare_decode_kernels();
 
 // max_routes: an upper bound of any expert's routes in this call (the token count serves: a
-// token routes to an expert at most once); it sizes the staged activations. route_groups: mma
-// column groups of 8 routes per pass, 1 or 2 (dispatch.h chooses). tiles_per_block: 1, a multiple
-// of 4, or 0 for the launcher's choice (a request it cannot honour falls back to fewer).
-Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int route_groups,
-                        int tiles_per_block, cudaStream_t stream);
+// token routes to an expert at most once); it sizes the staged activations (8 routes per pass,
+// one mma column group). tiles_per_block: 1, a multiple of 4, or 0 for the launcher's choice (a
+// request it cannot honour falls back to fewer).
+Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int tiles_per_block,
+                        cudaStream_t stream);
 
 }  // namespace qmoe::cuda

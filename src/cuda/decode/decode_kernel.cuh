@@ -161,7 +161,9 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
 // kSmemRing: the weight ring in shared memory, else in registers (the launcher chooses).
-// kMC: mma column groups of 8 routes per pass (1 or 2), each with its own accumulators.
+// One mma column group: 8 routes per pass (lane g reads route g's row). A second group (16 routes
+// per pass, dispatch choice decode/2) lost to one at every count measured and was deleted
+// (docs/cuda-backend.md).
 // kCode: the codes (MmaCodes): integers, or E2M1 (kBits 4) in the FP4 layout, decoded by fp4_pair.
 // NVFP4 multiplies each pair by its block's multiplier (copy_fp4_scales stages them in shared
 // memory; a chunk's four per row are one 8-byte load) and its fp32 scale is the global one per row
@@ -171,8 +173,8 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // row (or, FC1 and a separate FC3 packed as one, per-row fp32 scales), fp8_block's its block
 // scales per row (tile order, blocks of whole chunks, the last one of a tile possibly shorter:
 // geo.cpb_last).
-template <int kBits, bool kBf16, int kMC, int kSpb, bool kSmemRing, int kCode>
-__global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
+template <int kBits, bool kBf16, int kSpb, bool kSmemRing, int kCode>
+__global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
   constexpr bool kFp8 = kCode == static_cast<int>(MmaCodes::kFp8);
   constexpr bool kFp4 = kCode != static_cast<int>(MmaCodes::kInt) && !kFp8;
@@ -193,23 +195,23 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
 #elif defined(QMOE_DECODE_ABLATE_RING4)
   constexpr int kRing = 4;
 #else
-  constexpr int kRing = decode_ring(kBits, kMC);
+  constexpr int kRing = decode_ring(kBits);
 #endif
   constexpr int kSlots = kSmemRing ? kSmemRingSlots : 0;
   constexpr int kAhead = kSmemRingSlots - 1;
   constexpr uint32_t kSlotBytes = kRingSlotBytes;
   static_assert(kRingSlotBytes == kWarps * 32 * 16, "a slot holds 16 bytes per lane");
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float red[kWarps][kMC][4][32];  // split K: warps 1.. hand warp 0 their partial sums
+  __shared__ float red[kWarps][4][32];  // split K: warps 1.. hand warp 0 their partial sums
   const int nbp = geo.nblk_pad;
   const bool has_zp = a.zero_points != nullptr;
   float* sc = reinterpret_cast<float*>(smem + kSlots * kSlotBytes);
   float* zs = sc + geo.tpb * 16 * nbp;
-  // Several tiles: each finished tile's sums wait here, [tile][kMC][4][32], for the epilogues
+  // Several tiles: each finished tile's sums wait here, [tile][4][32], for the epilogues
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
   // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
-  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * kMC * 128 : 0));
+  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * 128 : 0));
   uint16_t* zrow = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
@@ -346,13 +348,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     __syncthreads();
 
     // 4. The K loop: per step, 4 A registers from the codes, one mma per 8 routes.
-    const int nch = (rows + 7) / 8;
-    float acc[kMC][4], blk[kMC][4];
+    float acc[4], blk[4];
 #pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[ch][i] = blk[ch][i] = 0.0f;
-    }
+    for (int i = 0; i < 4; ++i) acc[i] = blk[i] = 0.0f;
     float s0 = 0.0f, s1 = 0.0f, z0 = mid, z1 = mid;
     // Each window position's (base + zp) for rows g and g + 8 (code_windows.h): constant without
     // zero points, set again with each scale block's zero points otherwise.
@@ -367,20 +365,17 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     };
     set_subs();
     auto flush = [&]() {
+      if constexpr (kFp8 && !kBf16) {  // f16 pairs are e4m3 * 2^-8: the sums times 2^8, exact
+        constexpr float kBack = exp2_int(kFp8F16Shift);
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
-        if constexpr (kFp8 && !kBf16) {  // f16 pairs are e4m3 * 2^-8: the sums times 2^8, exact
-          constexpr float kBack = exp2_int(kFp8F16Shift);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) blk[ch][i] = blk[ch][i] * kBack;
-        }
-        acc[ch][0] = fmaf(s0, blk[ch][0], acc[ch][0]);
-        acc[ch][1] = fmaf(s0, blk[ch][1], acc[ch][1]);
-        acc[ch][2] = fmaf(s1, blk[ch][2], acc[ch][2]);
-        acc[ch][3] = fmaf(s1, blk[ch][3], acc[ch][3]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) blk[ch][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) blk[i] = blk[i] * kBack;
       }
+      acc[0] = fmaf(s0, blk[0], acc[0]);
+      acc[1] = fmaf(s0, blk[1], acc[1]);
+      acc[2] = fmaf(s1, blk[2], acc[2]);
+      acc[3] = fmaf(s1, blk[3], acc[3]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) blk[i] = 0.0f;
     };
     // The K loop's running state, so that a chunk costs its decode and little else (the tests a
     // chunk once made, where its tile and scale block start, cost a third of its instructions):
@@ -398,12 +393,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
         set_subs();
       }
     };
-    const uint16_t* xa[kMC];  // the lane's B fragments at the chunk's start
-#pragma unroll
-    for (int ch = 0; ch < kMC; ++ch) {
-      const int r = 8 * ch + g;  // lane g reads route g's row (an mma column)
-      xa[ch] = (r < rows ? xs + r * geo.ld : zrow) + 4 * t + kChunkK * c0;
-    }
+    // The lane's B fragment at the chunk's start: lane g reads route g's row (an mma column).
+    const uint16_t* xa = (g < rows ? xs + g * geo.ld : zrow) + 4 * t + kChunkK * c0;
     // kSpb == 0: chunks to the current scale block's end; its row-g entry (sp - srow counts the
     // tile's blocks: nbp of them, chunks / cpb).
     int left = geo.cpb - c0 % geo.cpb;
@@ -462,13 +453,8 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
             af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
           }
         }
-#pragma unroll
-        for (int ch = 0; ch < kMC; ++ch) {
-          if (kMC == 1 || ch < nch) {
-            const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
-            mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
-          }
-        }
+        const uint2 bv = *reinterpret_cast<const uint2*>(xa + 16 * st);
+        mma16816<kBf16>(blk, af, bv.x, bv.y);
 #if defined(QMOE_DECODE_ABLATE_NO_KPAIR)
         flush();  // the scale after every K step instead of once per scale block
 #endif
@@ -479,14 +465,11 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     auto next_tile = [&]() {
       flush();
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          sums[((tile * kMC + ch) * 4 + r) * 32 + lane] = acc[ch][r];
-          acc[ch][r] = 0.0f;
-        }
-        xa[ch] -= kChunkK * nw;  // a tile is nw chunks: back to its start
+      for (int r = 0; r < 4; ++r) {
+        sums[(tile * 4 + r) * 32 + lane] = acc[r];
+        acc[r] = 0.0f;
       }
+      xa -= kChunkK * nw;  // a tile is nw chunks: back to its start
       ++tile;
       if constexpr (kNvFp4) mp = msm + (tile * 16 + g) * geo.mblk;
       srow += 16 * nbp;
@@ -501,8 +484,7 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     // next tile.
     auto step = [&](const uint4& wv) {
       process(wv);
-#pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) xa[ch] += kChunkK;
+      xa += kChunkK;
       if constexpr (kSpb > 0) sp += kSteps / kSpb;
       if constexpr (kSpb < 0) kc += kChunkK;
       if constexpr (kNvFp4) mp += kSteps;  // a block per K step
@@ -588,13 +570,9 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
       for (int tl = t0; tl < t1; ++tl) {
         const int m = m0 + tl;
         const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
-#pragma unroll
-        for (int ch = 0; ch < kMC; ++ch) {
-          if (ch >= nch) continue;
-          const float* f = sums + (tl * kMC + ch) * 128 + lane;
-          const float v[4] = {f[0], f[32], f[64], f[96]};
-          epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
-        }
+        const float* f = sums + tl * 128 + lane;
+        const float v[4] = {f[0], f[32], f[64], f[96]};
+        epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
       }
       continue;
     }
@@ -603,38 +581,31 @@ __global__ void __launch_bounds__(kWarps * 32, decode_min_blocks(kMC))
     // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
     if (warp > 0) {
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][ch][i][lane] = acc[ch][i];
-      }
+      for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
     }
     __syncthreads();
     if (warp == 0) {
       const int64_t lr0 = s.logical_row(16 * m0 + g), lr1 = s.logical_row(16 * m0 + g + 8);
+      float v[4];
 #pragma unroll
-      for (int ch = 0; ch < kMC; ++ch) {
-        if (ch >= nch) continue;
-        float v[4];
+      for (int i = 0; i < 4; ++i) {
+        float sum = acc[i];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float sum = acc[ch][i];
-#pragma unroll
-          for (int w = 1; w < kWarps; ++w) sum = sum + red[w][ch][i][lane];
-          v[i] = sum;
-        }
-        epilogue(a, e, m0, g, lr0, lr1, off + p0, rows, 8 * ch + 2 * t, v, kBf16);
+        for (int w = 1; w < kWarps; ++w) sum = sum + red[w][i][lane];
+        v[i] = sum;
       }
+      epilogue(a, e, m0, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
     }
   }
 }
 
-template <int kBits, bool kBf16, int kMC, int kSpb, int kCode = 0>
+template <int kBits, bool kBf16, int kSpb, int kCode = 0>
 Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
                   static_cast<unsigned>(a.max_groups));
-  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kMC, kSpb, true, kCode>
-                               : &decode_fc_kernel<kBits, kBf16, kMC, kSpb, false, kCode>;
+  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, true, kCode>
+                               : &decode_fc_kernel<kBits, kBf16, kSpb, false, kCode>;
   QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
   return Status::ok();
@@ -657,17 +628,17 @@ constexpr bool has_spb(int spb) {
   }
 }
 
-// The instantiation list of one kind of codes: f(bf16, column groups, kSpb) as integral constants,
-// for both activation dtypes, column groups 1 and 2 and the kind's scale-block variants, in
-// order, stopping at the first error. The launch switch and the shared-memory opt-in both walk
-// it, so that every kernel launched was opted in.
+// The instantiation list of one kind of codes: f(bf16, kSpb) as integral constants, for both
+// activation dtypes and the kind's scale-block variants, in order, stopping at the first error.
+// The launch switch and the shared-memory opt-in both walk it, so that every kernel launched was
+// opted in.
 template <int kBits, int kCode, typename F>
 Status for_each_kernel(F&& f) {
   Status st = Status::ok();
-  auto each_spb = [&](auto bf16, auto mc) {
+  auto each_spb = [&](auto bf16) {
     auto one = [&](auto spb) {
       if constexpr (has_spb<kBits, kCode>(decltype(spb)::value)) {
-        if (st.is_ok()) st = f(bf16, mc, spb);
+        if (st.is_ok()) st = f(bf16, spb);
       }
     };
     one(std::integral_constant<int, -1>{});
@@ -676,36 +647,29 @@ Status for_each_kernel(F&& f) {
     one(std::integral_constant<int, 2>{});
     one(std::integral_constant<int, 4>{});
   };
-  auto each_mc = [&](auto bf16) {
-    each_spb(bf16, std::integral_constant<int, 1>{});
-    each_spb(bf16, std::integral_constant<int, 2>{});
-  };
-  each_mc(std::true_type{});
-  each_mc(std::false_type{});
+  each_spb(std::true_type{});
+  each_spb(std::false_type{});
   return st;
 }
 
-// The launch of the kind's kernel for the call's dtype, column groups (route_groups) and, for
-// integer codes, the geometry's scale-block variant (the other kinds have one each).
+// The launch of the kind's kernel for the call's dtype and, for integer codes, the geometry's
+// scale-block variant (the other kinds have one each).
 template <int kBits, int kCode>
 Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
-                          int route_groups, cudaStream_t stream) {
+                          cudaStream_t stream) {
   constexpr bool kInt = kCode == static_cast<int>(MmaCodes::kInt);
   const bool bf16 = a.dtype == DType::kBF16;
   bool launched = false;
-  const Status st = for_each_kernel<kBits, kCode>([&](auto b, auto mc, auto spb) -> Status {
-    if (launched || b.value != bf16 || mc.value != route_groups || (kInt && spb.value != geo.spb)) {
-      return Status::ok();
-    }
+  const Status st = for_each_kernel<kBits, kCode>([&](auto b, auto spb) -> Status {
+    if (launched || b.value != bf16 || (kInt && spb.value != geo.spb)) return Status::ok();
     launched = true;
-    return launch_one<kBits, decltype(b)::value, decltype(mc)::value, decltype(spb)::value, kCode>(
-        a, geo, smem, stream);
+    return launch_one<kBits, decltype(b)::value, decltype(spb)::value, kCode>(a, geo, smem,
+                                                                                stream);
   });
   QMOE_RETURN_IF_ERROR(st);
   if (!launched) {
     return Status::internal("decode: no kernel for " + std::to_string(kBits) + "-bit codes (kind " +
-                            std::to_string(kCode) + "), " + std::to_string(route_groups) +
-                            " column groups, " + std::to_string(geo.spb) +
+                            std::to_string(kCode) + "), " + std::to_string(geo.spb) +
                             " steps per scale block");
   }
   return Status::ok();
@@ -714,13 +678,13 @@ Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& geo, size
 // Once per device, outside capture: every kernel of the kind may take kMaxDynamicSmem.
 template <int kBits, int kCode>
 Status prepare_decode_kind() {
-  return for_each_kernel<kBits, kCode>([](auto b, auto mc, auto spb) -> Status {
+  return for_each_kernel<kBits, kCode>([](auto b, auto spb) -> Status {
     constexpr bool kB = decltype(b)::value;
-    constexpr int kMC = decltype(mc)::value, kSpb = decltype(spb)::value;
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kMC, kSpb, false, kCode>,
+    constexpr int kSpb = decltype(spb)::value;
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, false, kCode>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kMaxDynamicSmem));
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kMC, kSpb, true, kCode>,
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, true, kCode>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kMaxDynamicSmem));
     return Status::ok();

@@ -15,20 +15,16 @@ namespace qmoe::cuda::decode_detail {
 
 // 16-byte weight loads in flight per lane in the register ring (decode_kernel.cuh). The compiler
 // tracks a ring's loads with one dependency barrier, so a warp waits for all of them at once each
-// time round; see kSmemRingSlots for the other ring. With one column group the kernel
-// runs 6 blocks per SM at 80 registers; a ring of 6 spilled there (40 bytes of stack) and lost to
+// time round; see kSmemRingSlots for the other ring. The kernel runs 6 blocks per SM at 80
+// registers (kDecodeMinBlocks); a ring of 6 spilled there (40 bytes of stack) and lost to
 // shorter rings at every width measured (H200, qwen3-30b-a3b, cold L2, 1 / 8 / 64 tokens): int4
 // 28.8 / 75.8 / 175.5 us at 6, 27.2 / 67.0 / 155.7 at 4, 26.6 / 69.3 / 162.5 at 2; int8 38.1 /
 // 118.9 / 283.1 at 6, 35.8 / 110.1 / 259.9 at 4, 37.6 / 119.8 / 288.4 at 2; int2 b64 27.3 / 76.6 /
 // 176.8 at 6, 27.3 / 75.1 / 172.9 at 4, 26.1 / 67.6 / 153.4 at 2. So about 16 K steps ahead
-// (int2 holds 8 per chunk, int3 5, int4 4) and 4 chunks for int8. Two column groups run 4 blocks
-// per SM with 8 loads each (127 registers, no spills). The launcher needs it too: several tiles
-// per block only when a warp's stream is at least a ring.
-constexpr int decode_ring(int bits, int mma_column_groups) {
-  if (mma_column_groups == 2) return 8;
-  return bits == 2 ? 2 : bits == 3 ? 3 : 4;
-}
-constexpr int decode_min_blocks(int mma_column_groups) { return mma_column_groups == 2 ? 4 : 6; }
+// (int2 holds 8 per chunk, int3 5, int4 4) and 4 chunks for int8. The launcher needs it too:
+// several tiles per block only when a warp's stream is at least a ring.
+constexpr int decode_ring(int bits) { return bits == 2 ? 2 : bits == 3 ? 3 : 4; }
+constexpr int kDecodeMinBlocks = 6;
 
 // The shared-memory ring: kSmemRingSlots 16-byte slots per lane, all but one in flight while the
 // lane decodes the oldest, each tracked on its own (cp.async groups), so that a warp waits only
@@ -40,7 +36,6 @@ constexpr int kSmemRingMinChunks = 48;
 
 struct DecodeGeometry {
   int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
-  int mc = 1;        // mma column groups of 8 routes (the kernel's kMC)
   int rows_cap = 8;  // activation rows staged per pass
   int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
   int shift = 30;    // log2(block_size); 30 per channel (every K in block 0)
@@ -63,15 +58,15 @@ struct DecodeGeometry {
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
 // points), their parked sums, NVFP4's multipliers, a zero row, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
-  const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * g.mc * 128 * 4 : 0;
+  const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * 128 * 4 : 0;
   const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
   const size_t mult = static_cast<size_t>(32) * g.tpb * g.mblk;
   return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
          mult + static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
 }
 
-// The opt-in shared memory of sm_90 less room for the kernel's static reduction buffer (at most
-// 4 KiB).
+// The opt-in shared memory of sm_90 less room for the kernel's static reduction buffer (2 KiB;
+// the 8 KiB margin is the one every measured geometry was chosen with).
 constexpr int kMaxDynamicSmem = static_cast<int>(kSm90SmemPerBlockOptin) - 8 * 1024;
 
 // The decode kernel of one kind of codes (kBits, kCode = MmaCodes): its launch for a call, and
@@ -84,7 +79,7 @@ constexpr int kMxFp4Codes = static_cast<int>(MmaCodes::kMxFp4);
 constexpr int kFp8Codes = static_cast<int>(MmaCodes::kFp8);
 template <int kBits, int kCode>
 Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& g, size_t smem,
-                          int route_groups, cudaStream_t stream);
+                          cudaStream_t stream);
 template <int kBits, int kCode>
 Status prepare_decode_kind();
 

@@ -193,7 +193,7 @@ class CudaLayer final : public PreparedLayer {
   // `maps` is the held experts' view (run()): counts and offsets by local index, the per-route
   // arrays the whole layer's.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    int route_groups, cudaStream_t stream, RunProfile* profile);
+                    cudaStream_t stream, RunProfile* profile);
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.

@@ -10,7 +10,7 @@ namespace qmoe::cuda {
 std::string choice_name(const DispatchChoice& c) {
   if (c.path == CallPath::kGeneric) return "generic";
   if (c.path == CallPath::kFused) return "fused";
-  return "decode/" + std::to_string(c.route_groups);
+  return "decode/1";
 }
 
 namespace {
@@ -18,10 +18,8 @@ namespace {
 // Every choice there is, in the order of dispatch_choice_names() (qmoe/tuning.h: the names that
 // options and tune files are checked against before a layer exists); test_gpu_dispatch checks
 // that the two agree.
-constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric, 1},
-                                       {CallPath::kDecode, 1},
-                                       {CallPath::kDecode, 2},
-                                       {CallPath::kFused, 1}};
+constexpr DispatchChoice kChoices[] = {
+    {CallPath::kGeneric}, {CallPath::kDecode}, {CallPath::kFused}};
 
 }  // namespace
 
@@ -37,12 +35,11 @@ bool parse_choice(const std::string& name, DispatchChoice* out) {
 
 std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
                                                 int64_t fused_max_tokens) {
-  std::vector<DispatchChoice> c = {DispatchChoice{CallPath::kGeneric, 1}};
+  std::vector<DispatchChoice> c = {DispatchChoice{CallPath::kGeneric}};
   if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
-    c.push_back(DispatchChoice{CallPath::kDecode, 1});
-    if (tokens > 8) c.push_back(DispatchChoice{CallPath::kDecode, 2});
+    c.push_back(DispatchChoice{CallPath::kDecode});
   }
-  if (tokens >= 1 && tokens <= fused_max_tokens) c.push_back(DispatchChoice{CallPath::kFused, 1});
+  if (tokens >= 1 && tokens <= fused_max_tokens) c.push_back(DispatchChoice{CallPath::kFused});
   return c;
 }
 
@@ -100,16 +97,16 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
     in_window = static_cast<double>(tokens * slots_) <= kDecodeMaxRoutesPerTouched * touched;
   }
   if (!decode_supported_ || tokens > kDecodeMaxRoutes || !in_window) {
-    return DispatchChoice{CallPath::kGeneric, 1};
+    return DispatchChoice{CallPath::kGeneric};
   }
-  return DispatchChoice{CallPath::kDecode, 1};
+  return DispatchChoice{CallPath::kDecode};
 }
 
 DispatchChoice DispatchTable::feasible(DispatchChoice c, int64_t tokens) const {
   if (c.path == CallPath::kFused && tokens > fused_max_tokens_)
-    c = DispatchChoice{CallPath::kDecode, 1};
+    c = DispatchChoice{CallPath::kDecode};
   if (c.path == CallPath::kDecode && (!decode_supported_ || tokens > kDecodeMaxRoutes)) {
-    return DispatchChoice{CallPath::kGeneric, 1};
+    return DispatchChoice{CallPath::kGeneric};
   }
   return c;
 }

@@ -1,5 +1,5 @@
 // The CUDA backend's one dispatch table: for a prepared layer and a call's token count, which path
-// runs (the decode kernel, with one or two mma column groups per pass, or the generic path).
+// runs (the decode kernel, the fused decode kernel or the generic path).
 //
 //   analytic default  decode/1 where the decode kernel takes both FCs and the call is inside its
 //                     default window: up to kDecodeWindowTokens tokens, and past that while an
@@ -10,12 +10,9 @@
 //                     kDecodeMaxRoutesPerTouched; generic elsewhere;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
-//   decode/2          16 routes per pass: a tuner candidate past 8 tokens, never the analytic
-//                     default (it lost to decode/1 at every count measured on an H200, from 16 to
-//                     64 routes per expert: docs/cuda-backend.md);
 //   fused             one cooperative kernel for the whole call (fused_decode.h): routing, FC1,
 //                     FC2 and the combine; a candidate up to the layer's fused_max_tokens;
-//   forced            generic | decode/1 | decode/2 | fused: one choice for every call
+//   forced            generic | decode/1 | fused: one choice for every call
 //                     (A/B runs and the tuner): PrepareOptions::dispatch (or $QMOE_DISPATCH) at
 //                     prepare, PreparedLayer::force_dispatch() later.
 // A choice the call cannot take (decode past kDecodeMaxRoutes tokens or for a layer it does not
@@ -93,16 +90,16 @@ constexpr int mixed_tile_for(int64_t routes, int64_t experts) {
                                                 : 128;
 }
 
+// decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,
+// decode/2 (16 routes per pass), lost to it at every count measured on an H200 (16 to 64 routes
+// per expert, 26-37%; docs/cuda-backend.md) and was deleted, as was the CUDA-core form decode/cc.
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
-  int route_groups = 1;  // decode: mma column groups of 8 routes per pass (1 or 2)
 
-  bool operator==(const DispatchChoice& o) const {
-    return path == o.path && (path != CallPath::kDecode || route_groups == o.route_groups);
-  }
+  bool operator==(const DispatchChoice& o) const { return path == o.path; }
 };
 
-// "generic", "decode/1", "decode/2", "fused".
+// "generic", "decode/1", "fused".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 

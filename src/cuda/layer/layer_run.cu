@@ -106,7 +106,7 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, int route_groups, cudaStream_t stream,
+                             const RouteMapsView& maps, cudaStream_t stream,
                              RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
@@ -143,7 +143,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   d.shape = pack2_;
@@ -161,7 +161,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, route_groups, tiles_per_block, stream));
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
@@ -378,7 +378,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out_dtype = out.dtype;
   fa.pdl = pdl_;
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, choice.route_groups, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, stream, profile));
   } else {
     QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile));
   }
