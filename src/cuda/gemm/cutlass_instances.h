@@ -1,6 +1,6 @@
-// The per-dtype CUTLASS grouped GEMM instances behind cutlass_grouped.h, one translation unit each
-// (cutlass_grouped_bf16.cu, cutlass_grouped_f16.cu) so that each compiles once, in parallel, and
-// only they include CUTLASS. kBf16: bf16 operands, else f16.
+// The per-dtype CUTLASS grouped GEMM instances behind cutlass_grouped.h, both defined by
+// cutlass_grouped_instances.cu, the only translation unit of the two that includes CUTLASS.
+// kBf16: bf16 operands, else f16.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,7 +16,7 @@
 //   D  =  C rows of the group  [rows, ldc]  column-major: D(m, r) = c[(row0 + r) * ldc + m]
 //   D(m, r) = sum_k (float)(act(w(m, k))) * B(k, r), w = q * S [+ Z] per MixedCodes below
 //
-// One instance per MixedCodes and activation dtype (cutlass_mixed_<codes>_<dtype>.cu):
+// One instance per MixedCodes, activation dtype and tile (cutlass_mixed_instances.h):
 //
 //   kind       codes (A)                         scale, zero               w, rounded once to act
 //   kInt4      signed int4 q - 8 (ORT's q ^ 8,   act dtype, none           (q - 8) * s, the scale

@@ -1,6 +1,7 @@
-// The mixed-input instances behind cutlass_mixed.h, one translation unit per code kind, activation
-// dtype and tile (cutlass_mixed_<kind>_<dtype>[_n32|_n64].cu) so that each compiles once, in
-// parallel, and only they include CUTLASS. kBf16: bf16 activations, else f16; kTileN: the tile's rows.
+// The mixed-input instances behind cutlass_mixed.h, defined by one translation unit per family of
+// code kinds (cutlass_mixed_int4.cu: kInt4, kInt4Zero; cutlass_mixed_int8.cu: kInt8, kUint8;
+// cutlass_mixed_e4m3.cu), the only ones that include CUTLASS; the three compile in parallel.
+// kBf16: bf16 activations, else f16; kTileN: the tile's rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,9 +23,9 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
 
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
-// narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only: each
-// instance costs 1-4 minutes of a 2-core CI build (docs/cuda-backend.md); the others (int8 with
-// zero points among them) run the 128-row tile at every size. The middle (64 rows) tile exists
+// narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only (each
+// instance adds compile time, docs/cuda-backend.md); the others (int8 with zero points among
+// them) run the 128-row tile at every size. The middle (64 rows) tile exists
 // for bf16 INT4.
 #define QMOE_MIXED_INSTANCES(X)     \
   X(MixedCodes::kInt4, true, 128)     \

@@ -1,6 +1,6 @@
-// The CUTLASS SM90 mixed-input grouped GEMM instance (types, setup kernel, launch), included once
-// per code kind and dtype by cutlass_mixed_<kind>_<dtype>.cu. Only those translation units see
-// CUTLASS.
+// The CUTLASS SM90 mixed-input grouped GEMM instance (types, setup kernel, launch), included by
+// the instance files cutlass_mixed_{int4,int8,e4m3}.cu, a few instances each. Only those
+// translation units see CUTLASS.
 //
 // Configuration: that of cutlass_grouped_kernel.cuh (cooperative ptr-array kernel, 128 x 128 x 64
 // tile, cluster 1 x 1 x 1, the same fp32 column-major epilogue, stages from what the epilogue

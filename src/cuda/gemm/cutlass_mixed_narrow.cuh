@@ -5,8 +5,8 @@
 // the wgmma m64n32k16 busy on real rows while each weight tile is still read once per group.
 // 256 weight rows give each consumer warpgroup two m64 atoms: two independent conversion chains
 // per k-block, which took qwen3-30b-a3b INT4 at 256 tokens from 247.0 to 194.7 us against 128
-// rows (bench/results/2026-12-02-h200-mid-tile.md). Included only by the translation units of the
-// narrow instances (cutlass_mixed_*_n32.cu), so the others do not build its epilogue.
+// rows (bench/results/2026-12-02-h200-mid-tile.md). bf16 kInt4, kInt8 and kE4m3 have it
+// (cutlass_mixed_{int4,int8,e4m3}.cu).
 #pragma once
 
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"

@@ -1,9 +1,8 @@
 // The tall tile of the mixed-input GEMM, 256 x 128 x 64: two m64 wgmma atoms per consumer
 // warpgroup, so each warp converts two independent k-blocks' codes between waits (the 128-row
 // tile's single chain leaves the tensor cores idle while it waits on its own latency). The same
-// codes per multiply-add as 128 x 128. Included only by the tall instances' translation units
-// (bf16 kInt4, kInt8 and kE4m3: cutlass_mixed_{int4,int8,e4m3}_bf16.cu), whose 128-row N tile
-// it is.
+// codes per multiply-add as 128 x 128. The 128-row N tile of bf16 kInt4, kInt8 and kE4m3
+// (cutlass_mixed_{int4,int8,e4m3}.cu).
 #pragma once
 
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"

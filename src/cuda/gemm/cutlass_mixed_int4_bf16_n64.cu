@@ -1,4 +1,0 @@
-// The mixed-input grouped GEMM: int4 codes, bf16 activations, 256 x 64 tile.
-#include "cuda/gemm/cutlass_mixed_mid.cuh"
-
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt4, true, 256, 64, cutlass::bfloat16_t)

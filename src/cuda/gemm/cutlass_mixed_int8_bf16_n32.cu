@@ -1,4 +1,0 @@
-// The mixed-input grouped GEMM: signed int8 codes (shuffled), bf16 activations, 256 x 32 tile.
-#include "cuda/gemm/cutlass_mixed_narrow.cuh"
-
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kInt8, true, 256, 32, cutlass::bfloat16_t)
