@@ -190,7 +190,8 @@ Status launch_with(const Fp8GemmArgs& p, int sm_count, char* ws, cudaStream_t st
       reinterpret_cast<Fp8Gemm::StrideD*>(ws + w.stride_d));
   QMOE_CUDA_CHECK_LAUNCH("fp8_setup_kernel");
   return initialize_and_run<typename G::Gemm>(fp8_arguments<G>(p.max_groups, sm_count, &w, ws),
-                                              ws + w.cutlass, stream, "CUTLASS FP8 grouped GEMM");
+                                              ws + w.cutlass, stream, "CUTLASS FP8 grouped GEMM",
+                                              /*pdl=*/false);
 }
 
 }  // namespace

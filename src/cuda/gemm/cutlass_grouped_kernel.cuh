@@ -30,6 +30,7 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/gemm/cutlass_instances.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -132,6 +133,8 @@ __global__ void setup_groups_kernel(const GroupedGemmArgs p, typename G::Shape3*
                                     const void** ptr_a, const void** ptr_b, float** ptr_d,
                                     typename G::StrideA* stride_a, typename G::StrideB* stride_b,
                                     typename G::StrideD* stride_d) {
+  pdl_wait();  // the plan (programmatic dependent launch, GroupedGemmArgs::pdl)
+  pdl_trigger();
   const int n_touched = *p.sched.n_touched;
   const size_t elem = 2;  // bf16 / f16
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
@@ -181,17 +184,45 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
   return args;
 }
 
+// The GEMM kernel for a launch with programmatic dependent launch: CUTLASS's own entry point
+// (device_kernel) with a wait for the previous kernel (the setup kernel, whose arrays the kernel
+// reads first) before anything else, and the trigger that lets the next kernel launch at once
+// (it waits for this one's end itself). CUTLASS's SM90 ptr-array kernels have no grid-dependency
+// control of their own. params stays a __grid_constant__, as the TMA descriptors in it require.
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
+    pdl_gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params) {
+  pdl_wait();
+  pdl_trigger();
+  extern __shared__ char smem[];
+  Kernel op;
+  op(params, smem);
+}
+
 // initialize() builds the kernel parameters on the host (TMA descriptor templates, no stream work
 // besides clearing CUTLASS's workspace part asynchronously) and sets the kernel's shared memory
-// attribute; run() launches on `stream`. Both are capture-safe. `what` names the GEMM in errors.
+// attribute; run() launches on `stream`. Both are capture-safe. With pdl the kernel launched is
+// pdl_gemm_kernel (its shared-memory attribute set here, also capture-safe) with the parameters
+// initialize() built. `what` names the GEMM in errors.
 template <typename Gemm>
 Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_workspace,
-                          cudaStream_t stream, const char* what) {
+                          cudaStream_t stream, const char* what, bool pdl) {
   Gemm gemm;
   cutlass::Status s = gemm.initialize(args, cutlass_workspace, stream);
   if (s != cutlass::Status::kSuccess) {
     return Status::internal(std::string(what) +
                             " initialize: " + cutlass::cutlassGetStatusString(s));
+  }
+  if (pdl) {
+    using Kernel = typename Gemm::GemmKernel;
+    auto* kernel = &pdl_gemm_kernel<Kernel>;
+    const int smem = static_cast<int>(Kernel::SharedStorageSize);
+    QMOE_CUDA_TRY(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    QMOE_CUDA_TRY(launch_maybe_pdl(kernel, Kernel::get_grid_shape(gemm.params()),
+                                   Kernel::get_block_shape(), static_cast<size_t>(smem), stream,
+                                   true, gemm.params()));
+    return cuda_status(cudaGetLastError(), (std::string("launch of ") + what).c_str());
   }
   s = gemm.run(stream);
   if (s != cutlass::Status::kSuccess) {
@@ -231,17 +262,19 @@ Status launch_for(const GroupedGemmArgs& p, int sm_count, void* workspace, cudaS
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
   const int blocks = static_cast<int>((p.max_groups + kThreads - 1) / kThreads);
-  setup_groups_kernel<G><<<blocks, kThreads, 0, stream>>>(
-      p, reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
+  QMOE_CUDA_TRY(launch_maybe_pdl(
+      &setup_groups_kernel<G>, dim3(blocks), dim3(kThreads), 0, stream, p.pdl, p,
+      reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
       reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
       reinterpret_cast<float**>(ws + w.ptr_d),
       reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
       reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
-      reinterpret_cast<typename G::StrideD*>(ws + w.stride_d));
+      reinterpret_cast<typename G::StrideD*>(ws + w.stride_d)));
   QMOE_CUDA_CHECK_LAUNCH("setup_groups_kernel");
 
   return initialize_and_run<typename G::Gemm>(make_arguments<G>(p.max_groups, sm_count, &w, ws),
-                                              ws + w.cutlass, stream, "CUTLASS grouped GEMM");
+                                              ws + w.cutlass, stream, "CUTLASS grouped GEMM",
+                                              p.pdl);
 }
 
 }  // namespace qmoe::cuda::cutlass_detail

@@ -93,6 +93,9 @@ struct MixedGemmArgs {
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
   int tile_n = 128;  // the tile's rows: 128, or 32 / 64 where the kind has them (below)
+  // Programmatic dependent launch of the setup kernel and the GEMM (cutlass_grouped_kernel.cuh's
+  // pdl_gemm_kernel): each waits for the previous kernel before it touches memory.
+  bool pdl = false;
 };
 
 // Whether the instance list holds the kind's tile of tile_n rows for this activation dtype: every

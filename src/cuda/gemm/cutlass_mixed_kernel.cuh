@@ -207,6 +207,8 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
                                    typename G::StrideA* stride_a,
                                    typename G::StrideB* stride_b, typename G::StrideD* stride_d,
                                    typename G::StrideS* stride_s) {
+  pdl_wait();  // the plan, or the kernel before the FC (programmatic dependent launch, p.pdl)
+  pdl_trigger();
   const int n_touched = *p.sched.n_touched;
   const size_t elem = 2;  // bf16 / f16 activations
   const int64_t kb = p.k / p.chunk;
@@ -305,20 +307,21 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
   const int blocks = (p.max_groups + kThreads - 1) / kThreads;
-  mixed_setup_kernel<G><<<blocks, kThreads, 0, stream>>>(
-      p, reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
+  QMOE_CUDA_TRY(launch_maybe_pdl(
+      &mixed_setup_kernel<G>, dim3(blocks), dim3(kThreads), 0, stream, p.pdl, p,
+      reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
       reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
       reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
       reinterpret_cast<const void**>(ws + w.ptr_z),
       reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
       reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
       reinterpret_cast<typename G::StrideD*>(ws + w.stride_d),
-      reinterpret_cast<typename G::StrideS*>(ws + w.stride_s));
+      reinterpret_cast<typename G::StrideS*>(ws + w.stride_s)));
   QMOE_CUDA_CHECK_LAUNCH("mixed_setup_kernel");
 
   return initialize_and_run<typename G::Gemm>(
       make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws), ws + w.cutlass, stream,
-      "CUTLASS mixed-input GEMM");
+      "CUTLASS mixed-input GEMM", p.pdl);
 }
 
 }  // namespace qmoe::cuda::cutlass_detail

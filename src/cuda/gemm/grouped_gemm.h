@@ -46,6 +46,9 @@ struct GroupedGemmArgs {
   int first_group = 0;
   int max_groups = 0;
   int64_t max_tiles = 0;  // an upper bound of the wave's M tiles (grid size along M)
+  // The CUTLASS GEMM only (launch_cutlass_grouped_gemm): programmatic dependent launch of its
+  // setup kernel and the GEMM, as MixedGemmArgs::pdl.
+  bool pdl = false;
 };
 
 // Validates the arguments (null or misaligned pointers, k alignment, sizes) and launches on

@@ -219,6 +219,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     // the average, routes / E (dispatch.h).
     const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
     m.tile_n = mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
+    m.pdl = pdl_;
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
   }
   const int s = static_cast<int>(l.slots_in_scratch);
@@ -250,6 +251,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     g.first_group = d.first_group;
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
+    g.pdl = pdl_;  // the CUTLASS GEMM's setup kernel and GEMM (the other GEMMs ignore it)
     if (cutlass_ && cutlass_gemm_can_implement(g)) {
       const size_t bytes = l.mixed - l.cutlass;  // the region runs to the mixed GEMM's
       QMOE_RETURN_IF_ERROR(
@@ -345,7 +347,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
   if (!fused) {
     QMOE_RETURN_IF_ERROR(
-        launch_plan(maps.expert_counts + first, held, touched, n_touched, tile_start, stream));
+        launch_plan(maps.expert_counts + first, held, touched, n_touched, tile_start, stream, pdl_));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
   // What the FCs see: the held experts' counts and offsets, by local index. The held range's
@@ -433,7 +435,7 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   float* h3 = reinterpret_cast<float*>(ws + l.h3);
   QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                      maps.permuted_route, slots, routes, xa, hp_,
-                                     error_.as<int32_t>(), stream));
+                                     error_.as<int32_t>(), stream, pdl_));
   QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
   if (spec_.has_fc3()) {
     QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
@@ -442,6 +444,7 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;
   aa.out_dtype = cdt_;
+  aa.pdl = pdl_;
   QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 

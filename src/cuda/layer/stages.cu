@@ -28,6 +28,8 @@ __global__ void __launch_bounds__(kPlanThreads)
                 int32_t* tile_start) {
   using Scan = cub::BlockScan<int2, kPlanThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  pdl_wait();     // programmatic dependent launch: the previous kernel's results (pdl.cuh)
+  pdl_trigger();  // the next kernel may launch; it waits for this one's end itself
   __shared__ int2 carry;
   if (threadIdx.x == 0) carry = make_int2(0, 0);
   __syncthreads();
@@ -61,6 +63,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 __global__ void gather16_kernel(const uint4* input, bool bf16, int64_t hidden8,
                                 const int32_t* permuted_route, int slots, uint4* x_perm,
                                 int64_t ld8, int32_t* error) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t p = blockIdx.x;
   const int64_t token = permuted_route[p] / slots;
   const uint4* src = input + token * hidden8;
@@ -77,6 +81,8 @@ __global__ void gather16_kernel(const uint4* input, bool bf16, int64_t hidden8,
 __global__ void gather_kernel(const void* input, DType dtype, int64_t hidden,
                               const int32_t* permuted_route, int slots, void* x_perm, int64_t ld,
                               int32_t* error) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t p = blockIdx.x;
   const int64_t token = permuted_route[p] / slots;
   bool bad = false;
@@ -126,6 +132,8 @@ __device__ __forceinline__ float activation_output(const ActivationArgs& a, int6
 
 // A block per route position p, one output per thread: any shape and alignment.
 __global__ void activation_kernel(ActivationArgs a) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t p = blockIdx.x;
   const int32_t r = a.permuted_route[p];
   const int32_t id = a.expert_ids[r];
@@ -188,6 +196,8 @@ __device__ __forceinline__ float4 load4(const float* p) {
 // lane.
 template <bool kFp8>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, int64_t chunks) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= a.routes * chunks) return;
@@ -323,32 +333,35 @@ __global__ void finalize_kernel(FinalizeArgs a) {
 }  // namespace
 
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
-                   int32_t* tile_start, cudaStream_t stream) {
+                   int32_t* tile_start, cudaStream_t stream, bool pdl) {
   if (!counts || !touched || !n_touched || !tile_start || experts <= 0) {
     return Status::invalid("plan: null array or no experts");
   }
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(counts, experts, touched, n_touched, tile_start);
+  QMOE_CUDA_TRY(launch_maybe_pdl(&plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, pdl, counts,
+                                 experts, touched, n_touched, tile_start));
   QMOE_CUDA_CHECK_LAUNCH("plan_kernel");
   return Status::ok();
 }
 
 Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32_t* permuted_route,
                      int slots, int64_t routes, void* x_perm, int64_t ld, int32_t* error,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool pdl) {
   if (routes <= 0) return Status::ok();
   if (routes > 0x7FFFFFFF) return Status::invalid("gather: too many routes");
   if (dtype != DType::kF32 && hidden % 8 == 0 && ld % 8 == 0 &&
       reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(x_perm) % 16 == 0) {
     // 16-byte pieces; 128 threads cover a 2048-wide row in two passes.
-    gather16_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
-        static_cast<const uint4*>(input), dtype == DType::kBF16, hidden / 8, permuted_route, slots,
-        static_cast<uint4*>(x_perm), ld / 8, error);
+    QMOE_CUDA_TRY(launch_maybe_pdl(&gather16_kernel, dim3(static_cast<unsigned>(routes)), dim3(128),
+                                   0, stream, pdl, static_cast<const uint4*>(input),
+                                   dtype == DType::kBF16, hidden / 8, permuted_route, slots,
+                                   static_cast<uint4*>(x_perm), ld / 8, error));
     QMOE_CUDA_CHECK_LAUNCH("gather16_kernel");
     return Status::ok();
   }
-  gather_kernel<<<static_cast<unsigned>(routes), 256, 0, stream>>>(
-      input, dtype, hidden, permuted_route, slots, x_perm, ld, error);
+  QMOE_CUDA_TRY(launch_maybe_pdl(&gather_kernel, dim3(static_cast<unsigned>(routes)), dim3(256), 0,
+                                 stream, pdl, input, dtype, hidden, permuted_route, slots, x_perm,
+                                 ld, error));
   QMOE_CUDA_CHECK_LAUNCH("gather_kernel");
   return Status::ok();
 }
@@ -368,7 +381,8 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
       return Status::invalid(
           "activation: FP8 rows need I = ld, a multiple of 128, and aligned rows");
     }
-    activation_kernel<<<static_cast<unsigned>(a.routes), 256, 0, stream>>>(a);
+    QMOE_CUDA_TRY(launch_maybe_pdl(&activation_kernel, dim3(static_cast<unsigned>(a.routes)),
+                                   dim3(256), 0, stream, a.pdl, a));
     QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
     return Status::ok();
   }
@@ -376,11 +390,9 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   const int64_t warps = a.routes * chunks;
   const int64_t blocks = (warps + 7) / 8;  // 8 warps per block
   if (blocks > 0x7FFFFFFF) return Status::invalid("activation: too many routes");
-  if (a.out_codes != nullptr) {
-    activation_rows_kernel<true><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a, chunks);
-  } else {
-    activation_rows_kernel<false><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a, chunks);
-  }
+  QMOE_CUDA_TRY(launch_maybe_pdl(
+      a.out_codes != nullptr ? &activation_rows_kernel<true> : &activation_rows_kernel<false>,
+      dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, a.pdl, a, chunks));
   QMOE_CUDA_CHECK_LAUNCH("activation_rows_kernel");
   return Status::ok();
 }

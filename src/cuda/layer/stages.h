@@ -21,14 +21,16 @@ constexpr int32_t kErrorInput = 4;
 // From maps.expert_counts [E]: the touched experts in ascending order (then -1 up to entry E - 1,
 // so that a kernel can test its entry without first reading the number), their number, and
 // tile_start (exclusive prefix of ceil(count / kGemmTileM), entry n_touched = total tiles).
+// pdl: launch with programmatic dependent launch (pdl.cuh; the stage's kernels wait for the
+// previous kernel before they touch memory and let the next one launch at once).
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
-                   int32_t* tile_start, cudaStream_t stream);
+                   int32_t* tile_start, cudaStream_t stream, bool pdl = false);
 
 // x_perm[p, 0:ld) = input[token of permuted_route[p], :] in the same dtype, zero padded from h to
 // ld; a non-finite value sets kErrorInput and error[1] = min(error[1], token).
 Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32_t* permuted_route,
                      int slots, int64_t routes, void* x_perm, int64_t ld, int32_t* error,
-                     cudaStream_t stream);
+                     cudaStream_t stream, bool pdl = false);
 
 struct ActivationArgs {
   ActivationSpec act;
@@ -56,6 +58,7 @@ struct ActivationArgs {
   // [R, ld / 128]; ld = I, a multiple of 128.
   uint8_t* out_codes = nullptr;
   float* out_scales = nullptr;
+  bool pdl = false;  // programmatic dependent launch (launch_plan)
 };
 
 // act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32), stored in

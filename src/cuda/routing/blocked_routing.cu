@@ -23,6 +23,7 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/sm90.h"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
@@ -55,6 +56,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     blocked_route_kernel(TokenRouting a, int64_t tokens, uint32_t* masks) {
   extern __shared__ float rows[];  // [kBlockTokens][routing_warp_floats(E, slots)]
   __shared__ uint32_t s_mask[kFusedMaxExperts];
+  pdl_wait();     // the logits, and the workspace the previous call's kernels may still read
+  pdl_trigger();  // the offsets kernel may launch: it waits for this one's end itself
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int num_e = a.experts;
@@ -77,6 +80,8 @@ __global__ void __launch_bounds__(kOffsetThreads)
                            int32_t* counts, int32_t* offsets, int32_t* base) {
   using Scan = cub::BlockScan<int32_t, kOffsetThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  pdl_wait();
+  pdl_trigger();
   const int e = static_cast<int>(threadIdx.x);
   int32_t c = 0;
   if (e < experts) {
@@ -98,6 +103,8 @@ __global__ void __launch_bounds__(kOffsetThreads)
 __global__ void blocked_place_kernel(const int32_t* ids, const uint32_t* masks, const int32_t* base,
                                      int experts, int slots, int32_t routes, int32_t* permuted,
                                      int32_t* position) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= routes) return;
   const int64_t t = r / slots;
@@ -141,17 +148,20 @@ Status launch_blocked_routing(const DeviceRoutingArgs& args, void* temp, size_t 
     if (smem + kFusedMaxExperts * sizeof(uint32_t) > kSm90SmemDefaultPerBlock) {
       QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
-    kernel<<<static_cast<unsigned>(l.blocks), kRouteThreads, smem, stream>>>(token_routing(args),
-                                                                             args.tokens, masks);
+    QMOE_CUDA_TRY(launch_maybe_pdl(kernel, dim3(static_cast<unsigned>(l.blocks)),
+                                   dim3(kRouteThreads), smem, stream, args.pdl,
+                                   token_routing(args), args.tokens, masks));
     QMOE_CUDA_CHECK_LAUNCH("blocked_route_kernel");
     return Status::ok();
   }));
-  blocked_offsets_kernel<<<1, kOffsetThreads, 0, stream>>>(masks, l.blocks, num_e, routes,
-                                                           m.expert_counts, m.expert_offsets, base);
+  QMOE_CUDA_TRY(launch_maybe_pdl(&blocked_offsets_kernel, dim3(1), dim3(kOffsetThreads), 0, stream,
+                                 args.pdl, masks, l.blocks, num_e, routes, m.expert_counts,
+                                 m.expert_offsets, base));
   QMOE_CUDA_CHECK_LAUNCH("blocked_offsets_kernel");
-  blocked_place_kernel<<<static_cast<unsigned>((routes + kPlaceThreads - 1) / kPlaceThreads),
-                         kPlaceThreads, 0, stream>>>(m.expert_ids, masks, base, num_e, slots,
-                                                     routes, m.permuted_route, m.route_position);
+  QMOE_CUDA_TRY(launch_maybe_pdl(
+      &blocked_place_kernel, dim3(static_cast<unsigned>((routes + kPlaceThreads - 1) / kPlaceThreads)),
+      dim3(kPlaceThreads), 0, stream, args.pdl, m.expert_ids, masks, base, num_e, slots, routes,
+      m.permuted_route, m.route_position));
   QMOE_CUDA_CHECK_LAUNCH("blocked_place_kernel");
   return Status::ok();
 }
