@@ -184,11 +184,12 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
   return args;
 }
 
-// The GEMM kernel for a launch with programmatic dependent launch: CUTLASS's own entry point
-// (device_kernel) with a wait for the previous kernel (the setup kernel, whose arrays the kernel
-// reads first) before anything else, and the trigger that lets the next kernel launch at once
-// (it waits for this one's end itself). CUTLASS's SM90 ptr-array kernels have no grid-dependency
-// control of their own. params stays a __grid_constant__, as the TMA descriptors in it require.
+// The GEMM's entry point: CUTLASS's (device_kernel's body) with, first, the wait for the previous
+// kernel (the setup kernel, whose arrays the GEMM reads first) and the trigger that lets the next
+// kernel launch at once (it waits for this one's end itself). CUTLASS's SM90 ptr-array kernels
+// have no grid-dependency control of their own; launched without programmatic dependent launch
+// both are no-ops (pdl.cuh), so every launch goes through this one kernel. params stays a
+// __grid_constant__, as the TMA descriptors in it require.
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
     pdl_gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params) {
@@ -199,35 +200,28 @@ __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksP
   op(params, smem);
 }
 
-// initialize() builds the kernel parameters on the host (TMA descriptor templates, no stream work
-// besides clearing CUTLASS's workspace part asynchronously) and sets the kernel's shared memory
-// attribute; run() launches on `stream`. Both are capture-safe. With pdl the kernel launched is
-// pdl_gemm_kernel (its shared-memory attribute set here, also capture-safe) with the parameters
-// initialize() built. `what` names the GEMM in errors.
+// What CUTLASS's device adapter does (initialize(), then run()), with pdl_gemm_kernel as the
+// kernel: the workspace initialized (no stream work besides clearing CUTLASS's workspace part
+// asynchronously), the parameters built on the host (TMA descriptor templates), the shared-memory
+// attribute set, the launch, with programmatic dependent launch where pdl is set. All of it is
+// capture-safe. `what` names the GEMM in errors.
 template <typename Gemm>
 Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_workspace,
                           cudaStream_t stream, const char* what, bool pdl) {
-  Gemm gemm;
-  cutlass::Status s = gemm.initialize(args, cutlass_workspace, stream);
+  using Kernel = typename Gemm::GemmKernel;
+  static_assert(cute::size(typename Kernel::ClusterShape{}) == 1,
+                "a plain launch: every instance's cluster is one CTA");
+  const cutlass::Status s = Kernel::initialize_workspace(args, cutlass_workspace, stream);
   if (s != cutlass::Status::kSuccess) {
     return Status::internal(std::string(what) +
                             " initialize: " + cutlass::cutlassGetStatusString(s));
   }
-  if (pdl) {
-    using Kernel = typename Gemm::GemmKernel;
-    auto* kernel = &pdl_gemm_kernel<Kernel>;
-    const int smem = static_cast<int>(Kernel::SharedStorageSize);
-    QMOE_CUDA_TRY(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    QMOE_CUDA_TRY(launch_maybe_pdl(kernel, Kernel::get_grid_shape(gemm.params()),
-                                   Kernel::get_block_shape(), static_cast<size_t>(smem), stream,
-                                   true, gemm.params()));
-    return cuda_status(cudaGetLastError(), (std::string("launch of ") + what).c_str());
-  }
-  s = gemm.run(stream);
-  if (s != cutlass::Status::kSuccess) {
-    return Status::internal(std::string(what) + " launch: " + cutlass::cutlassGetStatusString(s));
-  }
+  const typename Kernel::Params params = Kernel::to_underlying_arguments(args, cutlass_workspace);
+  auto* kernel = &pdl_gemm_kernel<Kernel>;
+  const int smem = static_cast<int>(Kernel::SharedStorageSize);
+  QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, Kernel::get_grid_shape(params), Kernel::get_block_shape(),
+                                 static_cast<size_t>(smem), stream, pdl, params));
   return cuda_status(cudaGetLastError(), (std::string("launch of ") + what).c_str());
 }
 
