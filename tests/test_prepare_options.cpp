@@ -20,7 +20,7 @@ const char* const kVariables[] = {
     "QMOE_CUDA_PATH",         "QMOE_PDL",         "QMOE_DECODE_ROWS",
     "QMOE_DECODE_TPB",        "QMOE_DECODE_RING", "QMOE_DECODE_PREFETCH",
     "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE",
-    "QMOE_ACT_QUANT"};
+    "QMOE_ACT_QUANT",         "QMOE_EPILOGUE_ACT"};
 
 // Each test starts from an environment without them (restored afterwards).
 class PrepareOptionsTest : public ::testing::Test {
@@ -58,6 +58,7 @@ TEST_F(PrepareOptionsTest, DefaultsStayWithoutTheEnvironment) {
   EXPECT_EQ(out.gemm, "");
   EXPECT_EQ(out.dispatch, "");
   EXPECT_TRUE(out.pdl);
+  EXPECT_TRUE(out.epilogue_act);
   EXPECT_EQ(out.act_quant, "none");
   // The documented defaults (the measured choices), unchanged.
   expect_decode(DecodeOptions{}, -1, 0, 0, -1, 4);
@@ -68,9 +69,11 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EnvOverride a("QMOE_TUNE_FILE", "/tmp/t.json"), b("QMOE_GEMM", "mma"),
       c("QMOE_DISPATCH", "fused"), d("QMOE_PDL", "0"), e("QMOE_DECODE_ROWS", "3"),
       f("QMOE_DECODE_TPB", "8"), g("QMOE_DECODE_RING", "2"), h("QMOE_DECODE_PREFETCH", "0"),
-      i("QMOE_DECODE_MIN_BLOCKS", "0"), j("QMOE_FUSED_GRID", "5"), k("QMOE_MIXED_TILE", "32");
+      i("QMOE_DECODE_MIN_BLOCKS", "0"), j("QMOE_FUSED_GRID", "5"), k("QMOE_MIXED_TILE", "32"),
+      l("QMOE_EPILOGUE_ACT", "0");
   PrepareOptions out;
   ASSERT_TRUE(resolve({}, &out).is_ok());
+  EXPECT_FALSE(out.epilogue_act);
   EXPECT_EQ(out.fused_grid_ctas, 5);
   EXPECT_EQ(out.mixed_tile, 32);
   EXPECT_EQ(out.tune_file, "/tmp/t.json");
@@ -103,10 +106,12 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
 TEST_F(PrepareOptionsTest, ResolvingTwiceChangesNothing) {
   EnvOverride a("QMOE_GEMM", "cutlass-dequant"), b("QMOE_DISPATCH", "generic"),
       c("QMOE_PDL", "0"), d("QMOE_DECODE_ROWS", "3"), e("QMOE_DECODE_TPB", "8"),
-      f("QMOE_MIXED_TILE", "64"), g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7");
+      f("QMOE_MIXED_TILE", "64"), g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7"),
+      i("QMOE_EPILOGUE_ACT", "0");
   PrepareOptions once, twice;
   ASSERT_TRUE(resolve({}, &once).is_ok());
   ASSERT_TRUE(resolve(once, &twice).is_ok());
+  EXPECT_FALSE(twice.epilogue_act);
   EXPECT_EQ(twice.gemm, "cutlass-dequant");
   EXPECT_EQ(twice.dispatch, "generic");
   EXPECT_FALSE(twice.pdl);

@@ -68,6 +68,11 @@ struct PrepareOptions {
   // CUDA: launch kernels with programmatic dependent launch (each one's prologue overlaps the
   // previous one's tail). false is for A/B runs; QMOE_PDL=0 sets it where it is true.
   bool pdl = true;
+  // CUDA: bf16 INT4 / INT8 layers with a gated activation of FC1's own rows and no FC1 bias
+  // apply the activation in the mixed-input GEMM's FC1 epilogue on calls that take its narrow
+  // tile (FC1's fp32 rows and the activation kernel go; the same bits). false keeps the
+  // activation kernel at every call (A/B runs); QMOE_EPILOGUE_ACT=0 sets it where it is true.
+  bool epilogue_act = true;
   DecodeOptions decode;  // CUDA: the decode kernel's A/B settings
   // CUDA: the fused kernel runs on at most this many CTAs (tests of its grid independence); 0 as
   // many as the device holds. QMOE_FUSED_GRID.
@@ -100,7 +105,7 @@ constexpr double kFp8ActErrorBudget = 6e-2;
 //   (QMOE_CUDA_PATH=generic, older)     QMOE_DECODE_PREFETCH   -> decode.prefetch
 //   QMOE_PDL       -> pdl (0 or 1)      QMOE_DECODE_MIN_BLOCKS -> decode.min_blocks
 //   QMOE_FUSED_GRID -> fused_grid_ctas  QMOE_MIXED_TILE        -> mixed_tile
-//   QMOE_ACT_QUANT -> act_quant
+//   QMOE_ACT_QUANT -> act_quant         QMOE_EPILOGUE_ACT      -> epilogue_act (0 or 1)
 Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* out);
 
 // Wall-clock time of each stage of the last run, in microseconds (host clock on the CPU backend).

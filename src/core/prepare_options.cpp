@@ -94,6 +94,10 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   int pdl = o.pdl ? 1 : 0;
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_PDL", "pdl", 0, 1, "0 or 1"}, 1, &pdl));
   o.pdl = pdl != 0;
+  int epilogue_act = o.epilogue_act ? 1 : 0;
+  QMOE_RETURN_IF_ERROR(apply_int({"QMOE_EPILOGUE_ACT", "epilogue_act", 0, 1, "0 or 1"}, 1,
+                                 &epilogue_act));
+  o.epilogue_act = epilogue_act != 0;
 
   const DecodeOptions def;
   DecodeOptions& d = o.decode;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "activation_cases.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "gpu_layer_harness.h"
 #include "mixed_formats.h"
@@ -240,6 +241,72 @@ TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
                               with_gemm("cutlass", with_dispatch("generic")), &layer)
                     .is_ok());
     check_replay_and_poison(tl, layer.get(), seed, 333, 300);
+  }
+}
+
+// FC1's activation in the mixed-input GEMM's epilogue (PrepareOptions::epilogue_act, the default:
+// FC1's copy in GluRows order, the narrow tile activating in its epilogue, the other tiles running
+// the activation kernel on the banded columns) against the activation kernel on ORT's row order,
+// on the same layer and inputs: the outputs bitwise equal for every gated case (both FC1 layouts,
+// the clamped SwiGLU variants, GeGLU) on bf16 INT4 and INT8, with the automatic tile at 7 (narrow),
+// 100 and 333 tokens (taller tiles) and each tile forced. The workspace gains exactly the
+// activated rows' term (A(cs R I)) where the layer takes the order; layers it must leave alone (an
+// ungated activation, a separate FC3, f16, an FC1 bias, the routing weight applied to the input)
+// keep the same workspace.
+TEST(GpuMixedLayer, ActivationEpilogueKeepsTheBits) {
+  QMOE_REQUIRE_GPU();
+  const PrepareOptions on = with_gemm("cutlass", with_dispatch("generic"));
+  PrepareOptions off = on;
+  off.epilogue_act = false;
+  auto workspaces = [](const TestLayer& tl, const PrepareOptions& a, const PrepareOptions& b) {
+    std::unique_ptr<PreparedLayer> la, lb;
+    EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, a, &la).is_ok());
+    EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, b, &lb).is_ok());
+    return la && lb ? std::make_pair(la->workspace_size(300), lb->workspace_size(300))
+                    : std::make_pair(size_t{0}, size_t{0});
+  };
+  auto same_bits = [&](const TestLayer& tl, int64_t tokens, int tile) {
+    SCOPED_TRACE(std::to_string(tokens) + " tokens, tile " + std::to_string(tile));
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, fresh_seed(), false, &ti);
+    PrepareOptions a = on, b = off;
+    a.mixed_tile = b.mixed_tile = tile;
+    GpuRun fused, kernel;
+    gpu_run(tl, ti, &fused, a, 0xFF, /*with_oracle=*/tile == 0 && tokens == 100);
+    gpu_run(tl, ti, &kernel, b, 0xFF, false);
+    EXPECT_TRUE(fused.out == kernel.out) << "outputs differ";
+    if (tile == 0 && tokens == 100) EXPECT_LE(fused.error, gpu_budget(tl.spec.act_dtype));
+  };
+  for (const ActivationSpec& act : activation_cases()) {
+    for (WeightFormat wf : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+      LayerSpec s = spec_of(wf, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32);
+      s.activation = act;
+      SCOPED_TRACE(activation_case_name(act) + " " + s.fc1.to_string());
+      TestLayer tl;
+      make_layer(s, fresh_seed(), &tl);
+      const auto [ws_on, ws_off] = workspaces(tl, on, off);
+      const size_t rows = 2 * 300 * 4 * 128;  // A(cs R I) at 300 tokens (a multiple of 256)
+      const bool takes = act.gated() && act.glu != GluLayout::kSeparateFc3;
+      EXPECT_EQ(ws_on, ws_off + (takes ? rows : 0)) << "takes " << takes;
+      for (int64_t tokens : {7, 100, 333}) same_bits(tl, tokens, 0);
+      if (act.kind == Activation::kSwiGlu && act.limit > 1e30f) {
+        for (int tile : {32, 64, 128}) same_bits(tl, 100, tile);
+      }
+    }
+  }
+  // Layers the epilogue leaves to the kernel.
+  LayerSpec f16 = int4_spec(DType::kF16, 256, 128, 16, 4, 64, DType::kF32);
+  LayerSpec bias = int4_spec(DType::kBF16, 256, 128, 16, 4, 64, DType::kF32);
+  bias.has_fc1_bias = true;
+  LayerSpec scaled = bias;
+  scaled.has_fc1_bias = false;
+  scaled.routing.combine = CombineMode::kScaleInput;
+  for (const LayerSpec& s : {f16, bias, scaled}) {
+    TestLayer tl;
+    make_layer(s, fresh_seed(), &tl);
+    const auto [ws_on, ws_off] = workspaces(tl, on, off);
+    EXPECT_EQ(ws_on, ws_off) << dtype_name(s.act_dtype) << " bias " << s.has_fc1_bias;
+    same_bits(tl, 100, 0);
   }
 }
 

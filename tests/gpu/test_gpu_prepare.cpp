@@ -270,6 +270,46 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
                                           gs.as<float>(), os.get(),
                                           copy.zeros.empty() ? nullptr : oz.as<float>(), 0));
       EXPECT_TRUE(same(copy.scales, os)) << "scales";
+      if (cuda::mixed_codes_shuffled(kind)) {
+        // FC1 in the activation epilogue's row order (glu_source_row, n = 2 I): the host copy's
+        // rows reordered, then shuffled by the host twin, against the device's shuffle and
+        // scales with the order.
+        const int bits = cuda::mixed_code_bits(kind);
+        const int64_t row_bytes = k * bits / 8;
+        const int64_t kb = static_cast<int64_t>(copy.scales.size()) / (E * n * 2);
+        for (cuda::GluRows glu : {cuda::GluRows::kConcatenated, cuda::GluRows::kInterleaved}) {
+          SCOPED_TRACE("glu " + std::to_string(static_cast<int>(glu)));
+          std::vector<uint8_t> rows(copy.codes.size()), want(copy.codes.size());
+          std::vector<uint8_t> want_scales(copy.scales.size());
+          for (int64_t e = 0; e < E; ++e) {
+            for (int64_t r = 0; r < n; ++r) {
+              const int64_t from = cuda::glu_source_row(glu, n / 2, r);
+              std::memcpy(&rows[static_cast<size_t>((e * n + r) * row_bytes)],
+                          &copy.codes[static_cast<size_t>((e * n + from) * row_bytes)],
+                          static_cast<size_t>(row_bytes));
+              for (int64_t b = 0; b < kb; ++b) {
+                std::memcpy(&want_scales[static_cast<size_t>(((e * kb + b) * n + r) * 2)],
+                            &copy.scales[static_cast<size_t>(((e * kb + b) * n + from) * 2)], 2);
+              }
+            }
+          }
+          cuda::mixed_shuffle_codes_host(rows.data(), want.data(), E, n, k, bits);
+          GpuBuffer gc, gsc;
+          out_buffer(want.size(), &gc);
+          out_buffer(want_scales.size(), &gsc);
+          ASSERT_OK(cuda::mixed_shuffle_codes(codes.as<uint8_t>(), gc.as<uint8_t>(), E, n, k, bits,
+                                              /*flip=*/true, 0, glu, n / 2));
+          EXPECT_TRUE(same(want, gc)) << "codes in GluRows order";
+          ASSERT_OK(cuda::device_mixed_scales(kind, f, act, E, n, k, sc.as<uint8_t>(),
+                                              zp.as<uint8_t>(), gs.as<float>(), gsc.get(), nullptr,
+                                              0, glu, n / 2));
+          EXPECT_TRUE(same(want_scales, gsc)) << "scales in GluRows order";
+          const Status bad = cuda::mixed_shuffle_codes(codes.as<uint8_t>(), gc.as<uint8_t>(), E, n,
+                                                       k, bits, true, 0, glu, n / 2 + 8);
+          EXPECT_NE(bad.message().find("glu: expected n = 2 inter"), std::string::npos)
+              << bad.message();
+        }
+      }
       if (copy.zeros.empty()) continue;
       // Bitwise: compare the floats' bits.
       std::vector<uint32_t> bits(copy.zeros.size());

@@ -199,17 +199,42 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   }
   // 16-byte TMA rows: lda in activations; D's contiguous extent in floats.
   if (a.lda < a.k || a.lda % 8 != 0) return fail(why, "lda not >= k and a multiple of 8");
-  if (a.ldc < a.n || a.ldc % 4 != 0) return fail(why, "ldc not >= n and a multiple of 4");
-  if (!aligned16(a.a) || !aligned16(a.c) || !aligned16(a.codes) || !aligned16(a.scales)) {
-    return fail(why, "a, c, codes or scales not 16-byte aligned");
+  if (!aligned16(a.a) || !aligned16(a.codes) || !aligned16(a.scales)) {
+    return fail(why, "a, codes or scales not 16-byte aligned");
   }
+  if (a.act_epilogue) {  // rows of n / 2 channels in the activation dtype; c unused
+    if (!mixed_has_act_epilogue(a.codes_kind, a.dtype, a.tile_n)) {
+      return fail(why, std::string("act_epilogue: no such instance for ") +
+                           mixed_codes_name(a.codes_kind) + ", tile_n " +
+                           std::to_string(a.tile_n));
+    }
+    if (!a.act.gated() || a.act.glu == GluLayout::kSeparateFc3) {
+      return fail(why, "act_epilogue: expected a gated activation of FC1's own rows");
+    }
+    if (a.n % kMixedShuffleRows != 0 || a.act_out == nullptr || a.ld_act < a.n / 2) {
+      return fail(why, "act_epilogue: expected n a multiple of 16, act_out and ld_act >= n / 2");
+    }
+    return true;
+  }
+  if (a.ldc < a.n || a.ldc % 4 != 0) return fail(why, "ldc not >= n and a multiple of 4");
+  if (!aligned16(a.c)) return fail(why, "c not 16-byte aligned");
   return true;
+}
+
+bool mixed_has_act_epilogue(MixedCodes c, DType dtype, int tile_n) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  const bool bf16 = dtype == DType::kBF16;
+#define QMOE_MIXED_HAS_ACT(kCodes, kBf16, kTileN, kAct) \
+  if (kAct && kTileN == tile_n && c == kCodes && bf16 == kBf16) return true;
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_HAS_ACT)
+#undef QMOE_MIXED_HAS_ACT
+  return false;
 }
 
 bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_HAS(kCodes, kBf16, kTileN) \
+#define QMOE_MIXED_HAS(kCodes, kBf16, kTileN, kAct) \
   if (kTileN == tile_n && c == kCodes && bf16 == kBf16) return true;
   QMOE_MIXED_INSTANCES(QMOE_MIXED_HAS)
 #undef QMOE_MIXED_HAS
@@ -223,10 +248,10 @@ size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups,
   const bool bf16 = dtype == DType::kBF16;
   // Any of the kind's tiles may run a call: the largest of their needs.
   size_t bytes = 0;
-#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN)                                           \
-  if (c == kCodes && bf16 == kBf16) {                                                     \
-    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN>( \
-                                max_groups, sm_count));                                   \
+#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN, kAct)                                           \
+  if (c == kCodes && bf16 == kBf16) {                                                           \
+    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>( \
+                                max_groups, sm_count));                                         \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_BYTES)
 #undef QMOE_MIXED_BYTES
@@ -260,9 +285,11 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   const bool bf16 = args.dtype == DType::kBF16;
-#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN)                                                   \
-  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN) {                       \
-    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN>(args, sm_count, workspace, stream); \
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct)                                   \
+  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&             \
+      args.act_epilogue == kAct) {                                                       \
+    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN, kAct>(args, sm_count,     \
+                                                                     workspace, stream); \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH

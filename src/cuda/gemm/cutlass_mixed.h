@@ -47,6 +47,7 @@
 
 #include "cuda/gemm/grouped_gemm.h"
 #include "qmoe/format.h"
+#include "qmoe/layer.h"
 #include "qmoe/status.h"
 
 namespace qmoe::cuda {
@@ -77,6 +78,21 @@ constexpr bool mixed_codes_shuffled(MixedCodes c) {
 }
 constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 
+// FC1's row order in the prepared copy of a layer whose gated activation runs in FC1's epilogue
+// (MixedGemmArgs::act_epilogue, cutlass_act_epilogue.cuh): each 16-row band holds eight channels'
+// gate rows, then the same channels' linear rows. The source row (ORT's order, I channels) of
+// prepared row r, with c = (r / 16) 8 + r % 8 its channel and h = (r / 8) % 2 its half:
+//   kConcatenated (gate rows [0, I), linear rows [I, 2I)):  c + h I
+//   kInterleaved (gate row 2c, linear row 2c + 1):          2c + h
+// kNone is the identity (every other FC, and layers that keep the activation kernel).
+enum class GluRows : int { kNone = 0, kConcatenated, kInterleaved };
+__host__ __device__ constexpr int64_t glu_source_row(GluRows g, int64_t inter, int64_t r) {
+  const int64_t c = (r / 16) * 8 + r % 8, h = (r / 8) % 2;
+  return g == GluRows::kConcatenated ? c + h * inter
+         : g == GluRows::kInterleaved ? 2 * c + h
+                                      : r;
+}
+
 struct MixedGemmArgs {
   MixedCodes codes_kind = MixedCodes::kInt4;
   DType dtype = DType::kBF16;  // of the activations (and of kInt4's scales): kBF16 or kF16
@@ -96,7 +112,19 @@ struct MixedGemmArgs {
   // Programmatic dependent launch of the setup kernel and the GEMM (cutlass_grouped_kernel.cuh's
   // pdl_gemm_kernel): each waits for the previous kernel before it touches memory.
   bool pdl = false;
+  // FC1 with its gated activation in the epilogue (cutlass_act_epilogue.cuh; the kinds, dtypes
+  // and tiles of mixed_has_act_epilogue, codes in GluRows order, n = 2 I): c and ldc are not
+  // used; channel i of row p becomes act(gate, linear) in the activation dtype at
+  // act_out[p * ld_act + i].
+  bool act_epilogue = false;
+  ActivationSpec act;
+  void* act_out = nullptr;
+  int64_t ld_act = 0;
 };
+
+// Whether the kind's tile of tile_n rows (for this dtype) has the activation-epilogue form: the
+// narrow tile (32) of bf16 kInt4 and kInt8.
+bool mixed_has_act_epilogue(MixedCodes c, DType dtype, int tile_n);
 
 // Whether the instance list holds the kind's tile of tile_n rows for this activation dtype: every
 // kind has the 128-row one (bf16 and f16), the others exist for bf16 and some kinds only.
@@ -133,8 +161,11 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
 // (ORT's codes to kInt4's / kInt8's signed copy in the same pass). The kernel follows the orders
 // drawn in cutlass_mixed_shuffle.cuh; mixed_shuffle_codes_host, its twin for the tests, places
 // each code by CuTe's layout of the whole matrix instead, element by element (no flip).
+// `glu` (with `inter`, n = 2 inter) reorders the rows as glu_source_row() draws (FC1 of a layer
+// with the activation in its epilogue).
 Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n, int64_t k,
-                           int bits, bool flip, cudaStream_t stream);
+                           int bits, bool flip, cudaStream_t stream, GluRows glu = GluRows::kNone,
+                           int64_t inter = 0);
 void mixed_shuffle_codes_host(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n,
                               int64_t k, int bits);
 

@@ -4,6 +4,6 @@
 #include "cuda/gemm/cutlass_mixed_narrow.cuh"
 #include "cuda/gemm/cutlass_mixed_tall.cuh"
 
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, true, 256, 128, cutlass::bfloat16_t)
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, true, 256, 32, cutlass::bfloat16_t)
-QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, false, 128, 128, cutlass::half_t)
+QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, true, 256, 128, false, cutlass::bfloat16_t)
+QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, true, 256, 32, false, cutlass::bfloat16_t)
+QMOE_CUTLASS_MIXED_INSTANCE(MixedCodes::kE4m3, false, 128, 128, false, cutlass::half_t)

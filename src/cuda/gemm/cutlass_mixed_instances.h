@@ -14,41 +14,46 @@
 
 namespace qmoe::cuda::cutlass_detail {
 
-template <MixedCodes kCodes, bool kBf16, int kTileN>
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
 size_t mixed_workspace_bytes(int64_t max_groups, int sm_count);
 
 // Arguments already validated (mixed_gemm_can_implement) and the workspace size checked.
-template <MixedCodes kCodes, bool kBf16, int kTileN>
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
 Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
 
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
 // narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only (each
 // instance adds compile time, docs/cuda-backend.md); the others (int8 with zero points among
-// them) run the 128-row tile at every size. The middle (64 rows) tile exists
-// for bf16 INT4.
-#define QMOE_MIXED_INSTANCES(X)     \
-  X(MixedCodes::kInt4, true, 128)     \
-  X(MixedCodes::kInt4, false, 128)    \
-  X(MixedCodes::kInt4Zero, true, 128) \
-  X(MixedCodes::kInt4Zero, false, 128) \
-  X(MixedCodes::kUint8, true, 128)    \
-  X(MixedCodes::kUint8, false, 128)   \
-  X(MixedCodes::kE4m3, true, 128)     \
-  X(MixedCodes::kE4m3, false, 128)    \
-  X(MixedCodes::kInt8, true, 128)     \
-  X(MixedCodes::kInt8, false, 128)    \
-  X(MixedCodes::kInt4, true, 32)      \
-  X(MixedCodes::kInt8, true, 32)      \
-  X(MixedCodes::kE4m3, true, 32)      \
-  X(MixedCodes::kInt4, true, 64)
+// them) run the 128-row tile at every size. The middle (64 rows) tile exists for bf16 INT4.
+// kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh), on the narrow
+// tile of bf16 kInt4 and kInt8 only: on the taller tiles the epilogue's activation and stores,
+// run by the consumer warps that bound the kernel, cost more than the activation kernel they
+// replace (bench/results/2026-12-04-h200-act-epilogue.md).
+#define QMOE_MIXED_INSTANCES(X)             \
+  X(MixedCodes::kInt4, true, 128, false)     \
+  X(MixedCodes::kInt4, false, 128, false)    \
+  X(MixedCodes::kInt4Zero, true, 128, false) \
+  X(MixedCodes::kInt4Zero, false, 128, false) \
+  X(MixedCodes::kUint8, true, 128, false)    \
+  X(MixedCodes::kUint8, false, 128, false)   \
+  X(MixedCodes::kE4m3, true, 128, false)     \
+  X(MixedCodes::kE4m3, false, 128, false)    \
+  X(MixedCodes::kInt8, true, 128, false)     \
+  X(MixedCodes::kInt8, false, 128, false)    \
+  X(MixedCodes::kInt4, true, 32, false)      \
+  X(MixedCodes::kInt8, true, 32, false)      \
+  X(MixedCodes::kE4m3, true, 32, false)      \
+  X(MixedCodes::kInt4, true, 64, false)      \
+  X(MixedCodes::kInt4, true, 32, true)       \
+  X(MixedCodes::kInt8, true, 32, true)
 
-#define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN)                                          \
-  template <>                                                                              \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count);   \
-  template <>                                                                              \
-  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,      \
-                                             void* workspace, cudaStream_t stream);
+#define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct)                                         \
+  template <>                                                                                   \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count); \
+  template <>                                                                                   \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,     \
+                                                   void* workspace, cudaStream_t stream);
 QMOE_MIXED_INSTANCES(QMOE_MIXED_DECLARE)
 #undef QMOE_MIXED_DECLARE
 

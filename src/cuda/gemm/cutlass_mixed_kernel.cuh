@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/gemm/cutlass_act_epilogue.cuh"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cuda/gemm/cutlass_mixed_instances.h"
 #include "cuda/gemm/cutlass_mixed_shuffle.cuh"
@@ -147,10 +148,15 @@ struct MixedOperand<MixedCodes::kInt8, Element> {
   using Tuple = cute::tuple<int8_t, Element>;
 };
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
+// kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh: no shared
+// memory, so the mainloop's stages take all of it), else the tile's fp32 epilogue.
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false>
 struct MixedGemm {
+  static constexpr bool kAct = kActEpilogue;
   using Operand = MixedOperand<kCodes, Element>;
   using Tile = MixedTile<kTileM, kTileN>;
+  using Epilogue = std::conditional_t<kAct, ActEpilogue<Element>, typename Tile::Epilogue>;
+  static constexpr int kEpilogueSmem = kAct ? 0 : Tile::kEpilogueSmem;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
@@ -167,7 +173,7 @@ struct MixedGemm {
   using Collective = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Operand::Tuple, LayoutA*,
       kAlignA, Element, LayoutB*, kAlignB, float, typename Tile::Shape, GroupClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<Tile::kEpilogueSmem>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   static constexpr bool kZero = mixed_has_zeros(kCodes);
   using Mainloop =
@@ -178,7 +184,7 @@ struct MixedGemm {
                 "codes times scales, plus the zero term where the kind has one");
 
   using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, typename Tile::Epilogue>;
+      cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
@@ -224,7 +230,10 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
     shapes[j] = typename G::Shape3(static_cast<int>(p.n), rows, static_cast<int>(p.k));
     ptr_a[j] = p.codes + e * p.n * (p.k * G::kBits / 8);
     ptr_b[j] = static_cast<const char*>(p.a) + row0 * p.lda * elem;
-    ptr_d[j] = p.c + row0 * p.ldc;
+    // The activation epilogue's rows are the activation dtype's (its pointers share the slot).
+    ptr_d[j] = G::kAct ? reinterpret_cast<float*>(static_cast<char*>(p.act_out) +
+                                                  row0 * p.ld_act * elem)
+                       : p.c + row0 * p.ldc;
     ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
     ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
     if constexpr (G::kShuffled) {
@@ -249,7 +258,8 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
 
 template <typename G>
 typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chunk, int sm_count,
-                                                 const MixedParts* parts, char* ws) {
+                                                 const MixedParts* parts, char* ws,
+                                                 const MixedGemmArgs* p = nullptr) {
   typename G::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   auto at = [ws, parts](size_t MixedParts::*part) {
@@ -267,8 +277,16 @@ typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chu
   m.dS = reinterpret_cast<decltype(m.dS)>(at(&MixedParts::stride_s));
   if constexpr (G::kZero) m.ptr_Z = reinterpret_cast<decltype(m.ptr_Z)>(at(&MixedParts::ptr_z));
   m.chunk_size = static_cast<int>(chunk);
-  set_epilogue_and_grid(args, reinterpret_cast<float**>(at(&MixedParts::ptr_d)),
-                        reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d)), sm_count);
+  if constexpr (G::kAct) {
+    args.epilogue.ptr_out = reinterpret_cast<void* const*>(at(&MixedParts::ptr_d));
+    if (p != nullptr) args.epilogue.ld_out = p->ld_act, args.epilogue.act = p->act;
+    args.hw_info.device_id = 0;
+    args.hw_info.sm_count = sm_count;
+  } else {
+    set_epilogue_and_grid(args, reinterpret_cast<float**>(at(&MixedParts::ptr_d)),
+                          reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d)),
+                          sm_count);
+  }
   return args;
 }
 
@@ -294,15 +312,15 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN, kAct>>(max_groups, sm_count).total;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element, kTileM, kTileN>;
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -320,23 +338,25 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
   QMOE_CUDA_CHECK_LAUNCH("mixed_setup_kernel");
 
   return initialize_and_run<typename G::Gemm>(
-      make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws), ws + w.cutlass, stream,
+      make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws, &p), ws + w.cutlass, stream,
       "CUTLASS mixed-input GEMM", p.pdl);
 }
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype and tile (the
-// host picks an instance by its N alone: each kind and dtype has one M per N).
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, Element)                      \
-  namespace qmoe::cuda::cutlass_detail {                                                         \
-  template <>                                                                                    \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN>(int64_t max_groups, int sm_count) {        \
-    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN>(max_groups, sm_count);     \
-  }                                                                                              \
-  template <>                                                                                    \
-  Status mixed_launch<kCodes, kBf16, kTileN>(const MixedGemmArgs& args, int sm_count,            \
-                                             void* workspace, cudaStream_t stream) {             \
-    return mixed_launch_for<kCodes, Element, kTileM, kTileN>(args, sm_count, workspace, stream); \
-  }                                                                                              \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype, tile and
+// epilogue (the host picks an instance by its N alone: each kind and dtype has one M per N).
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, kAct, Element)                \
+  namespace qmoe::cuda::cutlass_detail {                                                        \
+  template <>                                                                                   \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count) { \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN, kAct>(max_groups,         \
+                                                                            sm_count);          \
+  }                                                                                             \
+  template <>                                                                                   \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,     \
+                                                   void* workspace, cudaStream_t stream) {      \
+    return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct>(args, sm_count, workspace,   \
+                                                                   stream);                     \
+  }                                                                                             \
   }

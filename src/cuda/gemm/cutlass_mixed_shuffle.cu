@@ -48,16 +48,23 @@ __device__ AtomAt atom_at(int64_t n, int64_t k, int64_t bands) {
   return a;
 }
 
+// The rows a lane reads: its rows r and r + 8 of the shuffled copy come from these source rows.
+struct RowOrder {
+  GluRows glu;
+  int64_t inter;
+  __device__ int64_t operator()(int64_t r) const { return glu_source_row(glu, inter, r); }
+};
+
 __global__ void shuffle4_kernel(const uint8_t* in, uint32_t* out, int64_t n, int64_t k,
-                                int64_t bands, bool flip) {
+                                int64_t bands, bool flip, RowOrder rows) {
   const AtomAt a = atom_at(n, k, bands);
   if (!a.live) return;
-  const int64_t r = a.r, k0 = a.k0;
+  const int64_t r = rows(a.r), r8 = rows(a.r + 8), k0 = a.k0;
   const uint8_t* src = in + a.e * n * k / 2;
   // Byte (row, k) holds codes k (low) and k + 1 (high): v0 v1 | v4 v5 at row r, v2 v3 | v6 v7
   // at row r + 8.
   const uint32_t b0 = src[(r * k + k0) / 2], b4 = src[(r * k + k0 + 8) / 2];
-  const uint32_t b2 = src[((r + 8) * k + k0) / 2], b6 = src[((r + 8) * k + k0 + 8) / 2];
+  const uint32_t b2 = src[(r8 * k + k0) / 2], b6 = src[(r8 * k + k0 + 8) / 2];
   const uint32_t v[8] = {b0 & 15, b0 >> 4, b2 & 15, b2 >> 4, b4 & 15, b4 >> 4, b6 & 15, b6 >> 4};
   // Nibble p of the word holds v[2p] for p < 4 and v[2 (p - 4) + 1] after: 0 2 4 6 1 3 5 7.
   uint32_t w = 0;
@@ -67,12 +74,12 @@ __global__ void shuffle4_kernel(const uint8_t* in, uint32_t* out, int64_t n, int
 }
 
 __global__ void shuffle8_kernel(const uint8_t* in, uint2* out, int64_t n, int64_t k,
-                                int64_t bands, bool flip) {
+                                int64_t bands, bool flip, RowOrder rows) {
   const AtomAt a = atom_at(n, k, bands);
   if (!a.live) return;
   const uint8_t* src = in + a.e * n * k;
-  const uint8_t* row0 = src + a.r * k + a.k0;        // v0 v1 at +0, v4 v5 at +8
-  const uint8_t* row8 = src + (a.r + 8) * k + a.k0;  // v2 v3 at +0, v6 v7 at +8
+  const uint8_t* row0 = src + rows(a.r) * k + a.k0;      // v0 v1 at +0, v4 v5 at +8
+  const uint8_t* row8 = src + rows(a.r + 8) * k + a.k0;  // v2 v3 at +0, v6 v7 at +8
   // Byte p of each word: 0 2 1 3, i.e. v0 v2 v1 v3 | v4 v6 v5 v7.
   auto word = [](uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3) {
     return v0 | (v2 << 8) | (v1 << 16) | (v3 << 24);
@@ -86,7 +93,7 @@ __global__ void shuffle8_kernel(const uint8_t* in, uint2* out, int64_t n, int64_
 }  // namespace
 
 Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int64_t n, int64_t k,
-                           int bits, bool flip, cudaStream_t stream) {
+                           int bits, bool flip, cudaStream_t stream, GluRows glu, int64_t inter) {
   if (bits != 4 && bits != 8) {
     return Status::invalid("mixed_shuffle_codes: bits: expected 4 or 8, got " +
                            std::to_string(bits));
@@ -98,6 +105,10 @@ Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int
                            std::to_string(kMixedShuffleCols) + ", got " + std::to_string(experts) +
                            ", " + std::to_string(n) + ", " + std::to_string(k));
   }
+  if (glu != GluRows::kNone && (inter <= 0 || n != 2 * inter)) {
+    return Status::invalid("mixed_shuffle_codes: glu: expected n = 2 inter, got n " +
+                           std::to_string(n) + ", inter " + std::to_string(inter));
+  }
   if (in == out) return Status::invalid("mixed_shuffle_codes: in and out must not overlap");
   if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
     return Status::invalid("mixed_shuffle_codes: out: expected an 8-byte aligned pointer");
@@ -108,10 +119,10 @@ Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int
   if (blocks > INT32_MAX) return Status::invalid("mixed_shuffle_codes: tensor too large");
   if (bits == 4) {
     shuffle4_kernel<<<static_cast<unsigned>(blocks), 32 * kAtomsPerBlock, 0, stream>>>(
-        in, reinterpret_cast<uint32_t*>(out), n, k, bands, flip);
+        in, reinterpret_cast<uint32_t*>(out), n, k, bands, flip, RowOrder{glu, inter});
   } else {
     shuffle8_kernel<<<static_cast<unsigned>(blocks), 32 * kAtomsPerBlock, 0, stream>>>(
-        in, reinterpret_cast<uint2*>(out), n, k, bands, flip);
+        in, reinterpret_cast<uint2*>(out), n, k, bands, flip, RowOrder{glu, inter});
   }
   QMOE_CUDA_CHECK_LAUNCH("mixed_shuffle_codes");
   return Status::ok();

@@ -37,6 +37,14 @@ __device__ __forceinline__ float gated_act(const ActivationSpec& a, float gate, 
   return a.kind == Activation::kSwiGlu ? swiglu_dev(a, gate, lin) : gelu_tanh_dev(gate) * lin;
 }
 
+// A gated output from FC1's raw dot products, g (gate) and l (linear), with the route's scale and
+// the rows' biases. Every kernel that applies a gated activation computes it here (the activation
+// kernels, the mixed-input GEMM's FC1 epilogue), so their bits agree.
+__device__ __forceinline__ float act_of_dots(const ActivationSpec& a, float scale, float g,
+                                             float l, float bg, float bl) {
+  return gated_act(a, scale * g + bg, scale * l + bl);
+}
+
 __device__ __forceinline__ bool is_gated(Activation k) {
   return k == Activation::kSwiGlu || k == Activation::kGeGlu;
 }

@@ -108,6 +108,7 @@ class CudaLayer final : public PreparedLayer {
         decode_options_(options.decode),
         fused_grid_ctas_(options.fused_grid_ctas),
         mixed_tile_(options.mixed_tile),
+        epilogue_act_(options.epilogue_act),
         act_fp8_(options.act_quant == "fp8_e4m3") {
     cdt_ = spec.act_dtype;
     cs_ = dtype_size(cdt_);
@@ -176,8 +177,8 @@ class CudaLayer final : public PreparedLayer {
  private:
   // Byte offsets of one call's buffers in the workspace (layer_workspace.cu: the formula).
   struct Layout {
-    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, act_scales, hy,
-        h3, scratch, cutlass, mixed, fused, total;
+    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, act_scales, ya,
+        hy, h3, scratch, cutlass, mixed, fused, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -240,13 +241,22 @@ class CudaLayer final : public PreparedLayer {
   Status keep(size_t bytes, void** dst);
   // Frees a buffer keep() gave (the device must be done with it).
   void release(const void* p);
+  // act_out: FC1 with the activation in its epilogue (act_rows_ on the narrow tile), its rows
+  // [R, ip_] in the activation dtype there, c unused.
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
-                int64_t ld_b, cudaStream_t stream);
+                int64_t ld_b, cudaStream_t stream, void* act_out = nullptr);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
   // `fc` is the FC as uploaded (its shape, and ORT's codes where they were uploaded); int4 codes
   // become the signed copy in place (fc->weight then null: the mixed copy is their only reader).
-  Status prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out);
+  // glu: FC1's rows in the activation epilogue's order (cutlass_mixed.h's GluRows).
+  Status prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
+                       GluRows glu = GluRows::kNone);
+  // The row order FC1's mixed-input copy takes for the activation epilogue, kNone where the
+  // layer keeps the activation kernel alone (PrepareOptions::epilogue_act).
+  GluRows act_epilogue_rows(MixedCodes fc1_kind) const;
+  // The mixed-input GEMM's tile (its N) for an FC of this copy in a call of `routes` routes.
+  int mixed_tile_of(const MixedFc& mx, int64_t routes) const;
   bool all_mixed() const {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }
@@ -283,6 +293,10 @@ class CudaLayer final : public PreparedLayer {
   bool cutlass_ = false;  // set_cutlass()
   bool mixed_ = false;    // set_cutlass()
   int mixed_tile_ = 0;    // PrepareOptions::mixed_tile
+  bool epilogue_act_ = true;  // PrepareOptions::epilogue_act
+  // FC1's mixed copy is in GluRows order: calls on the narrow tile activate in FC1's epilogue,
+  // the others run the activation kernel on FC1's banded columns.
+  bool act_rows_ = false;
   MixedFc mixed1_, mixed2_, mixed3_;
   bool act_fp8_ = false;  // PrepareOptions::act_quant == "fp8_e4m3"
   Fp8Fc fp8_1_, fp8_2_, fp8_3_;

@@ -131,7 +131,10 @@ Status CudaLayer::init(const LayerWeights& w) {
   if (act_fp8_) {  // every FC on the FP8 GEMM: no mixed-input copies
     QMOE_RETURN_IF_ERROR(prepare_fp8(w));
   } else {
-    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_));
+    const GluRows glu = act_epilogue_rows(
+        mixed_ ? mixed_codes_for(spec_.fc1, cdt_, fc1_.n, fc1_.k) : MixedCodes::kNone);
+    QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_, glu));
+    act_rows_ = glu != GluRows::kNone && mixed1_.on();
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
     if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, &fc3_, &mixed3_));
   }
@@ -148,11 +151,32 @@ Status CudaLayer::init(const LayerWeights& w) {
 // (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
 // of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
 // e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
-Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out) {
+// FC1's activation moves into its mixed-input GEMM's epilogue (cutlass_act_epilogue.cuh) where
+// the epilogue computes what the activation kernel would from FC1's rows alone: a gated
+// activation of FC1's own rows (no FC3), no FC1 bias, the routing weight applied after FC2, and a
+// kind and dtype with the epilogue form (the narrow tile's; calls on other tiles run the
+// activation kernel on the banded columns).
+GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
+  const ActivationSpec& a = spec_.activation;
+  if (!epilogue_act_ || fc1_kind == MixedCodes::kNone ||
+      !mixed_has_act_epilogue(fc1_kind, cdt_, 32) ||
+      !a.gated() || a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() ||
+      fc1_.bias != nullptr || spec_.routing.combine == CombineMode::kScaleInput ||
+      ip_ != spec_.inter) {
+    return GluRows::kNone;
+  }
+  return a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
+}
+
+Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
+                                GluRows glu) {
   const DeviceFc& raw = *fc;
   *out = MixedFc{};
   const MixedCodes c = mixed_ ? mixed_codes_for(f, cdt_, raw.n, raw.k) : MixedCodes::kNone;
   if (c == MixedCodes::kNone) return Status::ok();
+  if (glu != GluRows::kNone && !mixed_codes_shuffled(c)) {
+    return Status::internal("prepare_mixed: GluRows order needs a shuffled kind");
+  }
   const int64_t E = spec_.weight_experts();
   DeviceBuffer staged[1];
   const uint8_t* scales = nullptr;
@@ -171,7 +195,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
       QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,
                                                k, mixed_code_bits(c), /*flip=*/true,
-                                               kPrepareStream));
+                                               kPrepareStream, glu, spec_.inter));
       QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
       release(signed_codes);
       signed_codes = static_cast<uint8_t*>(shuffled);
@@ -199,7 +223,8 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     out->zeros = zeros;
   }
   QMOE_RETURN_IF_ERROR(device_mixed_scales(c, f, cdt_, E, raw.n, raw.k, scales, raw.zero_points,
-                                           raw.global_scale, scales_out, zeros, kPrepareStream));
+                                           raw.global_scale, scales_out, zeros, kPrepareStream,
+                                           glu, spec_.inter));
   out->chunk = chunk;
   out->kind = c;
   // The staged tensors are freed on return: the kernels must be done with them.

@@ -189,13 +189,24 @@ Status CudaLayer::take_deferred_error() {
   return Status::invalid(what + ": non-finite value(s)" + at + "; those tokens' outputs are NaN");
 }
 
+// Few rows per expert: the narrow or middle tile, so the wgmma is not mostly padding
+// (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); more: the 128-row one. The host knows the
+// average, routes / E (dispatch.h).
+int CudaLayer::mixed_tile_of(const MixedFc& mx, int64_t routes) const {
+  const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
+  return mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
+}
+
 // One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
 // dequantize the wave's experts, then the grouped GEMM into c.
 Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                          const RouteMapsView& maps, const void* a, int64_t lda, float* c,
-                         int64_t ldc, int64_t ld_b, cudaStream_t stream) {
+                         int64_t ldc, int64_t ld_b, cudaStream_t stream, void* act_out) {
   const GroupSchedule sched = schedule(l, ws, maps);
   const int64_t routes = maps.tokens * spec_.slots();
+  if (act_out != nullptr && !mx.on()) {
+    return Status::internal("run_fc: the activation epilogue without a mixed-input copy");
+  }
   if (mx.on()) {
     // No fallback: the layout may hold no scratch. The strides and workspace pointers always
     // qualify (multiples of 32 elements, 256-byte aligned); launch_mixed_grouped_gemm checks.
@@ -214,12 +225,16 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.chunk = mx.chunk;
     m.sched = sched;
     m.max_groups = max_groups(maps);
-    // Few rows per expert: the narrow or middle tile, so the wgmma is not mostly padding
-    // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); more: the 128-row one. The host knows
-    // the average, routes / E (dispatch.h).
-    const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
-    m.tile_n = mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
+    m.tile_n = mixed_tile_of(mx, routes);
     m.pdl = pdl_;
+    if (act_out != nullptr) {
+      m.act_epilogue = true;
+      m.act = spec_.activation;
+      m.act_out = act_out;
+      m.ld_act = ip_;
+      m.c = nullptr;
+      m.ldc = 0;
+    }
     return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
   }
   const int s = static_cast<int>(l.slots_in_scratch);
@@ -436,11 +451,22 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                      maps.permuted_route, slots, routes, xa, hp_,
                                      error_.as<int32_t>(), stream, pdl_));
+  // FC1's copy in GluRows order on a tile with the epilogue form: FC1's GEMM activates into ya,
+  // FC2 reads it there.
+  if (act_rows_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, mixed_tile_of(mixed1_, routes))) {
+    void* ya = ws + l.ya;
+    QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, ya));
+    if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+    QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, ya, ip_, h, hp_, ip_, stream));
+    if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
+    return Status::ok();
+  }
   QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
   if (spec_.has_fc3()) {
     QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
   }
   ActivationArgs aa = activation_args(maps, h, h3);
+  aa.banded = act_rows_;  // FC1's columns in GluRows order
   aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;
   aa.out_dtype = cdt_;

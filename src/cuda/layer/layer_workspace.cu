@@ -16,6 +16,10 @@ namespace qmoe::cuda {
 //   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
 //                                                     (FP8 rows: their e4m3 codes)
 //   act_scales  A(4 R max(Hp, Ip) / 128)              the FP8 rows' scales (act_quant only)
+//   ya          A(cs R Ip)                            FC1's activated rows where its GEMM's
+//                                                     epilogue may activate (act_rows_: every
+//                                                     call, so the total stays monotone in T),
+//                                                     else 0
 //   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's (before FC1,
 //                                                     the FP8 path's per-token rows: T Hp codes
 //                                                     and 4 T Hp / 128 scales)
@@ -58,6 +62,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->xa = take(cs_ * r * std::max(hp_, ip_));
   l->act_scales = take(act_fp8_ ? 4 * r * std::max(hp_, ip_) / kActQuantGroup : 0);
   const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
+  l->ya = take(act_rows_ ? cs_ * r * ip_ : 0);
   l->hy = take(4 * r * std::max(h_cols, hp_));
   l->h3 = l->hy + 4 * r * n1p_;
   const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;

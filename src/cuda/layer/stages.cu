@@ -119,15 +119,14 @@ __device__ __forceinline__ float activation_output(const ActivationArgs& a, int6
   if (gated && a.act.glu == GluLayout::kInterleaved) gate_row = 2 * i, lin_row = 2 * i + 1;
   const float bg =
       a.fc1_bias ? load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + gate_row) : 0.0f;
-  const float x = scale * g + bg;
-  if (!gated) return scalar_act(a.act.kind, x);
+  if (!gated) return scalar_act(a.act.kind, scale * g + bg);
   float bl = 0.0f;
   if (a.act.glu == GluLayout::kSeparateFc3) {
     bl = a.fc3_bias ? load_scalar(a.fc3_bias, a.bias_dtype, e * I + i) : 0.0f;
   } else if (a.fc1_bias) {
     bl = load_scalar(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + lin_row);
   }
-  return gated_act(a.act, x, scale * l + bl);
+  return act_of_dots(a.act, scale, g, l, bg, bl);
 }
 
 // A block per route position p, one output per thread: any shape and alignment.
@@ -149,7 +148,10 @@ __global__ void activation_kernel(ActivationArgs a) {
     float v = 0.0f;
     if (i < I) {
       float g, l = 0.0f;
-      if (gated && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
+      if (a.banded) {  // GluRows order
+        const int64_t at = (i / 8) * 16 + i % 8;
+        g = h[at], l = h[at + 8];
+      } else if (gated && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
         g = h[2 * i], l = h[2 * i + 1];
       } else {
         g = h[i];
@@ -210,7 +212,12 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   float g[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
   if (live) {
     const float* h = a.h + p * a.ldh;
-    if (!gated || a.act.glu != GluLayout::kInterleaved) {
+    if (a.banded) {  // GluRows order: i0..i0 + 3 lie in one half band (i0 % 4 == 0)
+      const int64_t at = (i0 / 8) * 16 + i0 % 8;
+      const float4 x = load4(h + at), y = load4(h + at + 8);
+      g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
+      l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
+    } else if (!gated || a.act.glu != GluLayout::kInterleaved) {
       const float4 x = load4(h + i0);
       g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
       if (gated) {

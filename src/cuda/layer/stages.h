@@ -37,6 +37,10 @@ struct ActivationArgs {
   int64_t inter = 0;         // I
   const float* h = nullptr;  // FC1 output [R, ldh] (2I columns for fused gated layouts, else I)
   int64_t ldh = 0;
+  // FC1's columns in GluRows order (cutlass_mixed.h: the mixed-input copy of a layer whose narrow
+  // tile activates in FC1's epilogue): channel i's gate at column 16 (i / 8) + i % 8, its linear
+  // eight columns on. Gated layouts of FC1's own rows without an FC1 bias only.
+  bool banded = false;
   const float* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
   int64_t ldh3 = 0;
   const void* fc1_bias = nullptr;  // [L, fc1 rows] in bias_dtype, or nullptr

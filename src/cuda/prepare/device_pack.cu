@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "core/formats/codec.h"
 #include "core/numeric.h"
@@ -279,8 +280,11 @@ struct MixedScales {
   const float* global;
   void* scales_out;
   float* zeros_out;
-  __device__ void operator()(int64_t i) const {  // i = (e * kb + b) * n + r, mixed_prepare's at
-    const int64_t r = i % n, eb = i / n;
+  GluRows glu;
+  int64_t inter;
+  __device__ void operator()(int64_t i) const {  // i = (e * kb + b) * n + row, mixed_prepare's at
+    const int64_t row = i % n, eb = i / n;
+    const int64_t r = glu_source_row(glu, inter, row);  // the row it reads (ORT's order)
     const int64_t b = eb % kb, e = eb / kb;
     const int64_t es = scale_dtype == DType::kF32 ? 4 : 2;  // f32, f16 or bf16 scales
     float s;
@@ -369,7 +373,11 @@ Status device_mixed_codes(const uint8_t* codes, int64_t bytes, uint8_t* out, cud
 Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
                            int64_t k, const uint8_t* scales, const uint8_t* zero_points,
                            const float* global_scale, void* scales_out, float* zeros_out,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, GluRows glu, int64_t inter) {
+  if (glu != GluRows::kNone && (inter <= 0 || n != 2 * inter)) {
+    return Status::invalid("device_mixed_scales: glu: expected n = 2 inter, got n " +
+                           std::to_string(n) + ", inter " + std::to_string(inter));
+  }
   MixedScales m;
   m.c = c;
   m.format = f.format;
@@ -386,6 +394,8 @@ Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t e
   m.global = global_scale;
   m.scales_out = scales_out;
   m.zeros_out = zeros_out;
+  m.glu = glu;
+  m.inter = inter;
   return launch_each(experts * m.kb * n, m, stream, "device_mixed_scales");
 }
 

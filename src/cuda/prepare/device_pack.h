@@ -58,11 +58,12 @@ Status device_fp4_k_packed(const uint8_t* n_packed, int64_t experts, int64_t n, 
 // int4's signed codes (kInt4Zero; experts * n * k / 2 bytes; the shuffled kinds' signed copy
 // comes from mixed_shuffle_codes with its flip), and the scales [E, k /
 // chunk, n] of mixed_scale_bytes(c) each with the zeros beside them (zeros_out null for kinds
-// without a zero term). chunk is mixed_prepare's (block_size, or k per channel).
+// without a zero term). chunk is mixed_prepare's (block_size, or k per channel). `glu` (with
+// `inter`) orders the rows as the codes' shuffle does (glu_source_row, cutlass_mixed.h).
 Status device_mixed_codes(const uint8_t* codes, int64_t bytes, uint8_t* out, cudaStream_t stream);
 Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
                            int64_t k, const uint8_t* scales, const uint8_t* zero_points,
                            const float* global_scale, void* scales_out, float* zeros_out,
-                           cudaStream_t stream);
+                           cudaStream_t stream, GluRows glu = GluRows::kNone, int64_t inter = 0);
 
 }  // namespace qmoe::cuda
