@@ -56,14 +56,17 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // 2026-12-02-h200-mid-tile.md) the generic path wins sooner still, and the 64-token floor goes:
 // qwen3-30b-a3b, decode/1 against generic, INT4 145.0 / 183.1 us at 64 tokens (4 routes per
 // expert), 161.5 / 184.1 at 80 (5), 192.6 / 185.5 at 96 (6), 220.5 / 186.6 at 128; INT8 175.8 /
-// 177.1 at 24 (1.5), 193.1 / 192.8 at 32 (2), 239.7 / 207.9 at 48 (3), 235.3 / 212.5 at 64. So
-// the decode kernel keeps such layers up to kDecodeMaxMeanRoutesNarrow4 routes per expert for
-// codes of up to 4 bits, kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
+// 177.1 at 24 (1.5), 193.1 / 192.8 at 32 (2), 239.7 / 207.9 at 48 (3), 235.3 / 212.5 at 64. With
+// FC1's activation in the narrow tile's epilogue (bench/results/2026-12-04-h200-act-epilogue.md,
+// run 5) INT8 takes 147.2 / 148.9 us at 16 tokens (1), 175.8 / 173.1 at 24, 193.3 / 187.2 at 32;
+// INT4 157.9 / 178.9 at 80 (5), 187.9 / 180.5 at 96. So the decode kernel keeps such layers up
+// to kDecodeMaxMeanRoutesNarrow4 routes per expert for codes of up to 4 bits,
+// kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
-constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 2;
+constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 1;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
