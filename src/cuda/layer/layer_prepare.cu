@@ -147,10 +147,6 @@ Status CudaLayer::init(const LayerWeights& w) {
   return Status::ok();
 }
 
-// The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
-// (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
-// of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
-// e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
 // FC1's activation moves into its mixed-input GEMM's epilogue (cutlass_act_epilogue.cuh) where
 // the epilogue computes what the activation kernel would from FC1's rows alone: a gated
 // activation of FC1's own rows (no FC3), no FC1 bias, the routing weight applied after FC2, and a
@@ -168,6 +164,10 @@ GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
   return a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
 }
 
+// The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
+// (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
+// of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
+// e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
 Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
                                 GluRows glu) {
   const DeviceFc& raw = *fc;
