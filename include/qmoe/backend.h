@@ -51,7 +51,8 @@ struct PrepareOptions {
   // default dispatch; empty: $QMOE_TUNE_FILE when set, else the default.
   std::string tune_file;
   // CUDA: the generic path's grouped GEMM for bf16/f16 layers: "cutlass" (INT4, INT8 (with or
-  // without zero points), fp8 and fp8_block FCs with blocks of 64, 128, 256... or per channel on
+  // without zero points), fp8 and fp8_block FCs with blocks of 64, 128, 256... or per channel, and
+  // MXFP4 FCs through an exact e4m3 copy (a second copy of their codes, 1 byte a weight), on
   // CUTLASS's SM90 mixed-input kernel, which reads the codes directly; the rest dequantized, then
   // CUTLASS's SM90 TMA + wgmma kernel where the shapes allow it, else the mma.sync kernel), "cutlass-dequant" (every FC dequantized, then as
   // "cutlass") or "mma" (dequantized, then the mma.sync kernel always). The last two are for A/B

@@ -144,13 +144,14 @@ inline void check_gpu_case(const LayerSpec& spec, int64_t tokens, bool router_we
       << spec.routing.top_k;
 }
 
-// Prepares tl, checks the path the dispatch takes for `tokens` (a decode form up to the window's
-// end, expect_decode; the generic path past it), runs them and checks the error against the
-// oracle (the decode kernels' tests of each format family).
+// Prepares tl (with opt: a forced choice takes the decode kernel past the default window),
+// checks the path the dispatch takes for `tokens` (a decode form up to the window's end,
+// expect_decode; the generic path past it), runs them and checks the error against the oracle
+// (the decode kernels' tests of each format family).
 inline void check_decode_call(const TestLayer& tl, int64_t tokens, uint64_t seed,
-                              bool expect_decode = true) {
+                              bool expect_decode = true, const PrepareOptions& opt = {}) {
   std::unique_ptr<PreparedLayer> layer;
-  Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, {}, &layer);
+  Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, opt, &layer);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   const std::string choice = layer->dispatch_choice(tokens);
   if (expect_decode) {

@@ -145,7 +145,7 @@ TEST(GpuDecode, AgreesWithGenericPath) {
       TestInputs ti;
       make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
       GpuRun fast, generic;
-      gpu_run(tl, ti, &fast);
+      gpu_run(tl, ti, &fast, with_dispatch("decode/1"));
       gpu_run(tl, ti, &generic, with_dispatch("generic"));
       EXPECT_LE(fast.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
       EXPECT_LE(generic.error, gpu_budget(s.act_dtype)) << tokens << " tokens";

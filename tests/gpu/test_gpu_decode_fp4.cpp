@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "cuda/layer/dispatch.h"
 #include "gpu_layer_harness.h"
 
 namespace qmoe::test {
@@ -18,17 +19,23 @@ constexpr WeightFormat kFp4Formats[] = {WeightFormat::kNvFp4, WeightFormat::kMxF
 TEST(GpuDecodeFp4, MatchesOracle) {
   QMOE_REQUIRE_GPU();
   for_layers_of(kFp4Formats, 512, 256, 16, 4, [](const TestLayer& tl, uint64_t seed) {
-    for (int64_t tokens : {1, 2, 4, 8, 16, 33}) check_decode_call(tl, tokens, seed);
+    for (int64_t tokens : {1, 2, 4, 8, 16, 33}) {
+      check_decode_call(tl, tokens, seed, true, with_dispatch("decode/1"));
+    }
   });
 }
 
-// 64 tokens is the decode window's last count; 65 goes the generic way, which dequantizes only the
-// touched experts. E = k = 8: every expert takes every token, 64 routes per expert.
+// The default window's last decode count, then the generic path. E = k = 8: every expert takes
+// every token. 64 tokens, except bf16 MXFP4, whose generic path runs the narrow tile on the e4m3
+// copy: 6 routes per expert there (dispatch.h, kDecodeMaxMeanRoutesE4m3Copy).
 TEST(GpuDecodeFp4, WindowEdge) {
   QMOE_REQUIRE_GPU();
   for_layers_of(kFp4Formats, 256, 128, 8, 8, [](const TestLayer& tl, uint64_t seed) {
-    check_decode_call(tl, 64, seed);
-    check_decode_call(tl, 65, seed, false);
+    const bool copy =
+        tl.spec.fc1.format == WeightFormat::kMxFp4 && tl.spec.act_dtype == DType::kBF16;
+    const int64_t last = copy ? cuda::kDecodeMaxMeanRoutesE4m3Copy : cuda::kDecodeWindowTokens;
+    check_decode_call(tl, last, seed);
+    check_decode_call(tl, last + 1, seed, false);
   });
 }
 
@@ -116,6 +123,7 @@ TEST(GpuDecodeFp4, SharedMemoryTradesKeepTheBits) {
     for (int tpb : {0, 8}) {
       SCOPED_TRACE("tokens " + std::to_string(tokens) + " tiles per block " + std::to_string(tpb));
       PrepareOptions o = with_tiles(tpb);
+      o.dispatch = "decode/1";  // the generic path takes 24 tokens by default
       o.decode.rows = 8;
       GpuRun traded, kept;
       o.decode.min_blocks = 4;

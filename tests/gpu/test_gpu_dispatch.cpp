@@ -80,6 +80,20 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(narrow8, 17), "generic");
   EXPECT_EQ(chosen(narrow8, 32), "generic");
   EXPECT_EQ(chosen(narrow8, 64), "generic");
+  // MXFP4 through its e4m3 copy on the narrow tile: 6 routes per expert for small experts
+  // (qwen3.6-35b-a3b, 1.7 MB: 192 tokens), 3 from 8 MiB on (gpt-oss-20b, 13.2 MB: 24 tokens).
+  const DispatchTable e4m3_small(true, 8, 256, GenericKind::kE4m3Copy, 0, 1750000);
+  EXPECT_EQ(chosen(e4m3_small, 1), "decode/1");
+  EXPECT_EQ(chosen(e4m3_small, 192), "decode/1");
+  EXPECT_EQ(chosen(e4m3_small, 193), "generic");
+  const DispatchTable e4m3_large(true, 4, 32, GenericKind::kE4m3Copy, 0, 13200000);
+  EXPECT_EQ(chosen(e4m3_large, 24), "decode/1");
+  EXPECT_EQ(chosen(e4m3_large, 25), "generic");
+  EXPECT_EQ(chosen(e4m3_large, 64), "generic");
+  const DispatchTable e4m3_edge(true, 4, 32, GenericKind::kE4m3Copy, 0,
+                                cuda::kE4m3CopyLargeExpertBytes - 1);
+  EXPECT_EQ(chosen(e4m3_edge, 48), "decode/1");  // 6 routes per expert below the size
+  EXPECT_EQ(chosen(e4m3_edge, 49), "generic");
   // The large-expert rule still applies (deepseek-v3's FP8 weights on the narrow tile).
   const DispatchTable narrow_large(true, 8, 256, GenericKind::kNarrow8, 0,
                                    44 * (int64_t{1} << 20));

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/numeric.h"
 #include "activation_cases.h"
+#include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "gpu_layer_harness.h"
 #include "mixed_formats.h"
@@ -103,7 +103,8 @@ TEST(GpuMixedLayer, ZeroPointsAndInt8) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int block : {128, 0}) {
       for (bool zp : {true, false}) {
-        const LayerSpec s8 = spec_of(WeightFormat::kInt8, dt, 256, 128, 16, 4, block, DType::kF32, zp);
+        const LayerSpec s8 =
+            spec_of(WeightFormat::kInt8, dt, 256, 128, 16, 4, block, DType::kF32, zp);
         ASSERT_EQ(kind_of(s8, s8.fc1, s8.fc1_rows(), s8.hidden),
                   zp ? cuda::MixedCodes::kUint8 : cuda::MixedCodes::kInt8);
         check_mixed_against_dequant(s8, 300);
@@ -166,9 +167,9 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
       check_mixed_against_dequant(s, 100, tile);
       check_mixed_against_dequant(s, 333, tile);
     }
-    check_mixed_against_dequant(s, 60);   // automatic: narrow where it exists
-    check_mixed_against_dequant(s, 100);  // automatic: 64 rows, or 128
-    check_mixed_against_dequant(s, 333);  // automatic: 128 rows
+    check_mixed_against_dequant(s, 60);    // automatic: narrow where it exists
+    check_mixed_against_dequant(s, 100);   // automatic: 64 rows, or 128
+    check_mixed_against_dequant(s, 333);   // automatic: 128 rows
     check_mixed_against_dequant(s, 1100);  // automatic: 128 rows, ragged tiles
   }
   // The narrow tile in graph replay, with the workspace poisoned.
@@ -310,6 +311,50 @@ TEST(GpuMixedLayer, ActivationEpilogueKeepsTheBits) {
   }
 }
 
+// MXFP4 layers (FC biases and H, I multiples of 64, not of 128, as gpt-oss-20b's 2880) on the
+// mixed-input GEMM through the e4m3 copy: within the budget and twice the dequantize path's
+// error, with nothing left to dequantize (the workspace loses the dequantize scratch). A layer
+// whose FC1 holds one inexact chunk (a nonzero code 15 binades below its neighbour block) keeps
+// the dequantize path for FC1 (the scratch comes back) and still matches the oracle. bf16 with
+// K-packed weights, f16 with ORT's N-packed ones.
+TEST(GpuMixedLayer, Mxfp4ThroughItsE4m3Copy) {
+  QMOE_REQUIRE_GPU();
+  const PrepareOptions generic = with_dispatch("generic");
+  auto workspace = [](const TestLayer& tl, const PrepareOptions& o) {
+    std::unique_ptr<PreparedLayer> layer;
+    EXPECT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, o, &layer).is_ok());
+    return layer ? layer->workspace_size(100) : size_t{0};
+  };
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    LayerSpec s = small_spec(WeightFormat::kMxFp4, 320, 192, 8, 2);
+    s.act_dtype = dt;
+    s.has_fc1_bias = s.has_fc2_bias = true;
+    const bool n_packed = dt == DType::kF16;  // ORT's layout: prepare K-packs it first
+    if (n_packed) s.fc1.fp4_layout = s.fc2.fp4_layout = Fp4Layout::kNPacked;
+    for (int64_t tokens : {5, 100, 333}) check_mixed_against_dequant(s, tokens);
+    check_mixed_against_dequant(s, 100, 32);  // the narrow tile forced
+    TestLayer tl;
+    make_layer(s, fresh_seed(), &tl);
+    const size_t ws_mixed = workspace(tl, with_gemm("cutlass", generic));
+    const size_t ws_dequant = workspace(tl, with_gemm("cutlass-dequant", generic));
+    EXPECT_LT(ws_mixed, ws_dequant) << "the copy was not taken";
+    if (n_packed) continue;
+    // Expert 2, row 5 of FC1: blocks 0 and 1 fifteen binades apart, a 0.5 in block 0.
+    const int64_t blocks = s.hidden / 32;
+    uint8_t* sc = &tl.fc1.scales[static_cast<size_t>((2 * s.fc1_rows() + 5) * blocks)];
+    sc[1] = 130;
+    sc[0] = 115;
+    tl.fc1.weight[static_cast<size_t>((2 * s.fc1_rows() + 5) * (s.hidden / 2))] = 0x01;
+    const size_t ws_widened = workspace(tl, with_gemm("cutlass", generic));
+    EXPECT_GT(ws_widened, ws_mixed) << "FC1 should have kept the dequantize path";
+    TestInputs ti;
+    make_inputs(tl.spec, 100, fresh_seed(), false, &ti);
+    GpuRun r;
+    gpu_run(tl, ti, &r, with_gemm("cutlass", generic));
+    EXPECT_LE(r.error, gpu_budget(dt));
+  }
+}
+
 // Which FCs the kernel takes, and as which kind (host-only, runs without a device).
 TEST(MixedPrepare, SupportedFormats) {
   using cuda::MixedCodes;
@@ -325,7 +370,8 @@ TEST(MixedPrepare, SupportedFormats) {
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512, &why), MixedCodes::kNone);
   EXPECT_NE(why.find("block size 32"), std::string::npos) << why;
   f.block_size = 128;
-  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 320), MixedCodes::kNone);  // 128 does not divide 320
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 320),
+            MixedCodes::kNone);  // 128 does not divide 320
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 252, 512), MixedCodes::kNone);  // n % 8
   f.zero_points = true;
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4Zero);
@@ -342,8 +388,15 @@ TEST(MixedPrepare, SupportedFormats) {
   EXPECT_EQ(cuda::mixed_codes_for(fb, DType::kBF16, 200, 512), MixedCodes::kE4m3);
   fb.block_size = 100;
   EXPECT_EQ(cuda::mixed_codes_for(fb, DType::kBF16, 200, 500), MixedCodes::kNone);
-  for (WeightFormat w : {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kNvFp4,
-                         WeightFormat::kMxFp4}) {
+  // MXFP4 through its e4m3 copy, chunks of 64 along k (prepare decides whether it is exact).
+  const FcFormat mx = default_fc_format(WeightFormat::kMxFp4);
+  EXPECT_EQ(cuda::mixed_codes_for(mx, DType::kBF16, 200, 320), MixedCodes::kE4m3);
+  EXPECT_EQ(cuda::mixed_codes_for(mx, DType::kF16, 200, 320), MixedCodes::kE4m3);
+  EXPECT_EQ(cuda::mixed_chunk(mx, 320), 64);
+  EXPECT_EQ(cuda::mixed_codes_for(mx, DType::kBF16, 200, 96), MixedCodes::kNone);  // k % 64
+  EXPECT_EQ(cuda::mixed_codes_for(mx, DType::kF32, 200, 320), MixedCodes::kNone);
+  EXPECT_EQ(cuda::mixed_codes_for(mx, DType::kBF16, 204, 320), MixedCodes::kNone);  // n % 8
+  for (WeightFormat w : {WeightFormat::kInt2, WeightFormat::kInt3, WeightFormat::kNvFp4}) {
     EXPECT_EQ(cuda::mixed_codes_for(default_fc_format(w), DType::kBF16, 256, 512),
               MixedCodes::kNone)
         << default_fc_format(w).to_string();
@@ -374,8 +427,10 @@ TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
                           static_cast<const uint8_t*>(w.zero_points.data),
                           static_cast<const float*>(w.global_scale.data), &copy);
       const int64_t kb = k / copy.chunk;
-      ASSERT_EQ(copy.scales.size(), static_cast<size_t>(E * kb * n * cuda::mixed_scale_bytes(kind)));
-      ASSERT_EQ(copy.zeros.size(), cuda::mixed_has_zeros(kind) ? static_cast<size_t>(E * kb * n) : 0u);
+      ASSERT_EQ(copy.scales.size(),
+                static_cast<size_t>(E * kb * n * cuda::mixed_scale_bytes(kind)));
+      ASSERT_EQ(copy.zeros.size(),
+                cuda::mixed_has_zeros(kind) ? static_cast<size_t>(E * kb * n) : 0u);
       const uint8_t* codes =
           copy.codes.empty() ? static_cast<const uint8_t*>(w.weight.data) : copy.codes.data();
       const auto to_act = [act](float v) {
@@ -432,6 +487,43 @@ TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
                   << "e " << e << " r " << r << " k " << i;
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// MXFP4's e4m3 copy of quantized weights, both FP4 layouts: exact, and every weight, e4m3(v) * s
+// in f32, bitwise the library's dequantizer (dequantize_row<float>).
+TEST(MixedPrepare, Mxfp4CopyIsTheDequantizedWeightBitwise) {
+  const int64_t E = 3, n = 24, k = 320;
+  for (Fp4Layout layout : {Fp4Layout::kKPacked, Fp4Layout::kNPacked}) {
+    FcFormat f = default_fc_format(WeightFormat::kMxFp4);
+    f.fp4_layout = layout;
+    SCOPED_TRACE(layout == Fp4Layout::kKPacked ? "K-packed" : "N-packed");
+    QuantizedFc q;
+    make_fc(f, E, n, k, fresh_seed(), &q);
+    for (float& g : q.global_scale) g = 0.37f;  // a global scale that rounds
+    const FcWeights w = q.view();
+    cuda::MixedCopy copy;
+    cuda::mixed_prepare(cuda::MixedCodes::kE4m3, f, DType::kBF16, E, n, k, q.weight.data(),
+                        q.scales.data(), nullptr, q.global_scale.data(), &copy);
+    ASSERT_TRUE(copy.exact);
+    ASSERT_EQ(copy.chunk, 64);
+    ASSERT_EQ(copy.codes.size(), static_cast<size_t>(E * n * k));
+    ASSERT_EQ(copy.scales.size(), static_cast<size_t>(E * (k / 64) * n * 4));
+    std::vector<float> ref(static_cast<size_t>(k));
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < n; ++r) {
+        dequantize_row<float>(f, w, n, k, e, r, ref.data());
+        for (int64_t i = 0; i < k; ++i) {
+          float s;
+          std::memcpy(&s, &copy.scales[static_cast<size_t>(((e * (k / 64) + i / 64) * n + r) * 4)],
+                      4);
+          const float got =
+              num::e4m3_to_f32(copy.codes[static_cast<size_t>((e * n + r) * k + i)]) * s;
+          ASSERT_EQ(num::f32_bits(got), num::f32_bits(ref[i]))
+              << "e " << e << " r " << r << " k " << i;
         }
       }
     }

@@ -227,6 +227,50 @@ TEST(DevicePack, Fp8CodesScalesAndSeparateFc3) {
   }
 }
 
+// MXFP4's e4m3 copy (fp4_e4m3.h) against mixed_prepare's host copy, codes and scales bitwise,
+// from quantized weights (exact: the flag stays 0), then with one chunk made inexact (a nonzero
+// code 15 binades below its neighbour block): the flag set on the device, the host copy's
+// `exact` false.
+TEST(DevicePack, Mxfp4E4m3CopyEqualsTheHostTwin) {
+  QMOE_REQUIRE_GPU();
+  const int64_t E = 3, n = 40, k = 320;  // k: five 64-K chunks
+  const FcFormat f = default_fc_format(WeightFormat::kMxFp4);
+  QuantizedFc q;
+  make_fc(f, E, n, k, fresh_seed(), &q);
+  if (HasFatalFailure()) return;
+  for (bool widen : {false, true}) {
+    SCOPED_TRACE(widen ? "one chunk widened" : "as quantized");
+    if (widen) {  // expert 1, row 7, chunk 2: blocks 4 and 5
+      uint8_t* sc = &q.scales[static_cast<size_t>((1 * n + 7) * (k / 32) + 4)];
+      sc[1] = 140;
+      sc[0] = 125;
+      q.weight[static_cast<size_t>((1 * n + 7) * (k / 2) + 2 * 32)] = 0x11;  // 0.5, 0.5
+    }
+    cuda::MixedCopy copy;
+    cuda::mixed_prepare(cuda::MixedCodes::kE4m3, f, DType::kBF16, E, n, k, q.weight.data(),
+                        q.scales.data(), nullptr, q.global_scale.data(), &copy);
+    EXPECT_EQ(copy.exact, !widen);
+    ASSERT_EQ(copy.chunk, 64);
+    GpuBuffer codes, sc, gs, oc, os, flag;
+    up(q.weight, &codes);
+    up(q.scales, &sc);
+    up(q.global_scale, &gs);
+    out_buffer(copy.codes.size(), &oc);
+    out_buffer(copy.scales.size(), &os);
+    ASSERT_TRUE(flag.allocate(4, 0x00, kCanary));
+    ASSERT_OK(cuda::device_mxfp4_e4m3(codes.as<uint8_t>(), sc.as<uint8_t>(), gs.as<float>(), E, n,
+                                      k, oc.as<uint8_t>(), os.as<float>(), flag.as<int32_t>(), 0));
+    EXPECT_TRUE(same(copy.codes, oc)) << "codes";
+    EXPECT_TRUE(same(copy.scales, os)) << "scales";
+    std::vector<int32_t> inexact;
+    ASSERT_TRUE(flag.download(&inexact));
+    EXPECT_EQ(inexact.at(0) != 0, widen);
+  }
+  const Status bad =
+      cuda::device_mxfp4_e4m3(nullptr, nullptr, nullptr, E, n, 96, nullptr, nullptr, nullptr, 0);
+  EXPECT_NE(bad.message().find("k: expected a multiple of 64"), std::string::npos) << bad.message();
+}
+
 // The mixed-input GEMM's copy (codes, scales, zeros) of every kind against mixed_prepare.
 TEST(DevicePack, MixedCopyOfEveryKind) {
   QMOE_REQUIRE_GPU();
@@ -354,8 +398,8 @@ TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
             const int64_t lane = (r % 8) * 4 + (c % 8) / 2;
             const int64_t v = (c % 2) + 2 * (r / 8) + 4 * (c / 8);
             // int4: 0 2 4 6 1 3 5 7 in one word; int8: 0 2 1 3 | 4 6 5 7.
-            const int64_t pos = bits == 4 ? (v >> 1) + 4 * (v & 1)
-                                          : 2 * (v & 1) + ((v >> 1) & 1) + 4 * (v >> 2);
+            const int64_t pos =
+                bits == 4 ? (v >> 1) + 4 * (v & 1) : 2 * (v & 1) + ((v >> 1) & 1) + 4 * (v >> 2);
             const int64_t at =
                 8 * lane + pos + 256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
             ASSERT_EQ(code_at(host, at), code_at(codes, e * sh.n * sh.k + m * sh.k + kk))
@@ -372,8 +416,8 @@ TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
       // With the flip: each code's top bit, nothing else.
       for (uint8_t& b : host) b ^= bits == 4 ? 0x88 : 0x80;
       out_buffer(bytes, &flipped);
-      ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), flipped.as<uint8_t>(), sh.e, sh.n,
-                                          sh.k, bits, true, 0));
+      ASSERT_OK(cuda::mixed_shuffle_codes(in.as<uint8_t>(), flipped.as<uint8_t>(), sh.e, sh.n, sh.k,
+                                          bits, true, 0));
       EXPECT_TRUE(same(host, flipped));
     }
   }

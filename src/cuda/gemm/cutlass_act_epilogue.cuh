@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "core/numeric.h"
+#include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/activation.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -127,7 +128,7 @@ class ActEpilogueOp {
             const int m = get<0>(tcd(gate_at));
             const int n = get<1>(tcd(gate_at));
             if (m < m_extent && n < n_extent) {
-              const int64_t channel = (m >> 4) * 8 + (m & 7);
+              const int64_t channel = glu_band_channel(m);
               const float v = act_of_dots(params_.act, 1.0f, acc(gate_at), acc(lin_at), 0.0f, 0.0f);
               out[n * ld + channel] = kBf16 ? num::f32_to_bf16(v) : num::f32_to_f16(v);
             }

@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "core/formats/codec.h"
+#include "core/formats/fp4_e4m3.h"
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/cutlass_mixed_instances.h"
+#include "qmoe/quantize.h"
 
 namespace qmoe::cuda {
 namespace {
@@ -22,9 +24,6 @@ bool fail(std::string* why, const std::string& what) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// The scale block along K: the format's block, or all of K for per-channel scales.
-int64_t chunk_of(const FcFormat& f, int64_t k) { return f.block_size == 0 ? k : f.block_size; }
 
 float scale_to_f32(const uint8_t* p, DType dt) {
   uint16_t h;
@@ -44,6 +43,19 @@ float scale_to_f32(const uint8_t* p, DType dt) {
 }
 
 }  // namespace
+
+bool glu_rows_fit(GluRows glu, int64_t n, int64_t inter, std::string* why) {
+  if (glu == GluRows::kNone || (inter > 0 && n == 2 * inter)) return true;
+  return fail(why, "glu: expected n = 2 inter, got n " + std::to_string(n) + ", inter " +
+                       std::to_string(inter));
+}
+
+static_assert(formats::kFp4E4m3Chunk % kMixedTileK == 0, "MXFP4's e4m3 chunk: whole K tiles");
+
+int64_t mixed_chunk(const FcFormat& f, int64_t k) {
+  if (f.format == WeightFormat::kMxFp4) return formats::kFp4E4m3Chunk;
+  return f.block_size == 0 ? k : f.block_size;
+}
 
 const char* mixed_codes_name(MixedCodes c) {
   switch (c) {
@@ -77,22 +89,24 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
       break;
     case WeightFormat::kFp8:
     case WeightFormat::kFp8Block:
+    case WeightFormat::kMxFp4:
       c = MixedCodes::kE4m3;
       break;
     default:
-      return none("format " + f.to_string() + " (int4, int8, fp8 or fp8_block only)");
+      return none("format " + f.to_string() + " (int4, int8, fp8, fp8_block or mxfp4 only)");
   }
   if (act != DType::kBF16 && act != DType::kF16) {
     return none(std::string("activation dtype ") + dtype_name(act) + " (bf16 or f16 only)");
   }
-  if (f.format != WeightFormat::kFp8 && f.scale_dtype != DType::kF32 &&
-      f.scale_dtype != DType::kF16 && f.scale_dtype != DType::kBF16) {
+  if (f.format != WeightFormat::kFp8 && f.format != WeightFormat::kMxFp4 &&
+      f.scale_dtype != DType::kF32 && f.scale_dtype != DType::kF16 &&
+      f.scale_dtype != DType::kBF16) {
     return none(std::string("scale dtype ") + dtype_name(f.scale_dtype));
   }
   if (k <= 0 || k % kMixedTileK != 0) {
     return none("k = " + std::to_string(k) + " not a multiple of " + std::to_string(kMixedTileK));
   }
-  const int64_t chunk = chunk_of(f, k);
+  const int64_t chunk = mixed_chunk(f, k);
   if (chunk != k && (chunk % kMixedTileK != 0 || k % chunk != 0)) {
     return none("block size " + std::to_string(f.block_size) + " (a multiple of " +
                 std::to_string(kMixedTileK) + " dividing k, or per channel)");
@@ -113,10 +127,37 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
                    const uint8_t* zero_points, const float* global_scale, MixedCopy* out) {
   using formats::packed_bytes;
   using formats::read_bits;
-  const int64_t chunk = chunk_of(f, k), kb = k / chunk;
+  const int64_t chunk = mixed_chunk(f, k), kb = k / chunk;
   const int bits = f.info().code_bits;
   const int64_t mid = int64_t{1} << (bits - 1);  // ORT's implicit zero point
   out->chunk = chunk;
+  out->exact = true;
+  if (f.format == WeightFormat::kMxFp4) {  // the e4m3 copy and its f32 scales, chunk by chunk
+    std::vector<uint8_t> k_packed;
+    const uint8_t* src = codes;
+    if (f.fp4_layout == Fp4Layout::kNPacked) {
+      k_packed.resize(static_cast<size_t>(experts * n * (k / 2)));
+      fp4_repack(Fp4Layout::kNPacked, codes, experts, n, k, k_packed.data());
+      src = k_packed.data();
+    }
+    out->codes.resize(static_cast<size_t>(experts * n * k));
+    out->scales.assign(static_cast<size_t>(experts * kb * n * 4), 0);
+    out->zeros.clear();
+    const int64_t blocks = k / 32;  // e8m0 codes per row
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t b = 0; b < kb; ++b) {
+          float s = 0.0f;
+          const bool ok = formats::mxfp4_chunk_to_e4m3(
+              src + (e * n + r) * (k / 2) + b * (chunk / 2), scales + (e * n + r) * blocks + 2 * b,
+              global_scale[e], &out->codes[static_cast<size_t>((e * n + r) * k + b * chunk)], &s);
+          out->exact = out->exact && ok;
+          std::memcpy(&out->scales[static_cast<size_t>(((e * kb + b) * n + r) * 4)], &s, 4);
+        }
+      }
+    }
+    return;
+  }
   // Codes: int4's q in [0, 16) becomes the int4 two's complement of q - 8 (its top bit flipped,
   // both nibbles of a byte at once), kInt8's q in [0, 256) the int8 of q - 128 (the same flip);
   // u8 (with zero points) and e4m3 codes are read as ORT stores them.
@@ -205,8 +246,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   if (a.act_epilogue) {  // rows of n / 2 channels in the activation dtype; c unused
     if (!mixed_has_act_epilogue(a.codes_kind, a.dtype, a.tile_n)) {
       return fail(why, std::string("act_epilogue: no such instance for ") +
-                           mixed_codes_name(a.codes_kind) + ", tile_n " +
-                           std::to_string(a.tile_n));
+                           mixed_codes_name(a.codes_kind) + ", tile_n " + std::to_string(a.tile_n));
     }
     if (!a.act.gated() || a.act.glu == GluLayout::kSeparateFc3) {
       return fail(why, "act_epilogue: expected a gated activation of FC1's own rows");
@@ -285,11 +325,11 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   const bool bf16 = args.dtype == DType::kBF16;
-#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct)                                   \
-  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&             \
-      args.act_epilogue == kAct) {                                                       \
-    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN, kAct>(args, sm_count,     \
-                                                                     workspace, stream); \
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct)                                          \
+  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&                    \
+      args.act_epilogue == kAct) {                                                              \
+    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN, kAct>(args, sm_count, workspace, \
+                                                                     stream);                   \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH

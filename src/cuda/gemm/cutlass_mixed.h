@@ -28,7 +28,8 @@
 //   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (int8
 //                                                                          with zero points)
 //   kE4m3      ORT's e4m3 codes as they are      f32 s                     e4m3(q) s in f32: the
-//                                                                          dequantize path's value
+//              (fp8, fp8_block), or MXFP4's                                dequantize path's value
+//              exact e4m3 copy (fp4_e4m3.h)      (MXFP4: per 64 K)
 //
 // The f32 kinds convert each code to f32, scale (and shift) there and round once to the activation
 // dtype, as the dequantize path does; their only difference from it is -zp s, rounded once in f32
@@ -86,12 +87,20 @@ constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 //   kInterleaved (gate row 2c, linear row 2c + 1):          2c + h
 // kNone is the identity (every other FC, and layers that keep the activation kernel).
 enum class GluRows : int { kNone = 0, kConcatenated, kInterleaved };
+// The band order's two maps (the epilogue and the activation kernel read the order through
+// them): prepared row r's channel, and channel c's gate row (its linear row is 8 further).
+__host__ __device__ constexpr int64_t glu_band_channel(int64_t r) { return (r / 16) * 8 + r % 8; }
+__host__ __device__ constexpr int64_t glu_band_gate_row(int64_t c) { return (c / 8) * 16 + c % 8; }
 __host__ __device__ constexpr int64_t glu_source_row(GluRows g, int64_t inter, int64_t r) {
-  const int64_t c = (r / 16) * 8 + r % 8, h = (r / 8) % 2;
-  return g == GluRows::kConcatenated ? c + h * inter
-         : g == GluRows::kInterleaved ? 2 * c + h
-                                      : r;
+  const int64_t c = glu_band_channel(r), h = (r / 8) % 2;
+  return g == GluRows::kConcatenated ? c + h * inter : g == GluRows::kInterleaved ? 2 * c + h : r;
 }
+static_assert(glu_band_gate_row(glu_band_channel(37)) == 37 &&
+                  glu_band_channel(glu_band_gate_row(21) + 8) == 21,
+              "a band row's channel and a channel's gate (and linear) row are inverse");
+// Whether an FC of n rows can take the band order of `glu` (n = 2 inter; kNone takes any); the
+// reason in `why` where not.
+bool glu_rows_fit(GluRows glu, int64_t n, int64_t inter, std::string* why);
 
 struct MixedGemmArgs {
   MixedCodes codes_kind = MixedCodes::kInt4;
@@ -134,12 +143,16 @@ bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n);
 bool mixed_has_narrow_tile(MixedCodes c, DType dtype);
 
 // The kind that runs an FC of this format, activation dtype and [n, k] shape, or kNone (with the
-// reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, bf16/f16
-// activations, k a multiple of kMixedTileK, scale blocks per channel or a multiple of kMixedTileK
-// dividing k (fp8_block: the square block along k), n a multiple of 8 (of kMixedShuffleRows for
-// the shuffled kinds). Host-only.
+// reason in `why`): int4 and int8 with or without zero points, fp8 and fp8_block, MXFP4 (through
+// its e4m3 copy, where prepare finds it exact), bf16/f16 activations, k a multiple of
+// kMixedTileK, scale blocks per channel or a multiple of kMixedTileK dividing k (fp8_block: the
+// square block along k), n a multiple of 8 (of kMixedShuffleRows for the shuffled kinds).
+// Host-only.
 MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k,
                            std::string* why = nullptr);
+// The prepared copy's scale block along k: the format's block, all of k for per-channel scales,
+// formats::kFp4E4m3Chunk for MXFP4's e4m3 copy.
+int64_t mixed_chunk(const FcFormat& f, int64_t k);
 
 // The prepared copy of one FC of E experts (host side), built from ORT's tensors (codes, scales,
 // zero points, fp8's global scale [E]) for mixed_codes_for(f, act, n, k) = c.
@@ -150,6 +163,8 @@ struct MixedCopy {
   std::vector<uint8_t> scales;  // [E, k / chunk, n], mixed_scale_bytes(c) each
   std::vector<float> zeros;     // [E, k / chunk, n]; empty without a zero term
   int64_t chunk = 0;            // the scale block along k
+  bool exact = true;            // MXFP4: whether every chunk converted exactly (fp4_e4m3.h);
+                                // false: the copy must not be used
 };
 void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
                    int64_t k, const uint8_t* codes, const uint8_t* scales,

@@ -73,8 +73,8 @@ __global__ void shuffle4_kernel(const uint8_t* in, uint32_t* out, int64_t n, int
   out[a.atom * 32 + threadIdx.x % 32] = w;
 }
 
-__global__ void shuffle8_kernel(const uint8_t* in, uint2* out, int64_t n, int64_t k,
-                                int64_t bands, bool flip, RowOrder rows) {
+__global__ void shuffle8_kernel(const uint8_t* in, uint2* out, int64_t n, int64_t k, int64_t bands,
+                                bool flip, RowOrder rows) {
   const AtomAt a = atom_at(n, k, bands);
   if (!a.live) return;
   const uint8_t* src = in + a.e * n * k;
@@ -105,10 +105,8 @@ Status mixed_shuffle_codes(const uint8_t* in, uint8_t* out, int64_t experts, int
                            std::to_string(kMixedShuffleCols) + ", got " + std::to_string(experts) +
                            ", " + std::to_string(n) + ", " + std::to_string(k));
   }
-  if (glu != GluRows::kNone && (inter <= 0 || n != 2 * inter)) {
-    return Status::invalid("mixed_shuffle_codes: glu: expected n = 2 inter, got n " +
-                           std::to_string(n) + ", inter " + std::to_string(inter));
-  }
+  std::string why;
+  if (!glu_rows_fit(glu, n, inter, &why)) return Status::invalid("mixed_shuffle_codes: " + why);
   if (in == out) return Status::invalid("mixed_shuffle_codes: in and out must not overlap");
   if (reinterpret_cast<uintptr_t>(out) % 8 != 0) {
     return Status::invalid("mixed_shuffle_codes: out: expected an 8-byte aligned pointer");

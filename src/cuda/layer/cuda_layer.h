@@ -77,8 +77,8 @@ class DeviceGuard {
 enum class GemmChoice { kCutlass, kCutlassDequant, kMma };
 
 // An FC's copy for the mixed-input GEMM (cutlass_mixed.h): the codes of its kind (int4's signed
-// copy, or ORT's u8 / e4m3 codes), scales [E, k / chunk, n] and zeros. Absent (codes null) where
-// the FC runs through the dequantize pass.
+// copy, ORT's u8 / e4m3 codes, or MXFP4's e4m3 copy), scales [E, k / chunk, n] and zeros. Absent
+// (codes null) where the FC runs through the dequantize pass.
 struct MixedFc {
   MixedCodes kind = MixedCodes::kNone;
   const uint8_t* codes = nullptr;
@@ -198,8 +198,8 @@ class CudaLayer final : public PreparedLayer {
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile);
   // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.
-  Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws,
-                         const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile);
+  Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
+                         cudaStream_t stream, RunProfile* profile);
   // A generic call's expert schedule (touched experts, their count and offsets; the tile starts
   // for the mma.sync GEMM) and the bound on its groups, min(L, routes).
   GroupSchedule schedule(const Layout& l, char* ws, const RouteMapsView& maps) const {
@@ -241,17 +241,22 @@ class CudaLayer final : public PreparedLayer {
   Status keep(size_t bytes, void** dst);
   // Frees a buffer keep() gave (the device must be done with it).
   void release(const void* p);
-  // act_out: FC1 with the activation in its epilogue (act_rows_ on the narrow tile), its rows
-  // [R, ip_] in the activation dtype there, c unused.
+  // tile_n: the mixed-input GEMM's tile where the caller chose it (0: mixed_tile_of's choice).
+  // act_out: FC1 with the activation in its epilogue (act_rows_ on a tile with that form), its
+  // rows [R, ip_] in the activation dtype there, c unused.
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
-                int64_t ld_b, cudaStream_t stream, void* act_out = nullptr);
+                int64_t ld_b, cudaStream_t stream, int tile_n = 0, void* act_out = nullptr);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
   // `fc` is the FC as uploaded (its shape, and ORT's codes where they were uploaded); int4 codes
   // become the signed copy in place (fc->weight then null: the mixed copy is their only reader).
   // glu: FC1's rows in the activation epilogue's order (cutlass_mixed.h's GluRows).
   Status prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
                        GluRows glu = GluRows::kNone);
+  // MXFP4's copy (e4m3 codes, exact, or none); f: the FC's format as ORT gives it (its FP4
+  // layout), scales: the staged e8m0 scales.
+  Status prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, const uint8_t* scales,
+                            DeviceFc* fc, MixedFc* out);
   // The row order FC1's mixed-input copy takes for the activation epilogue, kNone where the
   // layer keeps the activation kernel alone (PrepareOptions::epilogue_act).
   GluRows act_epilogue_rows(MixedCodes fc1_kind) const;
@@ -290,9 +295,9 @@ class CudaLayer final : public PreparedLayer {
   DeviceBuffer fused_stamps_;     // profiled calls only (they take turns: profile_mu_)
   std::vector<size_t> fused_ws_;  // [0, F]: the layout's fused entry by token count
   DispatchTable dispatch_;
-  bool cutlass_ = false;  // set_cutlass()
-  bool mixed_ = false;    // set_cutlass()
-  int mixed_tile_ = 0;    // PrepareOptions::mixed_tile
+  bool cutlass_ = false;      // set_cutlass()
+  bool mixed_ = false;        // set_cutlass()
+  int mixed_tile_ = 0;        // PrepareOptions::mixed_tile
   bool epilogue_act_ = true;  // PrepareOptions::epilogue_act
   // FC1's mixed copy is in GluRows order: calls on the narrow tile activate in FC1's epilogue,
   // the others run the activation kernel on FC1's banded columns.

@@ -87,6 +87,11 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
     case GenericKind::kNarrow8:
       mean_cap = kDecodeMaxMeanRoutesNarrow8, floor = false;
       break;
+    case GenericKind::kE4m3Copy:
+      mean_cap = expert_bytes_ >= kE4m3CopyLargeExpertBytes ? kDecodeMaxMeanRoutesE4m3CopyLarge
+                                                            : kDecodeMaxMeanRoutesE4m3Copy;
+      floor = false;
+      break;
   }
   bool in_window =
       (floor && tokens <= kDecodeWindowTokens) || tokens * slots_ <= mean_cap * experts_;

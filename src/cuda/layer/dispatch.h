@@ -62,11 +62,23 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // INT4 157.9 / 178.9 at 80 (5), 187.9 / 180.5 at 96. So the decode kernel keeps such layers up
 // to kDecodeMaxMeanRoutesNarrow4 routes per expert for codes of up to 4 bits,
 // kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
+// MXFP4 layers whose every FC runs the narrow tile on its exact e4m3 copy (bf16; the copy holds
+// twice the decode path's bytes, but the MXFP4 decode kernel is bound by its conversion) cross
+// over by expert size (bench/results/2026-12-04-h200-mxfp4-e4m3.md, runs 1-2, decode/1 against
+// generic): gpt-oss-20b (E 32, top 4, 13.2 MB experts) 259.2 / 281.2 us at 24 tokens (3 routes
+// per expert), 317.9 / 280.8 at 28 (3.5), 324.5 / 281.6 at 32, 454.9 / 287.0 at 64;
+// qwen3.6-35b-a3b in MXFP4 (E 256, top 8, 1.7 MB experts) 216.2 / 281.7 at 64 tokens (2), 305.4 /
+// 311.9 at 192 (6), 359.4 / 315.9 at 256 (8). So the decode kernel keeps them up to
+// kDecodeMaxMeanRoutesE4m3Copy routes per expert, kDecodeMaxMeanRoutesE4m3CopyLarge for experts
+// of at least kE4m3CopyLargeExpertBytes, with no token floor.
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 1;
+constexpr int64_t kDecodeMaxMeanRoutesE4m3Copy = 6;
+constexpr int64_t kDecodeMaxMeanRoutesE4m3CopyLarge = 3;
+constexpr int64_t kE4m3CopyLargeExpertBytes = int64_t{8} << 20;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 
@@ -121,6 +133,8 @@ enum class GenericKind : uint8_t {
   kNarrow4,     // the mixed-input GEMM with its narrow tile on every FC, kInt4 codes:
                 // kDecodeMaxMeanRoutesNarrow4, no token floor
   kNarrow8,     // the same with kInt8 codes: kDecodeMaxMeanRoutesNarrow8
+  kE4m3Copy,    // the narrow tile on every FC through MXFP4's e4m3 copy:
+                // kDecodeMaxMeanRoutesE4m3Copy(Large), no token floor
 };
 
 class DispatchTable {

@@ -105,14 +105,16 @@ Status CudaLayer::init(const LayerWeights& w) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   uploader_ = std::make_unique<Uploader>(static_cast<int>(std::min(4u, cores)));
   // FP4 and FP8 FCs the decode path packs keep only that copy (pack_for_decode), except the codes
-  // the mixed-input GEMM reads as ORT stores them (e4m3): those are uploaded once and shared.
+  // the mixed-input GEMM reads as ORT stores them (fp8's e4m3): those are uploaded once and
+  // shared. (MXFP4's e4m3 copy is built from a temporary upload, prepare_mixed.)
   if (act_fp8_) QMOE_RETURN_IF_ERROR(check_fp8_support());
   decode_planned_ = plan_decode();
   // The FP8 GEMM reads ORT's e4m3 codes as they are, as the mixed-input kernel does.
   auto raw = [&](const FcFormat& f, int64_t n, int64_t k) {
     const FormatKind kind = f.info().kind;
-    return !decode_planned_ || (kind != FormatKind::kFp4 && kind != FormatKind::kFp8) ||
-           act_fp8_ || (mixed_ && mixed_codes_for(f, cdt_, n, k) == MixedCodes::kE4m3);
+    return !decode_planned_ || (kind != FormatKind::kFp4 && kind != FormatKind::kFp8) || act_fp8_ ||
+           (mixed_ && kind == FormatKind::kFp8 &&
+            mixed_codes_for(f, cdt_, n, k) == MixedCodes::kE4m3);
   };
   // A separate FC3 the decode path takes lives in FC1's packed copy (plan_decode).
   const int64_t H = spec_.hidden, I = spec_.inter;
@@ -131,8 +133,8 @@ Status CudaLayer::init(const LayerWeights& w) {
   if (act_fp8_) {  // every FC on the FP8 GEMM: no mixed-input copies
     QMOE_RETURN_IF_ERROR(prepare_fp8(w));
   } else {
-    const GluRows glu = act_epilogue_rows(
-        mixed_ ? mixed_codes_for(spec_.fc1, cdt_, fc1_.n, fc1_.k) : MixedCodes::kNone);
+    const GluRows glu = act_epilogue_rows(mixed_ ? mixed_codes_for(spec_.fc1, cdt_, fc1_.n, fc1_.k)
+                                                 : MixedCodes::kNone);
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_, glu));
     act_rows_ = glu != GluRows::kNone && mixed1_.on();
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
@@ -155,10 +157,9 @@ Status CudaLayer::init(const LayerWeights& w) {
 GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
   const ActivationSpec& a = spec_.activation;
   if (!epilogue_act_ || fc1_kind == MixedCodes::kNone ||
-      !mixed_has_act_epilogue(fc1_kind, cdt_, 32) ||
-      !a.gated() || a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() ||
-      fc1_.bias != nullptr || spec_.routing.combine == CombineMode::kScaleInput ||
-      ip_ != spec_.inter) {
+      !mixed_has_act_epilogue(fc1_kind, cdt_, 32) || !a.gated() ||
+      a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() || fc1_.bias != nullptr ||
+      spec_.routing.combine == CombineMode::kScaleInput || ip_ != spec_.inter) {
     return GluRows::kNone;
   }
   return a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
@@ -181,6 +182,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
   DeviceBuffer staged[1];
   const uint8_t* scales = nullptr;
   QMOE_RETURN_IF_ERROR(stage(*uploader_, w.scales, raw.scales, &staged[0], &scales));
+  if (f.format == WeightFormat::kMxFp4) return prepare_mixed_e4m3(f, w, scales, fc, out);
   const bool signed_copy =
       c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8;
   if (signed_copy && raw.weight != nullptr) {
@@ -194,8 +196,8 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
       void* shuffled = nullptr;
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
       QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,
-                                               k, mixed_code_bits(c), /*flip=*/true,
-                                               kPrepareStream, glu, spec_.inter));
+                                               k, mixed_code_bits(c), /*flip=*/true, kPrepareStream,
+                                               glu, spec_.inter));
       QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
       release(signed_codes);
       signed_codes = static_cast<uint8_t*>(shuffled);
@@ -210,7 +212,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     return Status::internal("prepare_mixed: the " + std::string(mixed_codes_name(c)) +
                             " codes were not uploaded");
   }
-  const int64_t chunk = f.block_size == 0 ? raw.k : f.block_size;
+  const int64_t chunk = mixed_chunk(f, raw.k);
   const size_t entries = static_cast<size_t>(E * (raw.k / chunk) * raw.n);
   void* scales_out = nullptr;
   QMOE_RETURN_IF_ERROR(keep(entries * static_cast<size_t>(mixed_scale_bytes(c)), &scales_out));
@@ -223,12 +225,60 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     out->zeros = zeros;
   }
   QMOE_RETURN_IF_ERROR(device_mixed_scales(c, f, cdt_, E, raw.n, raw.k, scales, raw.zero_points,
-                                           raw.global_scale, scales_out, zeros, kPrepareStream,
-                                           glu, spec_.inter));
+                                           raw.global_scale, scales_out, zeros, kPrepareStream, glu,
+                                           spec_.inter));
   out->chunk = chunk;
   out->kind = c;
   // The staged tensors are freed on return: the kernels must be done with them.
   QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
+  return Status::ok();
+}
+
+// MXFP4's mixed-input copy: e4m3 codes with f32 scales per 64 K (fp4_e4m3.h), from the K-packed
+// codes (the raw upload where init kept one, else a temporary upload, repacked from ORT's
+// N-packed layout as the decode path's packing does) and the staged e8m0 scales. An FC with a
+// chunk that does not convert exactly keeps no copy (the generic path dequantizes it, exactly as
+// before); one with the copy drops the raw codes (run_fc never dequantizes it).
+Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, const uint8_t* scales,
+                                     DeviceFc* fc, MixedFc* out) {
+  const DeviceFc& raw = *fc;
+  const int64_t E = spec_.weight_experts(), n = raw.n, k = raw.k;
+  if (raw.global_scale == nullptr) {
+    return Status::internal("prepare_mixed_e4m3: the global scales were not uploaded");
+  }
+  DeviceBuffer staged, k_packed, flag;
+  const uint8_t* codes = nullptr;
+  QMOE_RETURN_IF_ERROR(stage(*uploader_, w.weight, raw.weight, &staged, &codes));
+  if (raw.weight == nullptr && f.fp4_layout == Fp4Layout::kNPacked) {  // ORT's layout
+    QMOE_RETURN_IF_ERROR(k_packed.allocate(w.weight.bytes()));
+    QMOE_RETURN_IF_ERROR(
+        device_fp4_k_packed(codes, E, n, k, k_packed.as<uint8_t>(), kPrepareStream));
+    codes = k_packed.as<uint8_t>();
+  }
+  const int64_t chunk = mixed_chunk(f, k);
+  void *e4m3 = nullptr, *s = nullptr;
+  QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &e4m3));
+  QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * (k / chunk) * n) * sizeof(float), &s));
+  QMOE_RETURN_IF_ERROR(flag.allocate(sizeof(int32_t)));
+  QMOE_CUDA_TRY(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), kPrepareStream));
+  QMOE_RETURN_IF_ERROR(device_mxfp4_e4m3(codes, scales, raw.global_scale, E, n, k,
+                                         static_cast<uint8_t*>(e4m3), static_cast<float*>(s),
+                                         flag.as<int32_t>(), kPrepareStream));
+  int32_t inexact = 0;
+  QMOE_CUDA_TRY(cudaMemcpy(&inexact, flag.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  if (inexact != 0) {
+    release(e4m3);
+    release(s);
+    return Status::ok();
+  }
+  if (raw.weight != nullptr) {
+    release(raw.weight);
+    fc->weight = nullptr;
+  }
+  out->codes = static_cast<const uint8_t*>(e4m3);
+  out->scales = s;
+  out->chunk = chunk;
+  out->kind = MixedCodes::kE4m3;
   return Status::ok();
 }
 
@@ -450,9 +500,18 @@ GenericKind CudaLayer::generic_kind() const {
   if (act_fp8_) return GenericKind::kReadsCodes;  // the FP8 GEMM's tiles are 64 and 128 rows
   if (!all_mixed()) return GenericKind::kDequantize;
   // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC,
-  // and for the kinds whose window was measured against it (kInt4, kInt8; kE4m3's f32 scales
-  // convert with a third more instructions and keep the window of kReadsCodes).
+  // and for the kinds whose window was measured against it (kInt4, kInt8, MXFP4's e4m3 copy;
+  // fp8's kE4m3 keeps the window of kReadsCodes).
   const bool narrow_allowed = mixed_tile_ == 0 || mixed_tile_ == 32;
+  // MXFP4 through its e4m3 copy (prepare_mixed_e4m3: every FC's copy is that kind then).
+  const bool mxfp4 = spec_.fc1.format == WeightFormat::kMxFp4 &&
+                     spec_.fc2.format == WeightFormat::kMxFp4 &&
+                     (!spec_.has_fc3() || spec_.fc3.format == WeightFormat::kMxFp4);
+  if (mxfp4) {
+    return narrow_allowed && mixed_has_narrow_tile(MixedCodes::kE4m3, cdt_)
+               ? GenericKind::kE4m3Copy
+               : GenericKind::kReadsCodes;
+  }
   int bits = 0;
   for (const MixedFc* m : {&mixed1_, &mixed2_, spec_.has_fc3() ? &mixed3_ : nullptr}) {
     if (m == nullptr) continue;

@@ -106,8 +106,7 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, cudaStream_t stream,
-                             RunProfile* profile) {
+                             const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
   d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
@@ -201,7 +200,8 @@ int CudaLayer::mixed_tile_of(const MixedFc& mx, int64_t routes) const {
 // dequantize the wave's experts, then the grouped GEMM into c.
 Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                          const RouteMapsView& maps, const void* a, int64_t lda, float* c,
-                         int64_t ldc, int64_t ld_b, cudaStream_t stream, void* act_out) {
+                         int64_t ldc, int64_t ld_b, cudaStream_t stream, int tile_n,
+                         void* act_out) {
   const GroupSchedule sched = schedule(l, ws, maps);
   const int64_t routes = maps.tokens * spec_.slots();
   if (act_out != nullptr && !mx.on()) {
@@ -225,7 +225,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.chunk = mx.chunk;
     m.sched = sched;
     m.max_groups = max_groups(maps);
-    m.tile_n = mixed_tile_of(mx, routes);
+    m.tile_n = tile_n != 0 ? tile_n : mixed_tile_of(mx, routes);
     m.pdl = pdl_;
     if (act_out != nullptr) {
       m.act_epilogue = true;
@@ -361,8 +361,8 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   }
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
   if (!fused) {
-    QMOE_RETURN_IF_ERROR(
-        launch_plan(maps.expert_counts + first, held, touched, n_touched, tile_start, stream, pdl_));
+    QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
+                                     tile_start, stream, pdl_));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
   // What the FCs see: the held experts' counts and offsets, by local index. The held range's
@@ -453,21 +453,23 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
                                      error_.as<int32_t>(), stream, pdl_));
   // FC1's copy in GluRows order on a tile with the epilogue form: FC1's GEMM activates into ya,
   // FC2 reads it there.
-  if (act_rows_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, mixed_tile_of(mixed1_, routes))) {
+  const int tile1 = mixed1_.on() ? mixed_tile_of(mixed1_, routes) : 0;
+  if (act_rows_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, tile1)) {
     void* ya = ws + l.ya;
-    QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, ya));
+    QMOE_RETURN_IF_ERROR(
+        run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, tile1, ya));
     if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
     QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, ya, ip_, h, hp_, ip_, stream));
     if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
     return Status::ok();
   }
-  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream, tile1));
   if (spec_.has_fc3()) {
     QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
   }
   ActivationArgs aa = activation_args(maps, h, h3);
   aa.banded = act_rows_;  // FC1's columns in GluRows order
-  aa.out = xa;  // the gathered input is dead once FC1 and FC3 have run
+  aa.out = xa;            // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;
   aa.out_dtype = cdt_;
   aa.pdl = pdl_;

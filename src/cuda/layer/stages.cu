@@ -1,12 +1,14 @@
 // Planner, gather, activation and finalize kernels of the generic path.
-#include <cub/block/block_scan.cuh>
 #include <cuda_fp8.h>
+
+#include <cub/block/block_scan.cuh>
 
 #include "core/act_quant.h"
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/activation.cuh"
 #include "cuda/layer/combine.cuh"
 #include "cuda/layer/stages.h"
@@ -149,7 +151,7 @@ __global__ void activation_kernel(ActivationArgs a) {
     if (i < I) {
       float g, l = 0.0f;
       if (a.banded) {  // GluRows order
-        const int64_t at = (i / 8) * 16 + i % 8;
+        const int64_t at = glu_band_gate_row(i);
         g = h[at], l = h[at + 8];
       } else if (gated && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
         g = h[2 * i], l = h[2 * i + 1];
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   if (live) {
     const float* h = a.h + p * a.ldh;
     if (a.banded) {  // GluRows order: i0..i0 + 3 lie in one half band (i0 % 4 == 0)
-      const int64_t at = (i0 / 8) * 16 + i0 % 8;
+      const int64_t at = glu_band_gate_row(i0);
       const float4 x = load4(h + at), y = load4(h + at + 8);
       g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
       l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
@@ -248,7 +250,8 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
     if (i0 >= a.ld) return;
     const int64_t at = p * a.ld + i0;
     if (a.out_dtype == DType::kF32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + at) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + at) =
+          make_float4(v[0], v[1], v[2], v[3]);
       return;
     }
     const bool bf16 = a.out_dtype == DType::kBF16;
@@ -377,10 +380,9 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
   auto al = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
   const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
-  const bool out_ok = a.out_codes != nullptr
-                          ? al(a.out_codes, 4) && a.out_scales != nullptr && a.ld == a.inter &&
-                                a.ld % kActQuantGroup == 0
-                          : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
+  const bool out_ok = a.out_codes != nullptr ? al(a.out_codes, 4) && a.out_scales != nullptr &&
+                                                   a.ld == a.inter && a.ld % kActQuantGroup == 0
+                                             : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
   const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, 16) &&
                     (!separate || (a.ldh3 % 4 == 0 && al(a.h3, 16))) && out_ok;
   if (!rows) {
@@ -430,8 +432,8 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
       error);
   QMOE_CUDA_CHECK_LAUNCH("quantize_tokens_kernel");
   gather_token_rows_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
-      reinterpret_cast<const uint4*>(token_codes), token_scales, permuted_route, slots,
-      hidden / 16, ldq / 16, chunks, reinterpret_cast<uint4*>(codes), scales);
+      reinterpret_cast<const uint4*>(token_codes), token_scales, permuted_route, slots, hidden / 16,
+      ldq / 16, chunks, reinterpret_cast<uint4*>(codes), scales);
   QMOE_CUDA_CHECK_LAUNCH("gather_token_rows_kernel");
   return Status::ok();
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/formats/codec.h"
+#include "core/formats/fp4_e4m3.h"
 #include "core/numeric.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/prepare/device_pack.h"
@@ -314,6 +315,30 @@ struct MixedScales {
   }
 };
 
+// One chunk of MXFP4's e4m3 copy: i = (e * kb + b) * n + row, the scale's index.
+struct Mxfp4E4m3 {
+  const uint8_t *codes, *scales;
+  const float* global;
+  int64_t n, k, kb;
+  uint8_t* codes_out;
+  float* scales_out;
+  int32_t* inexact;
+  __device__ void operator()(int64_t i) const {
+    constexpr int kChunk = formats::kFp4E4m3Chunk;
+    const int64_t row = i % n, b = (i / n) % kb, e = i / (n * kb);
+    const int64_t er = e * n + row;
+    alignas(16) uint8_t out[kChunk];
+    float s;
+    const bool ok =
+        formats::mxfp4_chunk_to_e4m3(codes + er * (k / 2) + b * (kChunk / 2),
+                                     scales + er * (k / 32) + 2 * b, global[e], out, &s);
+    uint4* dst = reinterpret_cast<uint4*>(codes_out + er * k + b * kChunk);
+    for (int j = 0; j < kChunk / 16; ++j) dst[j] = reinterpret_cast<const uint4*>(out)[j];
+    scales_out[i] = s;
+    if (!ok) atomicOr(inexact, 1);
+  }
+};
+
 int64_t lane_units(const MmaPackShape& s, int64_t experts) {
   return experts * s.tiles * s.chunks * 32;
 }
@@ -374,10 +399,8 @@ Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t e
                            int64_t k, const uint8_t* scales, const uint8_t* zero_points,
                            const float* global_scale, void* scales_out, float* zeros_out,
                            cudaStream_t stream, GluRows glu, int64_t inter) {
-  if (glu != GluRows::kNone && (inter <= 0 || n != 2 * inter)) {
-    return Status::invalid("device_mixed_scales: glu: expected n = 2 inter, got n " +
-                           std::to_string(n) + ", inter " + std::to_string(inter));
-  }
+  std::string why;
+  if (!glu_rows_fit(glu, n, inter, &why)) return Status::invalid("device_mixed_scales: " + why);
   MixedScales m;
   m.c = c;
   m.format = f.format;
@@ -397,6 +420,20 @@ Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t e
   m.glu = glu;
   m.inter = inter;
   return launch_each(experts * m.kb * n, m, stream, "device_mixed_scales");
+}
+
+Status device_mxfp4_e4m3(const uint8_t* codes, const uint8_t* scales, const float* global_scale,
+                         int64_t experts, int64_t n, int64_t k, uint8_t* codes_out,
+                         float* scales_out, int32_t* inexact, cudaStream_t stream) {
+  if (k % formats::kFp4E4m3Chunk != 0) {
+    return Status::invalid("device_mxfp4_e4m3: k: expected a multiple of " +
+                           std::to_string(formats::kFp4E4m3Chunk) + ", got " + std::to_string(k));
+  }
+  const int64_t kb = k / formats::kFp4E4m3Chunk;
+  return launch_each(
+      experts * kb * n,
+      Mxfp4E4m3{codes, scales, global_scale, n, k, kb, codes_out, scales_out, inexact}, stream,
+      "device_mxfp4_e4m3");
 }
 
 }  // namespace qmoe::cuda

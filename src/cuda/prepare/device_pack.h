@@ -13,6 +13,7 @@
 //   device_gated_row_scales         mma_gated_row_scales
 //   device_fp4_k_packed             fp4_repack(Fp4Layout::kNPacked, ...)
 //   device_mixed_codes / _scales    mixed_prepare (its codes; its scales and zeros)
+//   device_mxfp4_e4m3               mixed_prepare of MXFP4 (its e4m3 codes and scales)
 //
 // Every pointer is device memory; outputs are written whole (padding included) and must not overlap
 // the inputs. The launches go to `stream`; a launch error is returned, nothing waits.
@@ -65,5 +66,13 @@ Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t e
                            int64_t k, const uint8_t* scales, const uint8_t* zero_points,
                            const float* global_scale, void* scales_out, float* zeros_out,
                            cudaStream_t stream, GluRows glu = GluRows::kNone, int64_t inter = 0);
+
+// MXFP4's e4m3 copy (fp4_e4m3.h, mixed_prepare's MXFP4 result): K-packed codes [E, n, k / 2],
+// e8m0 scales [E, n, k / 32] and the global scales [E] become e4m3 codes [E, n, k] and f32
+// scales [E, k / 64, n]. *inexact (device memory, zeroed by the caller) becomes nonzero where a
+// chunk does not convert exactly.
+Status device_mxfp4_e4m3(const uint8_t* codes, const uint8_t* scales, const float* global_scale,
+                         int64_t experts, int64_t n, int64_t k, uint8_t* codes_out,
+                         float* scales_out, int32_t* inexact, cudaStream_t stream);
 
 }  // namespace qmoe::cuda
