@@ -111,6 +111,14 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 1024 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens
+  // MXFP4's e4m3 copy: the middle tile to 48 routes per expert; fp8 (0): never.
+  const int64_t copy = cuda::kMixedMidRoutesE4m3Copy;
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, copy), 32);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, copy), 64);
+  EXPECT_EQ(cuda::mixed_tile_for(copy * e, e, copy), 64);
+  EXPECT_EQ(cuda::mixed_tile_for(copy * e + 1, e, copy), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, 0), 128);
   static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes,
                 "the tiles grow with the routes per expert");
 }

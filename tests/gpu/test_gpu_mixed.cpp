@@ -333,6 +333,7 @@ TEST(GpuMixedLayer, Mxfp4ThroughItsE4m3Copy) {
     if (n_packed) s.fc1.fp4_layout = s.fc2.fp4_layout = Fp4Layout::kNPacked;
     for (int64_t tokens : {5, 100, 333}) check_mixed_against_dequant(s, tokens);
     check_mixed_against_dequant(s, 100, 32);  // the narrow tile forced
+    check_mixed_against_dequant(s, 300, 64);  // the middle one
     TestLayer tl;
     make_layer(s, fresh_seed(), &tl);
     const size_t ws_mixed = workspace(tl, with_gemm("cutlass", generic));

@@ -3,7 +3,8 @@
 // top-8 layer). There the 128-row N tile's wgmma is half to three quarters padding (a
 // 128 x 128 x 64 step is 512 tensor-core cycles for 4 KB of int4 codes, about 2 TB/s of weights
 // over 132 SMs), while the narrow tile converts each weight tile once per 32 rows. Two m64 atoms
-// per consumer warpgroup, as the narrow tile's. bf16 kInt4 has it (cutlass_mixed_int4.cu).
+// per consumer warpgroup, as the narrow tile's. bf16 kInt4 and kE4m3 have it
+// (cutlass_mixed_int4.cu, cutlass_mixed_e4m3.cu; dispatch.h says where each takes it).
 #pragma once
 
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"

@@ -85,6 +85,8 @@ struct MixedFc {
   const void* scales = nullptr;
   const float* zeros = nullptr;  // kinds with a zero term
   int64_t chunk = 0;
+  // The automatic tile's middle-tile bound (mixed_tile_for, dispatch.h): fp8's kE4m3 has none.
+  int64_t mid_routes = kMixedMidRoutes;
   bool on() const { return codes != nullptr; }
 };
 

@@ -93,16 +93,24 @@ constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 // (bench/results/2026-12-03-h200-fused-ring.md, 256 / 128 rows): 601.9 / 500.0 us at 128 routes,
 // 658.1 / 672.1 at 192, 922.5 / 857.5 at 256, 1693.0 / 1565.5 at 512; mixtral-8x7b INT4 1676.5 /
 // 1396.5 us at 256 routes, 4984 / 4983 at 1024. It was deleted.
+// kE4m3 has the middle tile too (bench/results/2026-12-04-h200-mxfp4-e4m3.md, run 4, middle /
+// 128 rows): on MXFP4's e4m3 copy it wins to 48 routes per expert and loses at 64 (gpt-oss-20b
+// 338.1 / 409.8 us at 32 routes, 356.0 / 422.8 at 48, 499.6 / 434.4 at 64, 644.3 / 471.9 at 96;
+// qwen3.6-35b-a3b 412.4 / 486.9 at 32, 588.4 / 542.4 at 64): kMixedMidRoutesE4m3Copy. On fp8
+// (deepseek-v3 fp8_block, whose grouped routing puts about twice the mean on each touched
+// expert) it lost at 32 and 64 (3265.5 / 3023.7, 5401.2 / 4783.1): fp8 FCs never take it
+// (mid_routes 0).
 constexpr int64_t kMixedNarrowRoutes = 24;
 constexpr int64_t kMixedMidRoutes = 64;
+constexpr int64_t kMixedMidRoutesE4m3Copy = 48;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
-// (all E: a shard's held experts share the whole layer's average); the caller falls back to 128
-// rows where the kind lacks that tile.
-constexpr int mixed_tile_for(int64_t routes, int64_t experts) {
-  return routes <= kMixedNarrowRoutes * experts ? 32
-         : routes <= kMixedMidRoutes * experts  ? 64
-                                                : 128;
+// (all E: a shard's held experts share the whole layer's average), the middle tile up to
+// mid_routes routes per expert (the FC's: kMixedMidRoutes, kMixedMidRoutesE4m3Copy, or 0 for
+// none); the caller falls back to 128 rows where the kind lacks that tile.
+constexpr int mixed_tile_for(int64_t routes, int64_t experts,
+                             int64_t mid_routes = kMixedMidRoutes) {
+  return routes <= kMixedNarrowRoutes * experts ? 32 : routes <= mid_routes * experts ? 64 : 128;
 }
 
 // decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,

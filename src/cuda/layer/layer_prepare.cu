@@ -229,6 +229,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
                                            spec_.inter));
   out->chunk = chunk;
   out->kind = c;
+  out->mid_routes = c == MixedCodes::kE4m3 ? 0 : kMixedMidRoutes;  // dispatch.h says why
   // The staged tensors are freed on return: the kernels must be done with them.
   QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
   return Status::ok();
@@ -279,6 +280,7 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   out->scales = s;
   out->chunk = chunk;
   out->kind = MixedCodes::kE4m3;
+  out->mid_routes = kMixedMidRoutesE4m3Copy;
   return Status::ok();
 }
 

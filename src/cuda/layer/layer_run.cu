@@ -192,7 +192,8 @@ Status CudaLayer::take_deferred_error() {
 // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); more: the 128-row one. The host knows the
 // average, routes / E (dispatch.h).
 int CudaLayer::mixed_tile_of(const MixedFc& mx, int64_t routes) const {
-  const int tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts);
+  const int tile =
+      mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts, mx.mid_routes);
   return mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
 }
 
