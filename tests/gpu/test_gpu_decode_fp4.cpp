@@ -26,13 +26,12 @@ TEST(GpuDecodeFp4, MatchesOracle) {
 }
 
 // The default window's last decode count, then the generic path. E = k = 8: every expert takes
-// every token. 64 tokens, except bf16 MXFP4, whose generic path runs the narrow tile on the e4m3
-// copy: 6 routes per expert there (dispatch.h, kDecodeMaxMeanRoutesE4m3Copy).
+// every token. 64 tokens, except MXFP4, whose generic path runs the narrow tile on the e4m3 copy:
+// 6 routes per expert there (dispatch.h, kDecodeMaxMeanRoutesE4m3Copy).
 TEST(GpuDecodeFp4, WindowEdge) {
   QMOE_REQUIRE_GPU();
   for_layers_of(kFp4Formats, 256, 128, 8, 8, [](const TestLayer& tl, uint64_t seed) {
-    const bool copy =
-        tl.spec.fc1.format == WeightFormat::kMxFp4 && tl.spec.act_dtype == DType::kBF16;
+    const bool copy = tl.spec.fc1.format == WeightFormat::kMxFp4;
     const int64_t last = copy ? cuda::kDecodeMaxMeanRoutesE4m3Copy : cuda::kDecodeWindowTokens;
     check_decode_call(tl, last, seed);
     check_decode_call(tl, last + 1, seed, false);
