@@ -62,13 +62,15 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // INT4 157.9 / 178.9 at 80 (5), 187.9 / 180.5 at 96. So the decode kernel keeps such layers up
 // to kDecodeMaxMeanRoutesNarrow4 routes per expert for codes of up to 4 bits,
 // kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
-// MXFP4 layers whose every FC runs the narrow tile on its exact e4m3 copy (bf16; the copy holds
-// twice the decode path's bytes, but the MXFP4 decode kernel is bound by its conversion) cross
-// over by expert size (bench/results/2026-12-04-h200-mxfp4-e4m3.md, runs 1-2, decode/1 against
-// generic): gpt-oss-20b (E 32, top 4, 13.2 MB experts) 259.2 / 281.2 us at 24 tokens (3 routes
-// per expert), 317.9 / 280.8 at 28 (3.5), 324.5 / 281.6 at 32, 454.9 / 287.0 at 64;
+// MXFP4 layers whose every FC runs the narrow tile on its exact e4m3 copy (the copy holds twice
+// the decode path's bytes, but the MXFP4 decode kernel is bound by its conversion) cross over by
+// expert size (bench/results/2026-12-04-h200-mxfp4-e4m3.md, runs 1, 2 and 6, decode/1 against
+// generic, bf16): gpt-oss-20b (E 32, top 4, 13.2 MB experts) 259.2 / 281.2 us at 24 tokens (3
+// routes per expert), 317.9 / 280.8 at 28 (3.5), 324.5 / 281.6 at 32, 454.9 / 287.0 at 64;
 // qwen3.6-35b-a3b in MXFP4 (E 256, top 8, 1.7 MB experts) 216.2 / 281.7 at 64 tokens (2), 305.4 /
-// 311.9 at 192 (6), 359.4 / 315.9 at 256 (8). So the decode kernel keeps them up to
+// 311.9 at 192 (6), 359.4 / 315.9 at 256 (8); f16 crosses at the same counts (259.4 / 284.2 and
+// 317.6 / 284.3 at 24 / 28 tokens; 304.5 / 313.3 and 360.8 / 315.1 at 192 / 256). So the decode
+// kernel keeps them up to
 // kDecodeMaxMeanRoutesE4m3Copy routes per expert, kDecodeMaxMeanRoutesE4m3CopyLarge for experts
 // of at least kE4m3CopyLargeExpertBytes, with no token floor.
 constexpr int64_t kDecodeWindowTokens = 64;
