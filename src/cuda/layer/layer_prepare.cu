@@ -63,6 +63,21 @@ Status stage(Uploader& up, const TensorView& v, const void* kept, DeviceBuffer* 
 // copies; a temporary buffer is freed (cudaFree waits for the device) only after its readers.
 constexpr cudaStream_t kPrepareStream = 0;
 
+// K-packed FP4 codes [E, n, k / 2] that a packing kernel reads: `kept` (init's upload, K-packed
+// already) where there is one, else a temporary upload into *tmp, K-packed into *repacked where
+// ORT's layout (f.fp4_layout) is N-packed.
+Status stage_k_packed(Uploader& up, const FcFormat& f, const TensorView& v, const void* kept,
+                      int64_t experts, int64_t n, int64_t k, DeviceBuffer* tmp,
+                      DeviceBuffer* repacked, const uint8_t** out) {
+  QMOE_RETURN_IF_ERROR(stage(up, v, kept, tmp, out));
+  if (kept != nullptr || f.fp4_layout != Fp4Layout::kNPacked) return Status::ok();
+  QMOE_RETURN_IF_ERROR(repacked->allocate(v.bytes()));
+  QMOE_RETURN_IF_ERROR(
+      device_fp4_k_packed(*out, experts, n, k, repacked->as<uint8_t>(), kPrepareStream));
+  *out = repacked->as<uint8_t>();
+  return Status::ok();
+}
+
 }  // namespace
 
 Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
@@ -236,8 +251,7 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
 }
 
 // MXFP4's mixed-input copy: e4m3 codes with f32 scales per 64 K (fp4_e4m3.h), from the K-packed
-// codes (the raw upload where init kept one, else a temporary upload, repacked from ORT's
-// N-packed layout as the decode path's packing does) and the staged e8m0 scales. An FC with a
+// codes (stage_k_packed, as the decode path's packing) and the staged e8m0 scales. An FC with a
 // chunk that does not convert exactly keeps no copy (the generic path dequantizes it, exactly as
 // before); one with the copy drops the raw codes (run_fc never dequantizes it).
 Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, const uint8_t* scales,
@@ -249,13 +263,8 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   }
   DeviceBuffer staged, k_packed, flag;
   const uint8_t* codes = nullptr;
-  QMOE_RETURN_IF_ERROR(stage(*uploader_, w.weight, raw.weight, &staged, &codes));
-  if (raw.weight == nullptr && f.fp4_layout == Fp4Layout::kNPacked) {  // ORT's layout
-    QMOE_RETURN_IF_ERROR(k_packed.allocate(w.weight.bytes()));
-    QMOE_RETURN_IF_ERROR(
-        device_fp4_k_packed(codes, E, n, k, k_packed.as<uint8_t>(), kPrepareStream));
-    codes = k_packed.as<uint8_t>();
-  }
+  QMOE_RETURN_IF_ERROR(
+      stage_k_packed(*uploader_, f, w.weight, raw.weight, E, n, k, &staged, &k_packed, &codes));
   const int64_t chunk = mixed_chunk(f, k);
   void *e4m3 = nullptr, *s = nullptr;
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &e4m3));
@@ -340,13 +349,8 @@ Status CudaLayer::pack_for_decode(const LayerWeights& w) {
   auto pack_fp4 = [&](const FcFormat& f, const FcWeights& fw, const DeviceFc& raw,
                       const MmaPackShape& shape, uint32_t** packed, uint8_t** scales) -> Status {
     const uint8_t *codes = nullptr, *sc = nullptr;
-    QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.weight, raw.weight, &staged[0], &codes));
-    if (raw.weight == nullptr && f.fp4_layout == Fp4Layout::kNPacked) {
-      QMOE_RETURN_IF_ERROR(staged[1].allocate(fw.weight.bytes()));
-      QMOE_RETURN_IF_ERROR(
-          device_fp4_k_packed(codes, E, shape.n, shape.k, staged[1].as<uint8_t>(), kPrepareStream));
-      codes = staged[1].as<uint8_t>();
-    }
+    QMOE_RETURN_IF_ERROR(stage_k_packed(*uploader_, f, fw.weight, raw.weight, E, shape.n, shape.k,
+                                        &staged[0], &staged[1], &codes));
     QMOE_RETURN_IF_ERROR(words_of(shape, packed));
     QMOE_RETURN_IF_ERROR(device_pack_fp4(shape, codes, E, *packed, kPrepareStream));
     QMOE_RETURN_IF_ERROR(stage(*uploader_, fw.scales, raw.scales, &staged[2], &sc));
