@@ -16,22 +16,43 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
-// serialization when pdl is set.
+// Launches kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of `cluster`
+// CTAs (a plain launch where that is one), with programmatic stream serialization when pdl is set.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_maybe_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t stream, bool pdl, Args&&... args) {
+cudaError_t launch_cluster_maybe_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                     dim3 cluster, size_t smem, cudaStream_t stream, bool pdl,
+                                     Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl ? attr : nullptr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization when pdl is set.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_maybe_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t stream, bool pdl, Args&&... args) {
+  return launch_cluster_maybe_pdl(kernel, grid, block, dim3(1, 1, 1), smem, stream, pdl,
+                                  std::forward<Args>(args)...);
 }
 
 }  // namespace qmoe::cuda

@@ -10,7 +10,12 @@
 //            weights' scale block (the collective needs the block to divide the tile).
 //   scales   SFA (weights) in 128 x 128 blocks, SFB (activations) per row and 128 columns, both
 //            K-major: fp8_block's own scale layout and act_quant.h's rows, neither transposed.
-//   cluster  1 x 1 x 1, as cutlass_grouped_kernel.cuh explains.
+//   cluster  2 x 1 x 1: two CTAs on neighbouring 128-row weight tiles of one expert share its
+//            activation tile, which TMA multicasts to both (half the activation traffic from
+//            L2). A group with an odd count of weight tiles gets one empty tile (the scheduler
+//            rounds each group up to the cluster), none of the models' shapes has one. Measured
+//            against 1 x 1 x 1 on DeepSeek-V3 with FP8 activations (bench/results/
+//            2026-12-04-h200-knobs-fp8-cluster.md): 1-3% faster at 128-4096 tokens.
 //
 // Workspace of one launch (G = max_groups; each part 256-byte aligned):
 //   shapes G x (n, rows, k); ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb G x pointer;
@@ -31,11 +36,12 @@ namespace {
 // Each schedule with its tile and epilogue (named outside templates: cutlass_grouped_kernel.cuh
 // says why).
 using Fp8CoopTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
-using Fp8CoopEpilogue = GroupEpilogueFor<Fp8CoopTile>;
-constexpr int kFp8CoopEpilogueSmem = static_cast<int>(sizeof(Fp8CoopEpilogue::SharedStorage));
 using Fp8PingTile = cute::Shape<cute::_128, cute::_64, cute::_128>;
+using Fp8Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+using Fp8CoopEpilogue = GroupEpilogueFor<Fp8CoopTile, Fp8Cluster>;
+constexpr int kFp8CoopEpilogueSmem = static_cast<int>(sizeof(Fp8CoopEpilogue::SharedStorage));
 using Fp8PingEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8PingTile, GroupClusterShape,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8PingTile, Fp8Cluster,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
     kGroupAlignD, float, GroupLayoutD*, kGroupAlignD,
     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
@@ -58,7 +64,7 @@ struct Fp8GemmT {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlign, Element, cute::tuple<LayoutB*, LayoutSFB*>,
-      kAlign, float, Tile, GroupClusterShape,
+      kAlign, float, Tile, Fp8Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>, Schedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

@@ -11,7 +11,9 @@
 //            are one 128-byte swizzle row per TMA box.
 //   cluster  1 x 1 x 1: groups are small and ragged, and the scheduler rounds every group's tile
 //            count up to the cluster shape, so a cluster of 2 would add empty tiles to every
-//            group with one tile along M or N; multicast is left for a measured follow-up.
+//            group with one tile along M or N. The FP8 GEMM (cutlass_fp8.cu) runs clusters of
+//            two along M, where the models' weight tiles come in even counts; initialize_and_run
+//            launches either.
 //   stages   as many as shared memory holds after the epilogue's buffers (StageCountAutoCarveout).
 //
 // Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
@@ -58,9 +60,9 @@ using GroupClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using GroupLayoutD = cutlass::layout::ColumnMajor;  // C rows [rows, ldc]: M (features) contiguous
 constexpr int kGroupAlignD = 16 / sizeof(float);
 // D = 1 * accumulators on a tile; no C operand is read (ElementC void).
-template <typename TileShape>
+template <typename TileShape, typename ClusterShape = GroupClusterShape>
 using GroupEpilogueFor = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, GroupClusterShape,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
     kGroupAlignD, float, GroupLayoutD*, kGroupAlignD,
     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
@@ -209,8 +211,6 @@ template <typename Gemm>
 Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_workspace,
                           cudaStream_t stream, const char* what, bool pdl) {
   using Kernel = typename Gemm::GemmKernel;
-  static_assert(cute::size(typename Kernel::ClusterShape{}) == 1,
-                "a plain launch: every instance's cluster is one CTA");
   const cutlass::Status s = Kernel::initialize_workspace(args, cutlass_workspace, stream);
   if (s != cutlass::Status::kSuccess) {
     return Status::internal(std::string(what) +
@@ -220,8 +220,11 @@ Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_wo
   auto* kernel = &pdl_gemm_kernel<Kernel>;
   const int smem = static_cast<int>(Kernel::SharedStorageSize);
   QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, Kernel::get_grid_shape(params), Kernel::get_block_shape(),
-                                 static_cast<size_t>(smem), stream, pdl, params));
+  using Cluster = typename Kernel::ClusterShape;
+  const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
+  QMOE_CUDA_TRY(launch_cluster_maybe_pdl(kernel, Kernel::get_grid_shape(params),
+                                         Kernel::get_block_shape(), cluster,
+                                         static_cast<size_t>(smem), stream, pdl, params));
   return cuda_status(cudaGetLastError(), (std::string("launch of ") + what).c_str());
 }
 
