@@ -119,7 +119,18 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(copy * e + 1, e, copy), 128);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, 0), 128);
-  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes,
+  // A layer of few experts (mixtral-8x7b: 8, top 2) leaves each tile earlier.
+  const int64_t f = 8;
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f, f), 32);  // 80 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f + 1, f), 64);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutesFew * f, f), 64);  // 192 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutesFew * f + 1, f), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f + 1, f, 0), 128);
+  const int64_t few_edge = cuda::kMixedFewExperts;  // the first count that keeps the bounds
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * few_edge, few_edge), 32);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * (few_edge - 1), few_edge - 1), 64);
+  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes &&
+                    cuda::kMixedNarrowRoutesFew < cuda::kMixedMidRoutesFew,
                 "the tiles grow with the routes per expert");
 }
 

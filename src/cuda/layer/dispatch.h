@@ -102,17 +102,30 @@ constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 // (deepseek-v3 fp8_block, whose grouped routing puts about twice the mean on each touched
 // expert) it lost at 32 and 64 (3265.5 / 3023.7, 5401.2 / 4783.1): fp8 FCs never take it
 // (mid_routes 0).
+// Layers of fewer than kMixedFewExperts experts (a few large ones) leave each tile earlier:
+// mixtral-8x7b INT4 (E 8, top 2; bench/results/2026-12-04-h200-knobs-fp8-cluster.md, run 6,
+// generic path, 32 / 64 / 128 rows forced, us) 323.0 / 380.9 / 503.6 at 20 routes per expert,
+// 437.1 / 382.4 / 505.4 at 22, 438.5 / 384.2 / 500.6 at 24, 612.3 / 400.3 / 500.0 at 48, 731.2 /
+// 537.7 / 501.7 at 56, 793.3 / 605.2 / 509.9 at 64: kMixedNarrowRoutesFew, kMixedMidRoutesFew.
+// qwen3-30b-a3b's 128 experts keep the bounds above (its middle tile wins by 26% at 48 routes).
 constexpr int64_t kMixedNarrowRoutes = 24;
 constexpr int64_t kMixedMidRoutes = 64;
 constexpr int64_t kMixedMidRoutesE4m3Copy = 48;
+constexpr int64_t kMixedFewExperts = 32;
+constexpr int64_t kMixedNarrowRoutesFew = 20;
+constexpr int64_t kMixedMidRoutesFew = 48;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
 // (all E: a shard's held experts share the whole layer's average), the middle tile up to
 // mid_routes routes per expert (the FC's: kMixedMidRoutes, kMixedMidRoutesE4m3Copy, or 0 for
-// none); the caller falls back to 128 rows where the kind lacks that tile.
+// none; at most kMixedMidRoutesFew on a layer of few experts); the caller falls back to 128 rows
+// where the kind lacks that tile.
 constexpr int mixed_tile_for(int64_t routes, int64_t experts,
                              int64_t mid_routes = kMixedMidRoutes) {
-  return routes <= kMixedNarrowRoutes * experts ? 32 : routes <= mid_routes * experts ? 64 : 128;
+  const bool few = experts < kMixedFewExperts;
+  const int64_t narrow = few ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
+  const int64_t mid = few && mid_routes > kMixedMidRoutesFew ? kMixedMidRoutesFew : mid_routes;
+  return routes <= narrow * experts ? 32 : routes <= mid * experts ? 64 : 128;
 }
 
 // decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,
