@@ -166,8 +166,9 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_RING", "3", "shared memory"}, Case{"QMOE_DECODE_PREFETCH", "17", "0..16"},
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
-        Case{"QMOE_DISPATCH", "decode/3", "decode/1 or fused"},
-        Case{"QMOE_DISPATCH", "decode/2", "decode/1 or fused"},  // the deleted two-group form
+        Case{"QMOE_DISPATCH", "decode/3", "fused, generic/32, generic/64 or generic/128"},
+        Case{"QMOE_DISPATCH", "decode/2", "decode/1"},  // the deleted two-group form
+        Case{"QMOE_DISPATCH", "generic/48", "generic/64"},  // a tile there is not
         Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
         Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"},
         Case{"QMOE_MIXED_TILE", "256", "32, 64 or 128"}}) {  // the deleted wide tile
@@ -288,7 +289,13 @@ TEST(ForceDispatch, ChecksTheChoiceAgainstTheLayers) {
       << st.message();
   EXPECT_NE(st.message().find("generic, or \"\""), std::string::npos) << st.message();
 
-  EXPECT_EQ(dispatch_choice_list(), "generic, decode/1 or fused");
+  EXPECT_EQ(dispatch_choice_list(),
+            "generic, decode/1, fused, generic/32, generic/64 or generic/128");
+  // A tile choice is a name, so on a layer without the tiles it is "not a path of this layer".
+  st = check_forced_choice("generic/64", decode);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'generic/64' is not a path of this layer"), std::string::npos)
+      << st.message();
 }
 
 // The CPU backend has one path: "" is the only choice, and it says so.

@@ -60,7 +60,8 @@ struct PrepareOptions {
   // naming it.
   std::string gemm;
   // CUDA: one path for every call instead of the dispatch table (A/B runs): "generic",
-  // "decode/1" or "fused" (qmoe/tuning.h); a call that path cannot take
+  // "decode/1", "fused", or "generic/32|64|128" (the generic path with that mixed-input tile,
+  // qmoe/tuning.h); a call that path cannot take
   // (decode on a layer without it or past its largest call, fused past its window) runs the next
   // path that can (fused -> decode/1 -> generic). Empty:
   // $QMOE_DISPATCH when set (or the older QMOE_CUDA_PATH=generic), else the table.

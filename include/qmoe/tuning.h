@@ -1,5 +1,6 @@
 // Tuned dispatch: a backend may run a call down one of several kernel paths (the CUDA backend:
-// the decode kernel with one or two column groups, or the generic path). Each backend has an
+// the decode kernel, the fused decode kernel, or the generic path, there with the mixed-input
+// GEMM's tile named or left to the layer). Each backend has an
 // analytic default; a tune file records, per layer shape and device, the path measured fastest
 // for each token count, and prepare_layer() applies it (PrepareOptions::tune_file, or the
 // QMOE_TUNE_FILE environment variable). `qmoe bench --tune FILE` measures and writes one.
@@ -20,7 +21,7 @@ namespace qmoe {
 
 struct TunedRow {
   int64_t max_tokens = 0;
-  std::string choice;  // a backend's choice name: "generic", "decode/1" or "fused"
+  std::string choice;  // a backend's choice name: dispatch_choice_names()
 };
 
 // The key a layer's rows are stored under: the device, then everything in the spec that changes
@@ -33,9 +34,9 @@ std::string tune_key(const LayerSpec& spec, const std::string& device);
 Status load_tuned_rows(const std::string& path, const std::string& key, std::vector<TunedRow>* rows,
                        bool* found);
 
-// Every dispatch choice name there is ("generic", "decode/1", "fused":
-// the CUDA backend's paths, src/cuda/layer/dispatch.h), and them as a message: "generic,
-// decode/1 or fused".
+// Every dispatch choice name there is ("generic", "decode/1", "fused", "generic/32",
+// "generic/64", "generic/128": the CUDA backend's paths and the generic path's mixed-input tiles,
+// src/cuda/layer/dispatch.h), and them as a message: "generic, decode/1, ... or generic/128".
 const std::vector<std::string>& dispatch_choice_names();
 std::string dispatch_choice_list();
 

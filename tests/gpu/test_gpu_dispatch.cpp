@@ -108,29 +108,24 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(1, e), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e), 32);  // 384 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e), 64);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 1024 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 768 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens
-  // MXFP4's e4m3 copy: the middle tile to 48 routes per expert; fp8 (0): never.
-  const int64_t copy = cuda::kMixedMidRoutesE4m3Copy;
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, copy), 32);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, copy), 64);
-  EXPECT_EQ(cuda::mixed_tile_for(copy * e, e, copy), 64);
-  EXPECT_EQ(cuda::mixed_tile_for(copy * e + 1, e, copy), 128);
+  // fp8 (mid_routes 0): never the middle tile.
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, 0), 128);
-  // A layer of few experts (mixtral-8x7b: 8, top 2) leaves each tile earlier.
+  // A layer of few experts (mixtral-8x7b: 8, top 2) leaves the narrow tile sooner.
   const int64_t f = 8;
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f, f), 32);  // 80 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f + 1, f), 64);
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutesFew * f, f), 64);  // 192 tokens
-  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutesFew * f + 1, f), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * f, f), 64);  // 192 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * f + 1, f), 128);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutesFew * f + 1, f, 0), 128);
   const int64_t few_edge = cuda::kMixedFewExperts;  // the first count that keeps the bounds
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * few_edge, few_edge), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * (few_edge - 1), few_edge - 1), 64);
-  static_assert(cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes &&
-                    cuda::kMixedNarrowRoutesFew < cuda::kMixedMidRoutesFew,
+  static_assert(cuda::kMixedNarrowRoutesFew < cuda::kMixedNarrowRoutes &&
+                    cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes,
                 "the tiles grow with the routes per expert");
 }
 
@@ -154,8 +149,16 @@ TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
     const Status bad = t.apply_tuned({{4, gone}});
     EXPECT_FALSE(bad.is_ok()) << gone;
     EXPECT_NE(bad.message().find(gone), std::string::npos) << bad.message();
-    EXPECT_NE(bad.message().find("generic, decode/1 or fused"), std::string::npos)
+    EXPECT_NE(bad.message().find("generic, decode/1, fused"), std::string::npos)
         << bad.message();
+  }
+  // A row may name the generic path's tile; tiles that do not exist are refused.
+  ASSERT_TRUE(t.apply_tuned({{4, "decode/1"}, {100, "generic/64"}}).is_ok());
+  EXPECT_EQ(chosen(t, 4), "decode/1");
+  EXPECT_EQ(chosen(t, 50), "generic/64");
+  EXPECT_EQ(chosen(t, 101), "decode/1");  // past the rows: the default
+  for (const char* gone : {"generic/48", "generic/", "generic/256", "generic/064"}) {
+    EXPECT_FALSE(t.apply_tuned({{4, gone}}).is_ok()) << gone;
   }
   EXPECT_FALSE(t.apply_tuned({{4, "generic"}, {4, "generic"}}).is_ok());
 }
@@ -178,7 +181,7 @@ TEST(Dispatch, ForcedChoice) {
   EXPECT_EQ(chosen(none, 1), "generic");  // no decode path: the generic one
   // The names options are checked against (qmoe/tuning.h) are exactly the table's choices.
   std::vector<std::string> names;
-  for (const DispatchChoice& c : cuda::layer_choices(true, 16)) {
+  for (const DispatchChoice& c : cuda::layer_choices(true, 16, {32, 64, 128})) {
     names.push_back(choice_name(c));
     DispatchChoice back;
     ASSERT_TRUE(cuda::parse_choice(names.back(), &back));
@@ -193,6 +196,30 @@ TEST(Dispatch, ForcedChoice) {
   EXPECT_EQ(cuda::dispatch_candidates(false, 12).size(), 1u);
   EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes).size(), 2u);
   EXPECT_EQ(cuda::dispatch_candidates(true, cuda::kDecodeMaxRoutes + 1).size(), 1u);
+  // A forced tile stays on the generic path at every count.
+  DispatchChoice tile64;
+  ASSERT_TRUE(cuda::parse_choice("generic/64", &tile64));
+  EXPECT_EQ(tile64.path, CallPath::kGeneric);
+  EXPECT_EQ(tile64.tile, 64);
+  t.force(&tile64);
+  EXPECT_EQ(chosen(t, 1), "generic/64");
+  EXPECT_EQ(chosen(t, 5000), "generic/64");
+}
+
+// A layer whose mixed-input copies have several tiles offers one generic candidate per tile in
+// place of "generic" (what the tuner times), and takes "generic" too when forced.
+TEST(Dispatch, TileChoices) {
+  const auto names = [](const std::vector<DispatchChoice>& v) {
+    std::string s;
+    for (const DispatchChoice& c : v) s += choice_name(c) + " ";
+    return s;
+  };
+  EXPECT_EQ(names(cuda::dispatch_candidates(true, 4, 16, {32, 64, 128})),
+            "generic/32 generic/64 generic/128 decode/1 fused ");
+  EXPECT_EQ(names(cuda::dispatch_candidates(false, 300, 0, {32, 128})), "generic/32 generic/128 ");
+  EXPECT_EQ(names(cuda::layer_choices(true, 0, {32, 128})),
+            "generic decode/1 generic/32 generic/128 ");
+  EXPECT_EQ(names(cuda::layer_choices(false)), "generic ");
 }
 
 // The fused kernel: a candidate up to the layer's bound, never where the layer lacks it; forced
@@ -244,7 +271,8 @@ TEST(Dispatch, DecodeRowsPerPass) {
 }
 
 // Every choice within budget, forced at every token count (decode/1 runs several passes past 8
-// routes per expert; fused falls back to decode/1 past its window).
+// routes per expert; fused falls back to decode/1 past its window; the generic path on each
+// tile of the layer's mixed-input copy, the narrow one with FC1's activation in its epilogue).
 TEST(GpuDispatch, EveryChoiceMatchesOracle) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -255,7 +283,8 @@ TEST(GpuDispatch, EveryChoiceMatchesOracle) {
   for (int64_t tokens : {1, 8, 12, 40}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    for (const char* name : {"generic", "decode/1", "fused"}) {
+    for (const char* name :
+         {"generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128"}) {
       GpuRun run;
       gpu_run(tl, ti, &run, with_dispatch(name));
       if (::testing::Test::HasFatalFailure()) return;
@@ -315,6 +344,9 @@ TEST(GpuDispatch, ForceDispatchOnPreparedLayer) {
   EXPECT_EQ(layer->dispatch_choice(2), "generic") << "a tune file dropped the forced choice";
   ASSERT_TRUE(layer->force_dispatch("").is_ok());
   EXPECT_EQ(layer->dispatch_choice(2), "decode/1");
+  ASSERT_TRUE(layer->force_dispatch("generic/32").is_ok());  // its mixed-input copy's tiles
+  EXPECT_EQ(layer->dispatch_choice(2), "generic/32");
+  ASSERT_TRUE(layer->force_dispatch("").is_ok());
 
   // f32 activations: no decode path, so a decode choice is not this layer's.
   LayerSpec f32 = small_spec(WeightFormat::kInt4);
@@ -328,6 +360,9 @@ TEST(GpuDispatch, ForceDispatchOnPreparedLayer) {
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("not a path of this layer"), std::string::npos) << st.message();
   EXPECT_TRUE(plain->force_dispatch("generic").is_ok());
+  st = plain->force_dispatch("generic/64");  // no mixed-input copy, so no tiles to name
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("not a path of this layer"), std::string::npos) << st.message();
   // At prepare, the same choice is no error: the layer's calls run the generic path.
   ASSERT_TRUE(
       prepare_layer(BackendKind::kCuda, tf.spec, tf.weights, with_dispatch("decode/1"), &plain)
@@ -409,7 +444,10 @@ TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
   EXPECT_EQ(layer->dispatch_choice(1), "generic");
   EXPECT_EQ(layer->dispatch_choice(4), "generic");
   EXPECT_EQ(layer->dispatch_choice(5), "decode/1");
-  EXPECT_EQ(layer->dispatch_candidates(12).size(), 3u);  // generic, decode/1, fused
+  // A bf16 int4 layer's mixed-input copy has all three tiles: a generic candidate each.
+  const std::vector<std::string> want = {"generic/32", "generic/64", "generic/128", "decode/1",
+                                         "fused"};
+  EXPECT_EQ(layer->dispatch_candidates(12), want);
   TestInputs ti;
   make_inputs(tl.spec, 3, fresh_seed(), false, &ti);
   GpuRun r;

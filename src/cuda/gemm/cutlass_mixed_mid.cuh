@@ -1,5 +1,5 @@
 // The middle tile of the mixed-input GEMM, 256 x 64 x 64, for calls whose experts average up to
-// kMixedMidRoutes routes past the narrow tile's (dispatch.h: 385..1024 tokens of a 128-expert
+// kMixedMidRoutes routes past the narrow tile's (dispatch.h: 385..768 tokens of a 128-expert
 // top-8 layer). There the 128-row N tile's wgmma is half to three quarters padding (a
 // 128 x 128 x 64 step is 512 tensor-core cycles for 4 KB of int4 codes, about 2 TB/s of weights
 // over 132 SMs), while the narrow tile converts each weight tile once per 32 rows. Two m64 atoms

@@ -160,11 +160,12 @@ class CudaLayer final : public PreparedLayer {
   }
   Status apply_tune_file(const std::string& tune_file) override { return load_dispatch(tune_file); }
   std::vector<std::string> dispatch_candidates(int64_t tokens) const override {
-    return names_of(cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_));
+    return names_of(
+        cuda::dispatch_candidates(decode_ready_, tokens, fused_max_tokens_, layer_tiles()));
   }
   Status force_dispatch(const std::string& choice) override {
-    QMOE_RETURN_IF_ERROR(
-        check_forced_choice(choice, names_of(layer_choices(decode_ready_, fused_max_tokens_))));
+    QMOE_RETURN_IF_ERROR(check_forced_choice(
+        choice, names_of(layer_choices(decode_ready_, fused_max_tokens_, layer_tiles()))));
     set_forced(choice);
     return Status::ok();
   }
@@ -197,8 +198,9 @@ class CudaLayer final : public PreparedLayer {
   // arrays the whole layer's.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                     cudaStream_t stream, RunProfile* profile);
+  // tile: the dispatch choice's mixed-input tile (0: the layer's, mixed_tile_of).
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                     cudaStream_t stream, RunProfile* profile);
+                     cudaStream_t stream, RunProfile* profile, int tile = 0);
   // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.
   Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                          cudaStream_t stream, RunProfile* profile);
@@ -243,12 +245,12 @@ class CudaLayer final : public PreparedLayer {
   Status keep(size_t bytes, void** dst);
   // Frees a buffer keep() gave (the device must be done with it).
   void release(const void* p);
-  // tile_n: the mixed-input GEMM's tile where the caller chose it (0: mixed_tile_of's choice).
+  // tile_n: the mixed-input GEMM's tile (mixed_tile_of; 0 for an FC without a mixed-input copy).
   // act_out: FC1 with the activation in its epilogue (act_rows_ on a tile with that form), its
   // rows [R, ip_] in the activation dtype there, c unused.
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, float* c, int64_t ldc,
-                int64_t ld_b, cudaStream_t stream, int tile_n = 0, void* act_out = nullptr);
+                int64_t ld_b, cudaStream_t stream, int tile_n, void* act_out = nullptr);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
   // `fc` is the FC as uploaded (its shape, and ORT's codes where they were uploaded); int4 codes
   // become the signed copy in place (fc->weight then null: the mixed copy is their only reader).
@@ -262,8 +264,14 @@ class CudaLayer final : public PreparedLayer {
   // The row order FC1's mixed-input copy takes for the activation epilogue, kNone where the
   // layer keeps the activation kernel alone (PrepareOptions::epilogue_act).
   GluRows act_epilogue_rows(MixedCodes fc1_kind) const;
-  // The mixed-input GEMM's tile (its N) for an FC of this copy in a call of `routes` routes.
-  int mixed_tile_of(const MixedFc& mx, int64_t routes) const;
+  // The mixed-input GEMM's tile (its N) for an FC of this copy in a call of `routes` routes:
+  // `tile` where the call's dispatch choice names one, else PrepareOptions::mixed_tile, else
+  // mixed_tile_for; the copy's 128-row tile where its kind lacks that one.
+  int mixed_tile_of(const MixedFc& mx, int64_t routes, int tile = 0) const;
+  // The tiles a generic choice may name on this layer (dispatch.h): those some FC's mixed-input
+  // copy has, where there are at least two; none without mixed-input copies or with FP8
+  // activations (the FP8 GEMM keeps its own rule).
+  std::vector<int> layer_tiles() const;
   bool all_mixed() const {
     return mixed1_.on() && mixed2_.on() && (!spec_.has_fc3() || mixed3_.on());
   }

@@ -1,6 +1,7 @@
 // The dispatch table (dispatch.h).
 #include "cuda/layer/dispatch.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/decode/decode_gemv.h"
@@ -8,7 +9,9 @@
 namespace qmoe::cuda {
 
 std::string choice_name(const DispatchChoice& c) {
-  if (c.path == CallPath::kGeneric) return "generic";
+  if (c.path == CallPath::kGeneric) {
+    return c.tile == 0 ? "generic" : "generic/" + std::to_string(c.tile);
+  }
   if (c.path == CallPath::kFused) return "fused";
   return "decode/1";
 }
@@ -18,8 +21,11 @@ namespace {
 // Every choice there is, in the order of dispatch_choice_names() (qmoe/tuning.h: the names that
 // options and tune files are checked against before a layer exists); test_gpu_dispatch checks
 // that the two agree.
-constexpr DispatchChoice kChoices[] = {
-    {CallPath::kGeneric}, {CallPath::kDecode}, {CallPath::kFused}};
+constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric},     {CallPath::kDecode},
+                                       {CallPath::kFused},       {CallPath::kGeneric, 32},
+                                       {CallPath::kGeneric, 64}, {CallPath::kGeneric, 128}};
+static_assert(sizeof(kChoices) / sizeof(kChoices[0]) == 3 + sizeof(kMixedTiles) / sizeof(int),
+              "a generic choice per tile");
 
 }  // namespace
 
@@ -34,8 +40,11 @@ bool parse_choice(const std::string& name, DispatchChoice* out) {
 }
 
 std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
-                                                int64_t fused_max_tokens) {
-  std::vector<DispatchChoice> c = {DispatchChoice{CallPath::kGeneric}};
+                                                int64_t fused_max_tokens,
+                                                const std::vector<int>& tiles) {
+  std::vector<DispatchChoice> c;
+  if (tiles.empty()) c.push_back(DispatchChoice{CallPath::kGeneric});
+  for (int t : tiles) c.push_back(DispatchChoice{CallPath::kGeneric, t});
   if (decode_supported && tokens >= 1 && tokens <= kDecodeMaxRoutes) {
     c.push_back(DispatchChoice{CallPath::kDecode});
   }
@@ -43,11 +52,14 @@ std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t t
   return c;
 }
 
-std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens) {
+std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens,
+                                          const std::vector<int>& tiles) {
   std::vector<DispatchChoice> all;
   for (const DispatchChoice& c : kChoices) {
-    const bool offered = c.path == CallPath::kGeneric ||
-                         (c.path == CallPath::kDecode ? decode_supported : fused_max_tokens > 0);
+    bool offered = c.path == CallPath::kDecode ? decode_supported : fused_max_tokens > 0;
+    if (c.path == CallPath::kGeneric) {
+      offered = c.tile == 0 || std::find(tiles.begin(), tiles.end(), c.tile) != tiles.end();
+    }
     if (offered) all.push_back(c);
   }
   return all;

@@ -98,55 +98,67 @@ constexpr double kDecodeMaxRoutesPerTouched = 1.2;
 // kE4m3 has the middle tile too (bench/results/2026-12-04-h200-mxfp4-e4m3.md, run 4, middle /
 // 128 rows): on MXFP4's e4m3 copy it wins to 48 routes per expert and loses at 64 (gpt-oss-20b
 // 338.1 / 409.8 us at 32 routes, 356.0 / 422.8 at 48, 499.6 / 434.4 at 64, 644.3 / 471.9 at 96;
-// qwen3.6-35b-a3b 412.4 / 486.9 at 32, 588.4 / 542.4 at 64): kMixedMidRoutesE4m3Copy. On fp8
+// qwen3.6-35b-a3b 412.4 / 486.9 at 32, 588.4 / 542.4 at 64). On fp8
 // (deepseek-v3 fp8_block, whose grouped routing puts about twice the mean on each touched
 // expert) it lost at 32 and 64 (3265.5 / 3023.7, 5401.2 / 4783.1): fp8 FCs never take it
 // (mid_routes 0).
-// Layers of fewer than kMixedFewExperts experts (a few large ones) leave each tile earlier:
-// mixtral-8x7b INT4 (E 8, top 2; bench/results/2026-12-04-h200-knobs-fp8-cluster.md, run 6,
-// generic path, 32 / 64 / 128 rows forced, us) 323.0 / 380.9 / 503.6 at 20 routes per expert,
-// 437.1 / 382.4 / 505.4 at 22, 438.5 / 384.2 / 500.6 at 24, 612.3 / 400.3 / 500.0 at 48, 731.2 /
-// 537.7 / 501.7 at 56, 793.3 / 605.2 / 509.9 at 64: kMixedNarrowRoutesFew, kMixedMidRoutesFew.
-// qwen3-30b-a3b's 128 experts keep the bounds above (its middle tile wins by 26% at 48 routes).
+// Since the 128-row tile's epilogue and activation changes, qwen3-30b-a3b INT4 leaves the middle
+// tile at 48 routes per expert too (bench/results/2026-12-04-h200-knobs-fp8-cluster.md, run 8,
+// the tuner's times, 32 / 64 / 128 rows): 353.9 / 260.7 / 312.1 us at 48 routes, 441.3 / 353.9 /
+// 333.4 at 64; mixtral-8x7b INT4 (E 8, top 2; run 6) 612.3 / 400.3 / 500.0 at 48, 731.2 / 537.7
+// / 501.7 at 56; gpt-oss-20b 418.0 / 429.1 (64 / 128 rows) at 56, 502.7 / 435.3 at 64. So every
+// kind that has the middle tile takes it to kMixedMidRoutes = 48.
+// Layers of fewer than kMixedFewExperts experts (a few large ones) leave the narrow tile sooner:
+// mixtral-8x7b (run 6) 323.0 / 380.9 / 503.6 at 20 routes per expert, 437.1 / 382.4 / 505.4 at
+// 22, 438.5 / 384.2 / 500.6 at 24 (qwen3-30b-a3b's narrow tile still wins at 24, 218.4 / 229.7 /
+// 284.6, run 8): kMixedNarrowRoutesFew.
 constexpr int64_t kMixedNarrowRoutes = 24;
-constexpr int64_t kMixedMidRoutes = 64;
-constexpr int64_t kMixedMidRoutesE4m3Copy = 48;
+constexpr int64_t kMixedMidRoutes = 48;
 constexpr int64_t kMixedFewExperts = 32;
 constexpr int64_t kMixedNarrowRoutesFew = 20;
-constexpr int64_t kMixedMidRoutesFew = 48;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
 // (all E: a shard's held experts share the whole layer's average), the middle tile up to
-// mid_routes routes per expert (the FC's: kMixedMidRoutes, kMixedMidRoutesE4m3Copy, or 0 for
-// none; at most kMixedMidRoutesFew on a layer of few experts); the caller falls back to 128 rows
-// where the kind lacks that tile.
+// mid_routes routes per expert (the FC's: kMixedMidRoutes, or 0 for none); the caller falls back
+// to 128 rows where the kind lacks that tile.
 constexpr int mixed_tile_for(int64_t routes, int64_t experts,
                              int64_t mid_routes = kMixedMidRoutes) {
-  const bool few = experts < kMixedFewExperts;
-  const int64_t narrow = few ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
-  const int64_t mid = few && mid_routes > kMixedMidRoutesFew ? kMixedMidRoutesFew : mid_routes;
-  return routes <= narrow * experts ? 32 : routes <= mid * experts ? 64 : 128;
+  const int64_t narrow = experts < kMixedFewExperts ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
+  return routes <= narrow * experts ? 32 : routes <= mid_routes * experts ? 64 : 128;
 }
 
 // decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,
 // decode/2 (16 routes per pass), lost to it at every count measured on an H200 (16 to 64 routes
 // per expert, 26-37%; docs/cuda-backend.md) and was deleted, as was the CUDA-core form decode/cc.
+// A generic choice may name the mixed-input GEMM's tile (its N, kMixedTiles), which its mixed-input
+// FCs then take (an FC whose kind lacks it takes its 128-row tile); 0 leaves it to the layer
+// (PrepareOptions::mixed_tile, else mixed_tile_for). The tile bounds above come from a few
+// models; `qmoe bench --tune` times the tiles per layer and token count, and a tune file's rows
+// name them ("generic/64").
 struct DispatchChoice {
   CallPath path = CallPath::kGeneric;
+  int tile = 0;  // generic only: 0 (the layer's choice) or one of kMixedTiles
 
-  bool operator==(const DispatchChoice& o) const { return path == o.path; }
+  bool operator==(const DispatchChoice& o) const { return path == o.path && tile == o.tile; }
 };
 
-// "generic", "decode/1", "fused".
+constexpr int kMixedTiles[] = {32, 64, 128};
+
+// "generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 
 // Every choice worth timing for a call of `tokens` tokens (the tuner's candidates).
 // fused_max_tokens: the most tokens the fused kernel takes on this layer (0: none).
+// tiles: the mixed-input tiles the layer's generic path can choose between (layer_tiles());
+// empty: one generic choice, "generic"; else one per tile in its place.
 std::vector<DispatchChoice> dispatch_candidates(bool decode_supported, int64_t tokens,
-                                                int64_t fused_max_tokens = 0);
-// Every choice some token count's candidates hold: what a layer may be forced onto.
-std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens = 0);
+                                                int64_t fused_max_tokens = 0,
+                                                const std::vector<int>& tiles = {});
+// Every choice some token count's candidates hold: what a layer may be forced onto ("generic"
+// among them).
+std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_max_tokens = 0,
+                                          const std::vector<int>& tiles = {});
 
 // How the generic path runs a layer's FCs: it sets where the analytic default's window ends.
 enum class GenericKind : uint8_t {

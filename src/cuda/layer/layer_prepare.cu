@@ -289,7 +289,7 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   out->scales = s;
   out->chunk = chunk;
   out->kind = MixedCodes::kE4m3;
-  out->mid_routes = kMixedMidRoutesE4m3Copy;
+  out->mid_routes = kMixedMidRoutes;
   return Status::ok();
 }
 

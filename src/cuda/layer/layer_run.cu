@@ -191,10 +191,26 @@ Status CudaLayer::take_deferred_error() {
 // Few rows per expert: the narrow or middle tile, so the wgmma is not mostly padding
 // (cutlass_mixed_narrow.cuh, cutlass_mixed_mid.cuh); more: the 128-row one. The host knows the
 // average, routes / E (dispatch.h).
-int CudaLayer::mixed_tile_of(const MixedFc& mx, int64_t routes) const {
-  const int tile =
-      mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts, mx.mid_routes);
+int CudaLayer::mixed_tile_of(const MixedFc& mx, int64_t routes, int tile) const {
+  if (tile == 0) {
+    tile = mixed_tile_ != 0 ? mixed_tile_ : mixed_tile_for(routes, spec_.num_experts, mx.mid_routes);
+  }
   return mixed_has_tile(mx.kind, cdt_, tile) ? tile : 128;
+}
+
+std::vector<int> CudaLayer::layer_tiles() const {
+  std::vector<int> tiles;
+  if (act_fp8_) return tiles;
+  for (int t : kMixedTiles) {
+    for (const MixedFc* m : {&mixed1_, &mixed2_, &mixed3_}) {
+      if (m->on() && mixed_has_tile(m->kind, cdt_, t)) {
+        tiles.push_back(t);
+        break;
+      }
+    }
+  }
+  if (tiles.size() < 2) tiles.clear();
+  return tiles;
 }
 
 // One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
@@ -226,7 +242,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     m.chunk = mx.chunk;
     m.sched = sched;
     m.max_groups = max_groups(maps);
-    m.tile_n = tile_n != 0 ? tile_n : mixed_tile_of(mx, routes);
+    m.tile_n = tile_n;
     m.pdl = pdl_;
     if (act_out != nullptr) {
       m.act_epilogue = true;
@@ -398,7 +414,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   if (decode) {
     QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, stream, profile));
   } else {
-    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile, choice.tile));
   }
   QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
@@ -442,7 +458,8 @@ ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const float
 
 // FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
 Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
-                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+                              const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile,
+                              int tile) {
   if (act_fp8_) return run_generic_fp8(in, l, ws, maps, stream, profile);
   const int slots = spec_.slots();
   const int64_t routes = maps.tokens * slots;
@@ -454,19 +471,23 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
                                      error_.as<int32_t>(), stream, pdl_));
   // FC1's copy in GluRows order on a tile with the epilogue form: FC1's GEMM activates into ya,
   // FC2 reads it there.
-  const int tile1 = mixed1_.on() ? mixed_tile_of(mixed1_, routes) : 0;
+  // Each FC's tile (0 without a mixed-input copy): the choice's, or the layer's.
+  const int tile1 = mixed1_.on() ? mixed_tile_of(mixed1_, routes, tile) : 0;
+  const int tile2 = mixed2_.on() ? mixed_tile_of(mixed2_, routes, tile) : 0;
+  const int tile3 = mixed3_.on() ? mixed_tile_of(mixed3_, routes, tile) : 0;
   if (act_rows_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, tile1)) {
     void* ya = ws + l.ya;
     QMOE_RETURN_IF_ERROR(
         run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, tile1, ya));
     if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
-    QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, ya, ip_, h, hp_, ip_, stream));
+    QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, ya, ip_, h, hp_, ip_, stream, tile2));
     if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
     return Status::ok();
   }
   QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream, tile1));
   if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream));
+    QMOE_RETURN_IF_ERROR(
+        run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream, tile3));
   }
   ActivationArgs aa = activation_args(maps, h, h3);
   aa.banded = act_rows_;  // FC1's columns in GluRows order
@@ -478,7 +499,7 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
 
   // FC2 into the FC1 output's space.
-  QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream));
+  QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream, tile2));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }
