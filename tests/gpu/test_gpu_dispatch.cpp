@@ -47,22 +47,27 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(wide, cuda::kDecodeMaxRoutes + 1), "generic");
   const DispatchTable none(false, 8, 128);
   EXPECT_EQ(chosen(none, 1), "generic");
-  // Large experts: the window ends at 1.2 expected routes per touched expert. deepseek-v3 (8 of
-  // 256, 44 MB experts): 8 tokens 1.11, 12 tokens 1.18, 13 tokens 1.20, 16 1.26; Mixtral (2 of 8,
-  // 94 MB): 2 tokens 1.14, 3 tokens 1.30. Experts just under the size keep the window above.
+  // Large experts: the window ends at 1.7 expected routes per touched expert, 1.12 for grouped
+  // top-k. deepseek-v3 (grouped, 8 of 256, 44 MB experts): 8 tokens 1.116, 9 tokens 1.132;
+  // Mixtral (2 of 8, 94 MB): 5 tokens 1.64, 6 tokens 1.82. Experts just under the size keep the
+  // window above.
   const int64_t large = cuda::kDecodeLargeExpertBytes;
   const DispatchTable deepseek(true, 8, 256, GenericKind::kReadsCodes, 0,
-                               44 * (int64_t{1} << 20));
+                               44 * (int64_t{1} << 20), true);
   EXPECT_EQ(chosen(deepseek, 1), "decode/1");
   EXPECT_EQ(chosen(deepseek, 8), "decode/1");
-  EXPECT_EQ(chosen(deepseek, 12), "decode/1");
-  EXPECT_EQ(chosen(deepseek, 16), "generic");
+  EXPECT_EQ(chosen(deepseek, 9), "generic");
+  EXPECT_EQ(chosen(deepseek, 12), "generic");
   EXPECT_EQ(chosen(deepseek, 64), "generic");
+  const DispatchTable ungrouped(true, 8, 256, GenericKind::kReadsCodes, 0,
+                                44 * (int64_t{1} << 20));  // the same shape, top-k routing
+  EXPECT_EQ(chosen(ungrouped, 12), "decode/1");            // 1.18
+  EXPECT_EQ(chosen(ungrouped, 64), "generic");             // 2.30
   const DispatchTable big_mixtral(true, 2, 8, GenericKind::kReadsCodes, 0,
                                   94 * (int64_t{1} << 20));
   EXPECT_EQ(chosen(big_mixtral, 1), "decode/1");
-  EXPECT_EQ(chosen(big_mixtral, 2), "decode/1");
-  EXPECT_EQ(chosen(big_mixtral, 3), "generic");
+  EXPECT_EQ(chosen(big_mixtral, 5), "decode/1");
+  EXPECT_EQ(chosen(big_mixtral, 6), "generic");
   // slots >= experts
   const DispatchTable all_touched(true, 8, 8, GenericKind::kReadsCodes, 0, large);
   EXPECT_EQ(chosen(all_touched, 1), "decode/1");  // one route per expert
@@ -96,9 +101,9 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(e4m3_edge, 49), "generic");
   // The large-expert rule still applies (deepseek-v3's FP8 weights on the narrow tile).
   const DispatchTable narrow_large(true, 8, 256, GenericKind::kNarrow8, 0,
-                                   44 * (int64_t{1} << 20));
-  EXPECT_EQ(chosen(narrow_large, 12), "decode/1");
-  EXPECT_EQ(chosen(narrow_large, 16), "generic");
+                                   44 * (int64_t{1} << 20), true);
+  EXPECT_EQ(chosen(narrow_large, 8), "decode/1");
+  EXPECT_EQ(chosen(narrow_large, 9), "generic");
 }
 
 // The mixed-input GEMM's tile by the call's average routes per expert (routes / E), at each

@@ -111,7 +111,8 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
     // Expected touched experts under uniform routing (all of them once slots >= experts).
     const double miss = slots_ >= experts_ ? 0.0 : 1.0 - static_cast<double>(slots_) / experts_;
     const double touched = static_cast<double>(experts_) * (1.0 - std::pow(miss, tokens));
-    in_window = static_cast<double>(tokens * slots_) <= kDecodeMaxRoutesPerTouched * touched;
+    const double bound = grouped_ ? kDecodeMaxRoutesPerTouchedGrouped : kDecodeMaxRoutesPerTouched;
+    in_window = static_cast<double>(tokens * slots_) <= bound * touched;
   }
   if (!decode_supported_ || tokens > kDecodeMaxRoutes || !in_window) {
     return DispatchChoice{CallPath::kGeneric};

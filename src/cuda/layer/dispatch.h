@@ -7,7 +7,8 @@
 //                     experts), or kDecodeMaxMeanRoutesNoDequant where the generic path reads the
 //                     codes itself (the mixed-input GEMM takes every FC); for large experts only
 //                     while the expected routes per touched expert stay within
-//                     kDecodeMaxRoutesPerTouched; generic elsewhere;
+//                     kDecodeMaxRoutesPerTouched (Grouped for grouped top-k routing); generic
+//                     elsewhere;
 //   tuned rows        from a tune file (qmoe/tuning.h), replacing the default up to their last
 //                     row's max_tokens;
 //   fused             one cooperative kernel for the whole call (fused_decode.h): routing, FC1,
@@ -50,8 +51,14 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // experts, 8 of 256) 721 / 597 us at 8 tokens, 946 / 990 at 16, 1321 / 2156 at 64; Mixtral-8x7B
 // INT4 (94 MB, 2 of 8) 164 / 89 at 1 token, 367 / 382 at 8, 414 / 1662 at 64. There the window
 // ends where the expected routes per touched expert, T k / (E (1 - (1 - k / E)^T)) for uniform
-// routing, pass kDecodeMaxRoutesPerTouched: deepseek-v3 decodes up to 12 tokens (1.18), Mixtral
-// up to 2 (1.14). Smaller experts (qwen3-30b-a3b's 2.5 MB) keep the window above.
+// routing, pass a bound. Remeasured since the generic path's narrow tiles
+// (bench/results/2026-12-04-h200-knobs-fp8-cluster.md, runs 11-12, decode/1 / generic, us):
+// mixtral-8x7b INT4 246.5 / 276.4 at 4 tokens (1.46), 250.6 / 277.3 at 5 (1.64), 284.8 / 275.9
+// at 6 (1.82), 370.1 / 276.5 at 7: kDecodeMaxRoutesPerTouched; deepseek-v3 602.3 / 630.1 at 8
+// tokens (1.116), 680.8 / 652.5 at 9 (1.132), 848.0 / 794.6 at 12. Grouped top-k gathers each
+// token's picks into a few groups, so it touches fewer experts than the uniform estimate (44
+// against 57 at 8 tokens) and crosses at a lower estimate: kDecodeMaxRoutesPerTouchedGrouped.
+// Smaller experts (qwen3-30b-a3b's 2.5 MB) keep the window above.
 // Where every FC has the mixed-input GEMM's narrow tile (256 x 32 rows since
 // 2026-12-02-h200-mid-tile.md) the generic path wins sooner still, and the 64-token floor goes:
 // qwen3-30b-a3b, decode/1 against generic, INT4 145.0 / 183.1 us at 64 tokens (4 routes per
@@ -82,7 +89,8 @@ constexpr int64_t kDecodeMaxMeanRoutesE4m3Copy = 6;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3CopyLarge = 3;
 constexpr int64_t kE4m3CopyLargeExpertBytes = int64_t{8} << 20;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
-constexpr double kDecodeMaxRoutesPerTouched = 1.2;
+constexpr double kDecodeMaxRoutesPerTouched = 1.7;
+constexpr double kDecodeMaxRoutesPerTouchedGrouped = 1.12;
 
 // The mixed-input GEMM's automatic tile choice (PrepareOptions::mixed_tile = 0, cutlass_mixed.h's
 // tiles, named by their N) takes the narrow tile while a call averages at most kMixedNarrowRoutes
@@ -176,16 +184,18 @@ class DispatchTable {
  public:
   DispatchTable() = default;
   // generic: how the generic path runs the layer (GenericKind).
-  // expert_bytes: one expert's weights (expert_bytes(spec)), for the large-expert window.
+  // expert_bytes: one expert's weights (expert_bytes(spec)), for the large-expert window;
+  // grouped: the layer routes by grouped top-k (its bound there).
   DispatchTable(bool decode_supported, int slots, int64_t experts,
                 GenericKind generic = GenericKind::kDequantize, int64_t fused_max_tokens = 0,
-                int64_t expert_bytes = 0)
+                int64_t expert_bytes = 0, bool grouped = false)
       : decode_supported_(decode_supported),
         slots_(slots),
         experts_(experts),
         generic_(generic),
         fused_max_tokens_(fused_max_tokens),
-        expert_bytes_(expert_bytes) {}
+        expert_bytes_(expert_bytes),
+        grouped_(grouped) {}
 
   // Tuned rows replace the analytic default up to their last max_tokens; an unknown choice name
   // is an error naming it.
@@ -216,6 +226,7 @@ class DispatchTable {
   GenericKind generic_ = GenericKind::kDequantize;
   int64_t fused_max_tokens_ = 0;
   int64_t expert_bytes_ = 0;
+  bool grouped_ = false;
   std::vector<std::pair<int64_t, DispatchChoice>> tuned_;  // (max_tokens, choice), increasing
   bool forced_ = false;
   DispatchChoice forced_choice_;

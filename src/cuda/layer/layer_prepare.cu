@@ -538,7 +538,8 @@ Status CudaLayer::load_dispatch(const std::string& tune_file) {
   // FP8 activations run both FCs on the FP8 GEMM (no dequantize pass), and wins sooner still
   // where every FC has the narrow tile (generic_kind()).
   DispatchTable table(decode_ready_, spec_.slots(), spec_.num_experts, generic_kind(),
-                      fused_max_tokens_, expert_bytes(spec_));
+                      fused_max_tokens_, expert_bytes(spec_),
+                      spec_.routing.method == RoutingMethod::kGroupedTopK);
   table.force(dispatch_.forced());
   if (!tune_file.empty()) {
     cudaDeviceProp prop;
