@@ -153,8 +153,8 @@ class Layer:
 
     def force_dispatch(self, choice):
         """Forces every later call onto one kernel path (a name info()'s dispatch can show, e.g.
-        "generic", "decode/1", "generic/64"), or "" for the dispatch table again; raises qmoe.Error naming a
-        choice that is not this layer's. Not while calls run on the layer."""
+        "generic", "decode/1", "generic/64"), or "" for the dispatch table again; raises
+        qmoe.Error naming a choice that is not this layer's. Not while calls run on the layer."""
         self._impl.force_dispatch(str(choice))
 
     def take_deferred_error(self):

@@ -24,8 +24,17 @@ namespace {
 constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric},     {CallPath::kDecode},
                                        {CallPath::kFused},       {CallPath::kGeneric, 32},
                                        {CallPath::kGeneric, 64}, {CallPath::kGeneric, 128}};
-static_assert(sizeof(kChoices) / sizeof(kChoices[0]) == 3 + sizeof(kMixedTiles) / sizeof(int),
-              "a generic choice per tile");
+constexpr bool one_generic_choice_per_tile() {
+  constexpr size_t kTiles = sizeof(kMixedTiles) / sizeof(kMixedTiles[0]);
+  if (sizeof(kChoices) / sizeof(kChoices[0]) != 3 + kTiles) return false;
+  for (size_t i = 0; i < kTiles; ++i) {
+    if (kChoices[3 + i].path != CallPath::kGeneric || kChoices[3 + i].tile != kMixedTiles[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(one_generic_choice_per_tile(), "a generic choice per tile, in kMixedTiles' order");
 
 }  // namespace
 
@@ -56,10 +65,10 @@ std::vector<DispatchChoice> layer_choices(bool decode_supported, int64_t fused_m
                                           const std::vector<int>& tiles) {
   std::vector<DispatchChoice> all;
   for (const DispatchChoice& c : kChoices) {
-    bool offered = c.path == CallPath::kDecode ? decode_supported : fused_max_tokens > 0;
-    if (c.path == CallPath::kGeneric) {
-      offered = c.tile == 0 || std::find(tiles.begin(), tiles.end(), c.tile) != tiles.end();
-    }
+    const bool offered =
+        c.path == CallPath::kGeneric
+            ? c.tile == 0 || std::find(tiles.begin(), tiles.end(), c.tile) != tiles.end()
+            : (c.path == CallPath::kDecode ? decode_supported : fused_max_tokens > 0);
     if (offered) all.push_back(c);
   }
   return all;
