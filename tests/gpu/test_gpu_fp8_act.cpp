@@ -154,19 +154,25 @@ TEST(Fp8ActQuant, HostCodesAndScales) {
   }
 }
 
-// The activation's FP8 rows: each value within e4m3's rounding (2^-4 relative, plus half a
-// subnormal step) of the host's fp32 activation, the scale its group's amax / 448 within fp32
-// rounding of the host's.
+// The activation's FP8 rows from bf16 FC1 rows (the FP8 GEMM's, cutlass_fp8.h): each value
+// within e4m3's rounding (2^-4 relative, plus half a subnormal step) of the host's fp32
+// activation of the same bf16 values, the scale its group's amax / 448 within fp32 rounding of
+// the host's. FP8 rows from f32 FC1 rows are refused.
 TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
   QMOE_REQUIRE_GPU();
   const int64_t R = 50, I = 256, ldh = 2 * I;
   const uint64_t seed = fresh_seed();
   std::vector<float> h = gaussian(static_cast<size_t>(R * ldh), seed, 2.0f);
+  std::vector<uint16_t> h16(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    h16[i] = num::f32_to_bf16(h[i]);
+    h[i] = num::bf16_to_f32(h16[i]);  // the values the kernel sees
+  }
   std::vector<int32_t> perm(static_cast<size_t>(R)), ids(static_cast<size_t>(R), 0);
   std::iota(perm.begin(), perm.end(), 0);
   std::vector<float> w(static_cast<size_t>(R), 1.0f);
   GpuBuffer dh, dperm, dids, dw, dq, ds;
-  ASSERT_TRUE(dh.upload(h));
+  ASSERT_TRUE(dh.upload(h16));
   ASSERT_TRUE(dperm.upload(perm));
   ASSERT_TRUE(dids.upload(ids));
   ASSERT_TRUE(dw.upload(w));
@@ -176,7 +182,7 @@ TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
   a.act.kind = Activation::kSwiGlu;
   a.act.glu = GluLayout::kInterleaved;
   a.inter = I;
-  a.h = static_cast<const float*>(dh.get());
+  a.h = dh.get();
   a.ldh = ldh;
   a.fc1_rows = 2 * I;
   a.permuted_route = static_cast<const int32_t*>(dperm.get());
@@ -186,6 +192,11 @@ TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
   a.ld = I;
   a.out_codes = static_cast<uint8_t*>(dq.get());
   a.out_scales = static_cast<float*>(ds.get());
+  cuda::ActivationArgs f32_rows = a;  // f32 FC1 rows: not the FP8 path's
+  Status refused = cuda::launch_activation(f32_rows, nullptr);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+  EXPECT_NE(refused.message().find("h_dtype"), std::string::npos) << refused.to_string();
+  a.h_dtype = DType::kBF16;
   Status st = cuda::launch_activation(a, nullptr);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -240,6 +251,29 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
   // Many experts, few routes (most experts without a row), and every route on one expert.
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 64, 2), 7);
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 1), 300, true);
+}
+
+// act_quant changes the generic path only: a decode call of an FP8-activation layer is the plain
+// layer's, bit for bit (the decode kernels' f32 FC2 rows, finalized as f32 in the workspace the
+// FP8 path sizes for its bf16 rows), at DeepSeek-V3's shape class (H > 2I: FC2's f32 rows are the
+// larger part).
+TEST(GpuFp8Act, DecodeCallsAreThePlainLayers) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 768, 128, 16, 4);
+  s.activation.glu = GluLayout::kSeparateFc3;
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  for (int64_t tokens : {1, 3}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun fp8, plain;
+    gpu_run(tl, ti, &fp8, fp8_options("decode/1"));
+    if (HasFatalFailure()) return;
+    gpu_run(tl, ti, &plain, with_dispatch("decode/1"));
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(fp8.out, plain.out) << tokens << " tokens, seed " << seed;
+  }
 }
 
 // A bf16 fp8_block layer prepared with FP8 activations on the generic path.

@@ -12,7 +12,8 @@
 //                              own layout; per-expert fp8 repeats its global scale)
 //   B    = the group's rows    [rows, lda]  e4m3 (act_quant.h's rows)
 //   SFB  = their scales        [rows, k / 128]  f32, one per row and 128 columns (K-major)
-//   D    = C rows of the group [rows, ldc]  f32: D(m, r) = c[(row0 + r) * ldc + m]
+//   D    = C rows of the group [rows, ldc]  bf16 (rounded once from the fp32 accumulators):
+//                              D(m, r) = c[(row0 + r) * ldc + m]
 //   D(m, r) = sum over K blocks b of SFA(m / 128, b) SFB(r, b) sum_{k in b} A(m, k) B(k, r)
 //
 // The partial sums of each K block are promoted to the fp32 accumulator with both scales applied
@@ -41,7 +42,7 @@ struct Fp8GemmArgs {
   const uint8_t* a = nullptr;         // [rows, lda] e4m3 activations, row p = route position p
   const float* a_scales = nullptr;    // [rows, k / 128]
   int64_t lda = 0;
-  float* c = nullptr;  // [rows, ldc]; rows of touched experts, columns < n are written
+  uint16_t* c = nullptr;  // [rows, ldc] bf16; rows of touched experts, columns < n are written
   int64_t ldc = 0;
   int64_t n = 0, k = 0;
   const uint8_t* codes = nullptr;     // [E, n, k] e4m3
@@ -64,7 +65,7 @@ bool fp8_gemm_shape_ok(int64_t n, int64_t k, std::string* why = nullptr);
 // stride arrays plus CUTLASS's TMA descriptors. 0 for max_groups <= 0. Exact and nondecreasing.
 size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count);
 
-// Validates the arguments (shape rules, 16-byte aligned pointers, leading dimensions) and
+// Validates the arguments (shape rules, 16-byte aligned pointers, ldc a multiple of 8) and
 // launches the setup kernel and the GEMM on `stream`.
 Status launch_fp8_grouped_gemm(const Fp8GemmArgs& args, int sm_count, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream);

@@ -115,14 +115,15 @@ struct WorkspaceCarver {
 };
 
 // What every grouped GEMM's arguments share: D = 1 * accumulators with no C operand, D's
-// per-group pointers and strides, and the grid from sm_count (the device id is then unused).
+// per-group pointers (an array of the epilogue's ElementD pointers) and strides, and the grid from
+// sm_count (the device id is then unused).
 template <typename Arguments, typename StrideD>
-void set_epilogue_and_grid(Arguments& args, float** ptr_d, StrideD* stride_d, int sm_count) {
+void set_epilogue_and_grid(Arguments& args, void* ptr_d, StrideD* stride_d, int sm_count) {
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = nullptr;
-  args.epilogue.ptr_D = ptr_d;
+  args.epilogue.ptr_D = static_cast<decltype(args.epilogue.ptr_D)>(ptr_d);
   args.epilogue.dD = stride_d;
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = sm_count;
@@ -180,7 +181,7 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
   args.mainloop.dA = reinterpret_cast<typename G::StrideA*>(at(parts ? parts->stride_a : 0));
   args.mainloop.ptr_B = reinterpret_cast<const Element**>(at(parts ? parts->ptr_b : 0));
   args.mainloop.dB = reinterpret_cast<typename G::StrideB*>(at(parts ? parts->stride_b : 0));
-  set_epilogue_and_grid(args, reinterpret_cast<float**>(at(parts ? parts->ptr_d : 0)),
+  set_epilogue_and_grid(args, at(parts ? parts->ptr_d : 0),
                         reinterpret_cast<typename G::StrideD*>(at(parts ? parts->stride_d : 0)),
                         sm_count);
   return args;

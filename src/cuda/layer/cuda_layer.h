@@ -218,7 +218,7 @@ class CudaLayer final : public PreparedLayer {
     return static_cast<int>(std::min<int64_t>(spec_.weight_experts(), maps.tokens * spec_.slots()));
   }
   // The activation stage's arguments of a generic call (FC1 output h, FC3's h3).
-  ActivationArgs activation_args(const RouteMapsView& maps, const float* h, const float* h3) const;
+  ActivationArgs activation_args(const RouteMapsView& maps, const void* h, const void* h3) const;
   // act_quant = fp8_e4m3: what the FP8 path needs of the layer (checked before any upload), and
   // an FC's copy (codes as uploaded, block scales in f32).
   Status check_fp8_support() const;
@@ -229,7 +229,7 @@ class CudaLayer final : public PreparedLayer {
   std::vector<float> fp8_block_scales(const FcFormat& f, const FcWeights& w, int64_t n,
                                       int64_t k) const;
   Status run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const RouteMapsView& maps,
-                    const uint8_t* a, const float* a_scales, int64_t lda, float* c, int64_t ldc,
+                    const uint8_t* a, const float* a_scales, int64_t lda, uint16_t* c, int64_t ldc,
                     cudaStream_t stream);
   // The whole call in the fused kernel.
   // With a profile, the kernel's stamps (fused_decode.h) give the stages: route (the slowest

@@ -2,12 +2,12 @@
 //
 //   gather_fp8      each token's row -> e4m3 codes + scales per 128 columns (in hy), then
 //                   copied by route position (xa, act_scales)
-//   FC1 (+FC3)      FP8 grouped GEMM (cutlass_fp8.h) -> h (f32); a separate FC3 without biases
+//   FC1 (+FC3)      FP8 grouped GEMM (cutlass_fp8.h) -> h (bf16); a separate FC3 without biases
 //                   joins FC1 at prepare, so one GEMM runs both
 //   activation      h -> the activation's e4m3 codes (xa again) + scales
-//   FC2             FP8 grouped GEMM -> y (f32, h's space)
+//   FC2             FP8 grouped GEMM -> y (bf16, h's space)
 //
-// then the same finalize as every generic call. The quantization is core/act_quant.h's; the
+// then the same finalize as every generic call, on bf16 rows (FinalizeArgs::y_dtype). The quantization is core/act_quant.h's; the
 // weights are ORT's e4m3 codes with f32 block scales, so nothing is dequantized.
 #include <cstring>
 #include <string>
@@ -135,7 +135,7 @@ Status CudaLayer::prepare_fp8(const LayerWeights& w) {
 }
 
 Status CudaLayer::run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const RouteMapsView& maps,
-                             const uint8_t* a, const float* a_scales, int64_t lda, float* c,
+                             const uint8_t* a, const float* a_scales, int64_t lda, uint16_t* c,
                              int64_t ldc, cudaStream_t stream) {
   Fp8GemmArgs g;
   g.a = a;
@@ -161,8 +161,8 @@ Status CudaLayer::run_generic_fp8(const RunInputs& in, const Layout& l, char* ws
   const int slots = spec_.slots();
   uint8_t* xq = reinterpret_cast<uint8_t*>(ws + l.xa);
   float* xs = reinterpret_cast<float*>(ws + l.act_scales);
-  float* h = reinterpret_cast<float*>(ws + l.hy);
-  float* h3 = reinterpret_cast<float*>(ws + l.h3);
+  uint16_t* h = reinterpret_cast<uint16_t*>(ws + l.hy);  // bf16 rows (cutlass_fp8.h)
+  uint16_t* h3 = reinterpret_cast<uint16_t*>(ws + l.h3);
   // Each token's FP8 row first, in FC1's output space (dead until FC1 writes it), then copied to
   // every route of the token.
   uint8_t* token_codes = reinterpret_cast<uint8_t*>(ws + l.hy);
@@ -172,6 +172,7 @@ Status CudaLayer::run_generic_fp8(const RunInputs& in, const Layout& l, char* ws
                                          token_scales, xq, hp_, xs, error_.as<int32_t>(),
                                          stream));
   ActivationArgs aa = activation_args(maps, h, h3);
+  aa.h_dtype = DType::kBF16;
   if (fp8_joined_) {
     // FC1 and FC3 in one GEMM: rows [gate (I); linear (I)], the concatenated gated layout, over
     // FC1's and FC3's output space together (N1p + Ip = 2I columns).

@@ -395,8 +395,10 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
       choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
   const bool scale_input = spec_.routing.combine == CombineMode::kScaleInput;
   FinalizeArgs fa;
-  fa.y = reinterpret_cast<float*>(ws + l.hy);
+  fa.y = ws + l.hy;
   fa.ldy = hp_;
+  // Decode kernels and the generic path write f32 rows, the FP8 path bf16 (cutlass_fp8.h).
+  fa.y_dtype = act_fp8_ && !decode ? DType::kBF16 : DType::kF32;
   fa.fc2_bias = fc2_.bias;
   fa.bias_dtype = fc2_.bias_dtype;
   fa.route_position = maps.route_position;
@@ -433,8 +435,8 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   return Status::ok();
 }
 
-ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const float* h,
-                                          const float* h3) const {
+ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const void* h,
+                                          const void* h3) const {
   ActivationArgs aa;
   aa.act = spec_.activation;
   aa.inter = spec_.inter;

@@ -20,9 +20,12 @@ namespace qmoe::cuda {
 //                                                     epilogue may activate (act_rows_: every
 //                                                     call, so the total stays monotone in T),
 //                                                     else 0
-//   hy          A(4 R max(N1p + [Ip with FC3], Hp))   FC1 (+FC3) outputs, later FC2's (before FC1,
-//                                                     the FP8 path's per-token rows: T Hp codes
-//                                                     and 4 T Hp / 128 scales)
+//   hy          A(max(hs R (N1p + [Ip with FC3]),     FC1 (+FC3) outputs in f32 (hs = 4), in bf16
+//                     4 R Hp))                        with act_quant (hs = 2), later FC2's (f32
+//                                                     from the decode kernels, which act_quant
+//                                                     layers run too; bf16 from the FP8 path);
+//                                                     before FC1, the FP8 path's per-token rows:
+//                                                     T Hp codes and 4 T Hp / 128 scales
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)
@@ -63,8 +66,9 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->act_scales = take(act_fp8_ ? 4 * r * std::max(hp_, ip_) / kActQuantGroup : 0);
   const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
   l->ya = take(act_rows_ ? cs_ * r * ip_ : 0);
-  l->hy = take(4 * r * std::max(h_cols, hp_));
-  l->h3 = l->hy + 4 * r * n1p_;
+  const int64_t hs = act_fp8_ ? 2 : 4;  // the FP8 GEMM's rows are bf16 (cutlass_fp8.h)
+  l->hy = take(std::max(hs * r * h_cols, 4 * r * hp_));
+  l->h3 = l->hy + hs * r * n1p_;
   const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;
   const int64_t by_cap = static_cast<int64_t>(dequant_cap_ / static_cast<size_t>(per_slot));
   const int64_t reach = std::min<int64_t>(L, r);

@@ -142,8 +142,8 @@ __global__ void activation_kernel(ActivationArgs a) {
   if (id < a.expert_begin || id >= a.expert_end) return;
   const int64_t e = id - a.expert_begin;  // the bias row
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
-  const float* h = a.h + p * a.ldh;
-  const float* h3 = a.h3 ? a.h3 + p * a.ldh3 : nullptr;
+  const float* h = static_cast<const float*>(a.h) + p * a.ldh;
+  const float* h3 = a.h3 ? static_cast<const float*>(a.h3) + p * a.ldh3 : nullptr;
   const int64_t I = a.inter;
   const bool gated = is_gated(a.act.kind);
   for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
@@ -188,17 +188,26 @@ __device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, fl
   if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
+// Four consecutive values of an FC1 row as fp32: 16 bytes of f32 or 8 of bf16.
 __device__ __forceinline__ float4 load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const uint16_t* p) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  return make_float4(num::bf16_to_f32(static_cast<uint16_t>(w.x & 0xFFFFu)),
+                     num::bf16_to_f32(static_cast<uint16_t>(w.x >> 16)),
+                     num::bf16_to_f32(static_cast<uint16_t>(w.y & 0xFFFFu)),
+                     num::bf16_to_f32(static_cast<uint16_t>(w.y >> 16)));
 }
 
 // A warp per (route position p, 128 outputs), four consecutive outputs i0..i0+3 per lane. The
 // FC1 values depend on p alone, so their loads are issued before the route lookups and overlap
 // them; the stores are 8 bytes (16-bit outputs), 16 (f32) or, for FP8 rows, a word of codes per
-// lane and a scale per warp. Requires I, ld, ldh, ldh3 multiples of 4 and h, h3, out aligned
+// lane and a scale per warp. H is FC1's element: float, or uint16_t (bf16 bits) for the FP8 path,
+// the one launched with kFp8. Requires I, ld, ldh, ldh3 multiples of 4 and h, h3, out aligned
 // (launch_activation checks); whole warps return together, so the FP8 group reduction has every
 // lane.
-template <bool kFp8>
+template <typename H, bool kFp8>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, int64_t chunks) {
   pdl_wait();
   pdl_trigger();
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   const bool gated = is_gated(a.act.kind);
   float g[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
   if (live) {
-    const float* h = a.h + p * a.ldh;
+    const H* h = static_cast<const H*>(a.h) + p * a.ldh;
     if (a.banded) {  // GluRows order: i0..i0 + 3 lie in one half band (i0 % 4 == 0)
       const int64_t at = glu_band_gate_row(i0);
       const float4 x = load4(h + at), y = load4(h + at + 8);
@@ -223,8 +232,10 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
       const float4 x = load4(h + i0);
       g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
       if (gated) {
-        const float4 y = a.act.glu == GluLayout::kConcatenated ? load4(h + I + i0)
-                                                               : load4(a.h3 + p * a.ldh3 + i0);
+        const float4 y =
+            a.act.glu == GluLayout::kConcatenated
+                ? load4(h + I + i0)
+                : load4(static_cast<const H*>(a.h3) + p * a.ldh3 + i0);
         l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
       }
     } else {  // (gate, linear) pairs
@@ -315,9 +326,9 @@ __global__ void gather_token_rows_kernel(const uint4* token_codes, const float* 
 // The token's slots (position, weight, expert) go to shared memory first: read from global inside
 // the sum, each would cost two dependent memory round trips per slot. The sum then runs in slot
 // order with four FC2 outputs loaded ahead.
-// kCols columns per thread: 4 where hidden and ldy are multiples of 4 (16-byte loads of y rows,
-// launch_finalize checks), else 1.
-template <int kCols>
+// kCols columns per thread: 4 where hidden and ldy are multiples of 4 (16-byte loads of f32 y
+// rows, 8-byte of bf16; launch_finalize checks), else 1. Y is y's element (combine.cuh).
+template <int kCols, typename Y>
 __global__ void finalize_kernel(FinalizeArgs a) {
   extern __shared__ int32_t slot_info[];  // [slots] positions, [slots] expert ids, [slots] weights
   const int64_t t = blockIdx.y;
@@ -335,7 +346,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
   if (c >= a.hidden) return;
   float v[kCols];
-  combine_columns<kCols>(a, s_pos, s_expert, s_weight, c, v);
+  combine_columns<kCols, Y>(a, s_pos, s_expert, s_weight, c, v);
 #pragma unroll
   for (int u = 0; u < kCols; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, v[u]);
 }
@@ -379,14 +390,20 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
   auto al = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  const bool fp8 = a.out_codes != nullptr;
+  // The FP8 path's rows: bf16 FC1 rows in, FP8 rows out; every other path: f32 in.
+  if (a.h_dtype != (fp8 ? DType::kBF16 : DType::kF32)) {
+    return Status::invalid("activation: h_dtype: expected bf16 with FP8 rows, else f32");
+  }
+  const uintptr_t h_align = fp8 ? 8 : 16;
   const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
-  const bool out_ok = a.out_codes != nullptr ? al(a.out_codes, 4) && a.out_scales != nullptr &&
-                                                   a.ld == a.inter && a.ld % kActQuantGroup == 0
-                                             : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
-  const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, 16) &&
-                    (!separate || (a.ldh3 % 4 == 0 && al(a.h3, 16))) && out_ok;
+  const bool out_ok = fp8 ? al(a.out_codes, 4) && a.out_scales != nullptr && a.ld == a.inter &&
+                                a.ld % kActQuantGroup == 0
+                          : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
+  const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, h_align) &&
+                    (!separate || (a.ldh3 % 4 == 0 && al(a.h3, h_align))) && out_ok;
   if (!rows) {
-    if (a.out_codes != nullptr) {
+    if (fp8) {
       return Status::invalid(
           "activation: FP8 rows need I = ld, a multiple of 128, and aligned rows");
     }
@@ -399,9 +416,10 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   const int64_t warps = a.routes * chunks;
   const int64_t blocks = (warps + 7) / 8;  // 8 warps per block
   if (blocks > 0x7FFFFFFF) return Status::invalid("activation: too many routes");
-  QMOE_CUDA_TRY(launch_maybe_pdl(
-      a.out_codes != nullptr ? &activation_rows_kernel<true> : &activation_rows_kernel<false>,
-      dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, a.pdl, a, chunks));
+  QMOE_CUDA_TRY(launch_maybe_pdl(fp8 ? &activation_rows_kernel<uint16_t, true>
+                                     : &activation_rows_kernel<float, false>,
+                                 dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, a.pdl,
+                                 a, chunks));
   QMOE_CUDA_CHECK_LAUNCH("activation_rows_kernel");
   return Status::ok();
 }
@@ -455,13 +473,22 @@ Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream) {
     return Status::ok();
   }
   if (a.slots > 4096) return Status::invalid("finalize: at most 4096 slots per token");
-  const bool four =
-      a.hidden % 4 == 0 && a.ldy % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+  if (a.y_dtype != DType::kF32 && a.y_dtype != DType::kBF16) {
+    return Status::invalid("finalize: y_dtype: expected f32 or bf16");
+  }
+  const bool bf16 = a.y_dtype == DType::kBF16;
+  const bool four = a.hidden % 4 == 0 && a.ldy % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.y) % (bf16 ? 8 : 16) == 0;
+  if (bf16 && !four) {  // the FP8 path's rows always are (H a multiple of 128)
+    return Status::invalid("finalize: bf16 y: hidden and ldy multiples of 4, 8-byte aligned rows");
+  }
   const int64_t per_block = four ? 512 : 128;  // 128 threads
   const dim3 grid(static_cast<unsigned>((a.hidden + per_block - 1) / per_block),
                   static_cast<unsigned>(a.tokens));
-  QMOE_CUDA_TRY(launch_maybe_pdl(four ? &finalize_kernel<4> : &finalize_kernel<1>, grid, dim3(128),
-                                 12 * static_cast<size_t>(a.slots), stream, a.pdl, a));
+  auto* kernel = bf16 ? &finalize_kernel<4, uint16_t>
+                      : four ? &finalize_kernel<4, float> : &finalize_kernel<1, float>;
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(128), 12 * static_cast<size_t>(a.slots), stream,
+                                 a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("finalize_kernel");
   return Status::ok();
 }

@@ -35,13 +35,15 @@ Status launch_gather(const void* input, DType dtype, int64_t hidden, const int32
 struct ActivationArgs {
   ActivationSpec act;
   int64_t inter = 0;         // I
-  const float* h = nullptr;  // FC1 output [R, ldh] (2I columns for fused gated layouts, else I)
+  const void* h = nullptr;  // FC1 output [R, ldh] (2I columns for fused gated layouts, else I)
   int64_t ldh = 0;
+  // h's and h3's element: kF32, or kBF16 (the FP8 path's rows, cutlass_fp8.h; FP8 rows only).
+  DType h_dtype = DType::kF32;
   // FC1's columns in GluRows order (cutlass_mixed.h: the mixed-input copy of a layer whose narrow
   // tile activates in FC1's epilogue): channel i's gate at column 16 (i / 8) + i % 8, its linear
   // eight columns on. Gated layouts of FC1's own rows without an FC1 bias only.
   bool banded = false;
-  const float* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
+  const void* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
   int64_t ldh3 = 0;
   const void* fc1_bias = nullptr;  // [L, fc1 rows] in bias_dtype, or nullptr
   const void* fc3_bias = nullptr;  // [L, I], or nullptr
@@ -82,8 +84,9 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
                          int32_t* error, cudaStream_t stream);
 
 struct FinalizeArgs {
-  const float* y = nullptr;  // FC2 output [R, ldy] by route position
+  const void* y = nullptr;  // FC2 output [R, ldy] by route position
   int64_t ldy = 0;
+  DType y_dtype = DType::kF32;  // kF32, or kBF16 (the FP8 path's rows, cutlass_fp8.h)
   const void* fc2_bias = nullptr;  // [L, H] in bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
   const int32_t* route_position = nullptr;
