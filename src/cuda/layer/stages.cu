@@ -188,60 +188,79 @@ __device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, fl
   if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
-// Four consecutive values of an FC1 row as fp32: 16 bytes of f32 or 8 of bf16.
-__device__ __forceinline__ float4 load4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
+// Eight consecutive values of an FC1 row as fp32: two 16-byte loads of f32, one of bf16.
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 x = reinterpret_cast<const float4*>(p)[0], y = reinterpret_cast<const float4*>(p)[1];
+  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
 }
-__device__ __forceinline__ float4 load4(const uint16_t* p) {
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-  return make_float4(num::bf16_to_f32(static_cast<uint16_t>(w.x & 0xFFFFu)),
-                     num::bf16_to_f32(static_cast<uint16_t>(w.x >> 16)),
-                     num::bf16_to_f32(static_cast<uint16_t>(w.y & 0xFFFFu)),
-                     num::bf16_to_f32(static_cast<uint16_t>(w.y >> 16)));
+__device__ __forceinline__ void load8(const uint16_t* p, float (&v)[8]) {
+  const uint4 w = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    v[2 * u] = num::bf16_to_f32(static_cast<uint16_t>(words[u] & 0xFFFFu));
+    v[2 * u + 1] = num::bf16_to_f32(static_cast<uint16_t>(words[u] >> 16));
+  }
 }
 
-// A warp per (route position p, 128 outputs), four consecutive outputs i0..i0+3 per lane. The
-// FC1 values depend on p alone, so their loads are issued before the route lookups and overlap
-// them; the stores are 8 bytes (16-bit outputs), 16 (f32) or, for FP8 rows, a word of codes per
-// lane and a scale per warp. H is FC1's element: float, or uint16_t (bf16 bits) for the FP8 path,
-// the one launched with kFp8. Requires I, ld, ldh, ldh3 multiples of 4 and h, h3, out aligned
-// (launch_activation checks); whole warps return together, so the FP8 group reduction has every
-// lane.
-template <typename H, bool kFp8>
-__global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, int64_t chunks) {
+// Stores a half warp's FP8 group of 128 values, eight per lane: the amax over the 16 lanes (the
+// two halves of a warp are two groups), two words of codes per lane, the scale by the half's
+// first lane. Every lane of the warp takes part in the shuffles.
+__device__ __forceinline__ void store_group8(const float (&v)[8], bool store, uint8_t* codes,
+                                             float* scale) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) amax = fmaxf(amax, fabsf(v[u]));
+  for (int d = 8; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+  if (!store) return;
+  const float inv = e4m3_group_inverse(amax);
+  *reinterpret_cast<uint2*>(codes) = make_uint2(e4m3_word(v, inv), e4m3_word(v + 4, inv));
+  if (threadIdx.x % 16 == 0) *scale = e4m3_group_scale(amax);
+}
+
+// A warp per (route position p, 256 outputs), eight consecutive outputs i0..i0+7 per lane: the
+// grid is (route positions / 8, ld / 256), so nothing is divided. The FC1 values depend on p
+// alone, so their loads are issued before the route lookups and overlap them; the stores are
+// 16 bytes (16-bit outputs), 32 (f32) or, for FP8 rows, two words of codes per lane and a scale
+// per half warp (store_group8). H is FC1's element: float, or uint16_t (bf16 bits) for the FP8
+// path, the one launched with kFp8. kSwiGlu: the layer's activation is SwiGLU (computed without
+// the per-value switch over kinds; the same arithmetic, act_of_dots, so the same bits).
+// Requires I and ld multiples of 8, ldh and ldh3 of 8 for the 16-byte loads, and h, h3, out 16-byte
+// aligned (launch_activation checks); whole warps return together, so the FP8 group reduction
+// has every lane.
+template <typename H, bool kFp8, bool kSwiGlu>
+__global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
   pdl_trigger();
-  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (item >= a.routes * chunks) return;
-  const int64_t p = item / chunks;
-  const int64_t chunk = item - p * chunks;
-  const int64_t i0 = chunk * 128 + 4 * lane;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (p >= a.routes) return;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * 256 + 8 * lane;
   const int64_t I = a.inter;
-  const bool live = i0 < I;
-  const bool gated = is_gated(a.act.kind);
-  float g[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
+  const bool live = i0 < I;  // I % 8 == 0: a lane's eight outputs are all live or all padding
+  const bool gated = kSwiGlu || is_gated(a.act.kind);
+  float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) {
     const H* h = static_cast<const H*>(a.h) + p * a.ldh;
-    if (a.banded) {  // GluRows order: i0..i0 + 3 lie in one half band (i0 % 4 == 0)
+    if (a.banded) {  // GluRows order: i0..i0 + 7 are one band's gate half (i0 % 8 == 0)
       const int64_t at = glu_band_gate_row(i0);
-      const float4 x = load4(h + at), y = load4(h + at + 8);
-      g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
-      l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
+      load8(h + at, g);
+      load8(h + at + 8, l);
     } else if (!gated || a.act.glu != GluLayout::kInterleaved) {
-      const float4 x = load4(h + i0);
-      g[0] = x.x, g[1] = x.y, g[2] = x.z, g[3] = x.w;
+      load8(h + i0, g);
       if (gated) {
-        const float4 y =
-            a.act.glu == GluLayout::kConcatenated
-                ? load4(h + I + i0)
-                : load4(static_cast<const H*>(a.h3) + p * a.ldh3 + i0);
-        l[0] = y.x, l[1] = y.y, l[2] = y.z, l[3] = y.w;
+        load8(a.act.glu == GluLayout::kConcatenated ? h + I + i0
+                                                    : static_cast<const H*>(a.h3) + p * a.ldh3 + i0,
+              l);
       }
     } else {  // (gate, linear) pairs
-      const float4 x = load4(h + 2 * i0), y = load4(h + 2 * i0 + 4);
-      g[0] = x.x, l[0] = x.y, g[1] = x.z, l[1] = x.w, g[2] = y.x, l[2] = y.y, g[3] = y.z,
-      l[3] = y.w;
+      float x[8], y[8];
+      load8(h + 2 * i0, x);
+      load8(h + 2 * i0 + 8, y);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        g[u] = x[2 * u], l[u] = x[2 * u + 1], g[u + 4] = y[2 * u], l[u + 4] = y[2 * u + 1];
+      }
     }
   }
   const int32_t r = a.permuted_route[p];
@@ -250,29 +269,38 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a, 
   if (id < a.expert_begin || id >= a.expert_end) return;
   const int64_t e = id - a.expert_begin;  // the bias row
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
-  float v[4] = {0, 0, 0, 0};
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) {
+    if (kSwiGlu && a.fc1_bias == nullptr && a.fc3_bias == nullptr) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
+      for (int u = 0; u < 8; ++u) v[u] = act_of_dots(a.act, scale, g[u], l[u], 0.0f, 0.0f);
+    } else {
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
+    }
   }
   if constexpr (kFp8) {
-    store_group(v, a.out_codes + p * a.ld + i0, a.out_scales + p * chunks + chunk);
+    // ld = I, a multiple of 128: a half warp's 128 outputs are all live or all past I.
+    store_group8(v, live, a.out_codes + p * a.ld + i0,
+                 a.out_scales + p * (a.ld / kActQuantGroup) + i0 / kActQuantGroup);
   } else {
-    if (i0 >= a.ld) return;
+    if (i0 >= a.ld) return;  // [I, ld): zeros
     const int64_t at = p * a.ld + i0;
     if (a.out_dtype == DType::kF32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + at) =
-          make_float4(v[0], v[1], v[2], v[3]);
+      float4* o = reinterpret_cast<float4*>(static_cast<float*>(a.out) + at);
+      o[0] = make_float4(v[0], v[1], v[2], v[3]);
+      o[1] = make_float4(v[4], v[5], v[6], v[7]);
       return;
     }
     const bool bf16 = a.out_dtype == DType::kBF16;
-    uint32_t w[2];
-    for (int u = 0; u < 2; ++u) {
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
       const uint32_t lo = bf16 ? num::f32_to_bf16(v[2 * u]) : num::f32_to_f16(v[2 * u]);
       const uint32_t hi = bf16 ? num::f32_to_bf16(v[2 * u + 1]) : num::f32_to_f16(v[2 * u + 1]);
       w[u] = lo | (hi << 16);
     }
-    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + at) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.out) + at) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -395,13 +423,12 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.h_dtype != (fp8 ? DType::kBF16 : DType::kF32)) {
     return Status::invalid("activation: h_dtype: expected bf16 with FP8 rows, else f32");
   }
-  const uintptr_t h_align = fp8 ? 8 : 16;
   const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
-  const bool out_ok = fp8 ? al(a.out_codes, 4) && a.out_scales != nullptr && a.ld == a.inter &&
+  const bool out_ok = fp8 ? al(a.out_codes, 8) && a.out_scales != nullptr && a.ld == a.inter &&
                                 a.ld % kActQuantGroup == 0
-                          : al(a.out, a.out_dtype == DType::kF32 ? 16 : 8);
-  const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, h_align) &&
-                    (!separate || (a.ldh3 % 4 == 0 && al(a.h3, h_align))) && out_ok;
+                          : al(a.out, 16);
+  const bool rows = a.inter % 8 == 0 && a.ld % 8 == 0 && a.ldh % 8 == 0 && al(a.h, 16) &&
+                    (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok;
   if (!rows) {
     if (fp8) {
       return Status::invalid(
@@ -412,14 +439,19 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
     QMOE_CUDA_CHECK_LAUNCH("activation_kernel");
     return Status::ok();
   }
-  const int64_t chunks = (a.ld + 127) / 128;
-  const int64_t warps = a.routes * chunks;
-  const int64_t blocks = (warps + 7) / 8;  // 8 warps per block
-  if (blocks > 0x7FFFFFFF) return Status::invalid("activation: too many routes");
-  QMOE_CUDA_TRY(launch_maybe_pdl(fp8 ? &activation_rows_kernel<uint16_t, true>
-                                     : &activation_rows_kernel<float, false>,
-                                 dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, a.pdl,
-                                 a, chunks));
+  const int64_t blocks = (a.routes + 7) / 8;  // 8 warps per block, a warp per route position
+  const int64_t slices = (a.ld + 255) / 256;  // 256 outputs per warp
+  if (blocks > 0x7FFFFFFF || slices > 65535) {
+    return Status::invalid("activation: too many routes or columns");
+  }
+  const bool swiglu = a.act.kind == Activation::kSwiGlu;
+  auto* kernel = fp8 ? (swiglu ? &activation_rows_kernel<uint16_t, true, true>
+                               : &activation_rows_kernel<uint16_t, true, false>)
+                     : (swiglu ? &activation_rows_kernel<float, false, true>
+                               : &activation_rows_kernel<float, false, false>);
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel,
+                                 dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)),
+                                 dim3(256), 0, stream, a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("activation_rows_kernel");
   return Status::ok();
 }
