@@ -203,6 +203,50 @@ __device__ __forceinline__ void load8(const uint16_t* p, float (&v)[8]) {
   }
 }
 
+// Eight consecutive bias values from index i (a multiple of 8 on a 16-byte aligned row: one or
+// two 16-byte loads for f32, bf16 and f16), converted as load_scalar converts them.
+__device__ __forceinline__ void load_bias8(const void* b, DType t, int64_t i, float (&v)[8]) {
+  if (t == DType::kF32) {
+    load8(static_cast<const float*>(b) + i, v);
+  } else if (t == DType::kBF16) {
+    load8(static_cast<const uint16_t*>(b) + i, v);
+  } else if (t == DType::kF16) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(b) + i);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      v[2 * u] = num::f16_to_f32(static_cast<uint16_t>(words[u] & 0xFFFFu));
+      v[2 * u + 1] = num::f16_to_f32(static_cast<uint16_t>(words[u] >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = load_scalar(b, t, i + u);
+  }
+}
+
+// The gate and linear biases of outputs i0..i0+7 of held expert e: the rows activation_output
+// reads, eight at a time (bg, bl stay 0 where the layer has no such bias). Gated layouts only;
+// the banded order has no FC1 bias (ActivationArgs::banded).
+__device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64_t e, int64_t i0,
+                                                  float (&bg)[8], float (&bl)[8]) {
+  const int64_t I = a.inter;
+  if (a.act.glu == GluLayout::kSeparateFc3) {
+    if (a.fc1_bias) load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    if (a.fc3_bias) load_bias8(a.fc3_bias, a.bias_dtype, e * I + i0, bl);
+  } else if (a.fc1_bias && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
+    float x[8], y[8];
+    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0, x);
+    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0 + 8, y);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      bg[u] = x[2 * u], bl[u] = x[2 * u + 1], bg[u + 4] = y[2 * u], bl[u + 4] = y[2 * u + 1];
+    }
+  } else if (a.fc1_bias) {  // concatenated: gate rows, then linear rows
+    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + I + i0, bl);
+  }
+}
+
 // Stores a half warp's FP8 group of 128 values, eight per lane: the amax over the 16 lanes (the
 // two halves of a warp are two groups), two words of codes per lane, the scale by the half's
 // first lane. Every lane of the warp takes part in the shuffles.
@@ -223,8 +267,9 @@ __device__ __forceinline__ void store_group8(const float (&v)[8], bool store, ui
 // alone, so their loads are issued before the route lookups and overlap them; the stores are
 // 16 bytes (16-bit outputs), 32 (f32) or, for FP8 rows, two words of codes per lane and a scale
 // per half warp (store_group8). H is FC1's element: float, or uint16_t (bf16 bits) for the FP8
-// path, the one launched with kFp8. kSwiGlu: the layer's activation is SwiGLU (computed without
-// the per-value switch over kinds; the same arithmetic, act_of_dots, so the same bits).
+// path, the one launched with kFp8. kSwiGlu: the layer's activation is SwiGLU, computed without
+// the per-value switch over kinds and with its biases loaded eight at a time (the same values
+// and arithmetic as activation_output, act_of_dots, so the same bits).
 // Requires I and ld multiples of 8, ldh and ldh3 of 8 for the 16-byte loads, and h, h3, out 16-byte
 // aligned (launch_activation checks); whole warps return together, so the FP8 group reduction
 // has every lane.
@@ -271,9 +316,11 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) {
-    if (kSwiGlu && a.fc1_bias == nullptr && a.fc3_bias == nullptr) {
+    if (kSwiGlu) {
+      float bg[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (a.fc1_bias || a.fc3_bias) load_gated_biases(a, e, i0, bg, bl);
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = act_of_dots(a.act, scale, g[u], l[u], 0.0f, 0.0f);
+      for (int u = 0; u < 8; ++u) v[u] = act_of_dots(a.act, scale, g[u], l[u], bg[u], bl[u]);
     } else {
 #pragma unroll
       for (int u = 0; u < 8; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
@@ -428,7 +475,8 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
                                 a.ld % kActQuantGroup == 0
                           : al(a.out, 16);
   const bool rows = a.inter % 8 == 0 && a.ld % 8 == 0 && a.ldh % 8 == 0 && al(a.h, 16) &&
-                    (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok;
+                    (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok &&
+                    al(a.fc1_bias, 16) && al(a.fc3_bias, 16);  // biases read 8 at a time
   if (!rows) {
     if (fp8) {
       return Status::invalid(

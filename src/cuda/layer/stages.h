@@ -69,8 +69,8 @@ struct ActivationArgs {
 
 // act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32), stored in
 // out_dtype or quantized to FP8 rows. A warp computes 256 outputs of one route, eight per lane,
-// where I, ld and the FC1 leading dimensions are multiples of 8 and h, h3 and out 16-byte
-// aligned (FP8 rows require it); else a block per route, one output per thread.
+// where I, ld and the FC1 leading dimensions are multiples of 8 and h, h3, out and the biases
+// 16-byte aligned (FP8 rows require it); else a block per route, one output per thread.
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
 
 // The FP8 rows of the gathered input (act_quant): codes[p, 0:hidden) and scales[p, 0:hidden/128]
