@@ -157,7 +157,7 @@ TEST(Fp8ActQuant, HostCodesAndScales) {
 // The activation's FP8 rows from bf16 FC1 rows (the FP8 GEMM's, cutlass_fp8.h): each value
 // within e4m3's rounding (2^-4 relative, plus half a subnormal step) of the host's fp32
 // activation of the same bf16 values, the scale its group's amax / 448 within fp32 rounding of
-// the host's. FP8 rows from f32 FC1 rows are refused.
+// the host's. FC1 rows of a dtype no GEMM writes (f16) are refused.
 TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
   QMOE_REQUIRE_GPU();
   const int64_t R = 50, I = 256, ldh = 2 * I;
@@ -192,8 +192,9 @@ TEST(GpuFp8Act, ActivationRowsWithinE4m3Rounding) {
   a.ld = I;
   a.out_codes = static_cast<uint8_t*>(dq.get());
   a.out_scales = static_cast<float*>(ds.get());
-  cuda::ActivationArgs f32_rows = a;  // f32 FC1 rows: not the FP8 path's
-  Status refused = cuda::launch_activation(f32_rows, nullptr);
+  cuda::ActivationArgs f16_rows = a;  // no GEMM writes f16 rows
+  f16_rows.h_dtype = DType::kF16;
+  Status refused = cuda::launch_activation(f16_rows, nullptr);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
   EXPECT_NE(refused.message().find("h_dtype"), std::string::npos) << refused.to_string();
   a.h_dtype = DType::kBF16;

@@ -256,7 +256,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
     }
     return true;
   }
-  if (a.ldc < a.n || a.ldc % 4 != 0) return fail(why, "ldc not >= n and a multiple of 4");
+  if (a.ldc < a.n || a.ldc % 8 != 0) return fail(why, "ldc not >= n and a multiple of 8");
   if (!aligned16(a.c)) return fail(why, "c not 16-byte aligned");
   return true;
 }

@@ -107,7 +107,8 @@ struct MixedGemmArgs {
   DType dtype = DType::kBF16;  // of the activations (and of kInt4's scales): kBF16 or kF16
   const void* a = nullptr;     // [rows, lda] activations, row p = route position p
   int64_t lda = 0;
-  float* c = nullptr;  // [rows, ldc]; rows of touched experts, columns < n are written
+  void* c = nullptr;  // [rows, ldc] in mixed_out_dtype(dtype); rows of touched experts,
+                      // columns < n are written
   int64_t ldc = 0;
   int64_t n = 0, k = 0;
   const uint8_t* codes = nullptr;  // [E, n, k * bits / 8] (table above; shuffled kinds in
@@ -130,6 +131,15 @@ struct MixedGemmArgs {
   void* act_out = nullptr;
   int64_t ld_act = 0;
 };
+
+// The element of the GEMM's rows (c) for activations of `act`: bf16 rows for bf16 activations, as
+// ORT's grouped GEMM writes them (FC1's rows go through the activation, which rounds its output
+// to bf16 anyway, and FC2's into the fp32 weighted combine: fp32 rows doubled the epilogue's
+// writes and both readers' traffic), fp32 rows for f16 (f16's range, 65504, is narrower than
+// FC1's and FC2's sums may reach; bf16's is fp32's).
+constexpr DType mixed_out_dtype(DType act) {
+  return act == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
 
 // Whether the kind's tile of tile_n rows (for this dtype) has the activation-epilogue form: the
 // narrow tile (32) of bf16 kInt4 and kInt8.

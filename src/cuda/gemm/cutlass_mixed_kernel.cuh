@@ -3,7 +3,8 @@
 // translation units see CUTLASS.
 //
 // Configuration: that of cutlass_grouped_kernel.cuh (cooperative ptr-array kernel, 128 x 128 x 64
-// tile, cluster 1 x 1 x 1, the same fp32 column-major epilogue, stages from what the epilogue
+// tile, cluster 1 x 1 x 1, its column-major epilogue, with bf16 rows for bf16 activations
+// (cutlass_mixed.h mixed_out_dtype) and fp32 for f16, stages from what the epilogue
 // leaves), with the A operand the tuple (codes, scale[, zero]): CUTLASS's register-sourced (RS)
 // mainloop loads the codes and a [128 x 1] scale (and zero) column per K tile by TMA, converts
 // the codes in registers (ConvertAndScale: q * s; ConvertAndScaleWithZero: q * s + z; in f32
@@ -116,11 +117,23 @@ struct ScaleAndZeroMainloop : Base {
 // conversion chains per k-block: the conversion's latency, not the wgmma, bounds one atom.
 template <int kTileM, int kTileN>
 struct MixedTile;
+// Whether an instance for activations of Element writes bf16 rows (mixed_out_dtype: bf16 layers)
+// or fp32 rows (f16 layers), and its D element.
+template <typename Element>
+constexpr bool kMixedBf16Rows = std::is_same_v<Element, cutlass::bfloat16_t>;
+template <typename Element>
+using MixedElementD = std::conditional_t<kMixedBf16Rows<Element>, cutlass::bfloat16_t, float>;
+
+using WideEpilogueBf16 = GroupEpilogueFor<GroupTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+constexpr int kWideEpilogueBf16Smem = static_cast<int>(sizeof(WideEpilogueBf16::SharedStorage));
 template <>
 struct MixedTile<128, 128> {
   using Shape = GroupTileShape;
-  using Epilogue = GroupEpilogue;
-  static constexpr int kEpilogueSmem = kGroupEpilogueSmem;
+  template <typename Element>
+  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, WideEpilogueBf16, GroupEpilogue>;
+  template <typename Element>
+  static constexpr int kEpilogueSmem =
+      kMixedBf16Rows<Element> ? kWideEpilogueBf16Smem : kGroupEpilogueSmem;
 };
 
 // Code type, scale type and zero term of each kind (cutlass_mixed.h's table); Element is the
@@ -149,14 +162,18 @@ struct MixedOperand<MixedCodes::kInt8, Element> {
 };
 
 // kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh: no shared
-// memory, so the mainloop's stages take all of it), else the tile's fp32 epilogue.
+// memory, so the mainloop's stages take all of it), else the tile's epilogue for Element's rows
+// (bf16 for bf16 activations, fp32 for f16: MixedElementD).
 template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false>
 struct MixedGemm {
   static constexpr bool kAct = kActEpilogue;
   using Operand = MixedOperand<kCodes, Element>;
   using Tile = MixedTile<kTileM, kTileN>;
-  using Epilogue = std::conditional_t<kAct, ActEpilogue<Element>, typename Tile::Epilogue>;
-  static constexpr int kEpilogueSmem = kAct ? 0 : Tile::kEpilogueSmem;
+  using Epilogue =
+      std::conditional_t<kAct, ActEpilogue<Element>, typename Tile::template Epilogue<Element>>;
+  static constexpr int kEpilogueSmem = kAct ? 0 : Tile::template kEpilogueSmem<Element>;
+  // The rows' element: the activation's (act_out) with kAct, else MixedElementD.
+  static constexpr size_t kOutBytes = kAct ? sizeof(Element) : sizeof(MixedElementD<Element>);
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
   using LayoutB = cutlass::layout::ColumnMajor;      // the group's A rows [rows, lda]: K-contiguous
@@ -208,7 +225,7 @@ struct MixedParts {
 // shape with no rows (no tiles) and valid pointers (expert 0's).
 template <typename G>
 __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* shapes,
-                                   const void** ptr_a, const void** ptr_b, float** ptr_d,
+                                   const void** ptr_a, const void** ptr_b, void** ptr_d,
                                    const void** ptr_s, const void** ptr_z,
                                    typename G::StrideA* stride_a,
                                    typename G::StrideB* stride_b, typename G::StrideD* stride_d,
@@ -231,9 +248,8 @@ __global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* sh
     ptr_a[j] = p.codes + e * p.n * (p.k * G::kBits / 8);
     ptr_b[j] = static_cast<const char*>(p.a) + row0 * p.lda * elem;
     // The activation epilogue's rows are the activation dtype's (its pointers share the slot).
-    ptr_d[j] = G::kAct ? reinterpret_cast<float*>(static_cast<char*>(p.act_out) +
-                                                  row0 * p.ld_act * elem)
-                       : p.c + row0 * p.ldc;
+    ptr_d[j] = G::kAct ? static_cast<char*>(p.act_out) + row0 * p.ld_act * G::kOutBytes
+                       : static_cast<char*>(p.c) + row0 * p.ldc * G::kOutBytes;
     ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
     ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
     if constexpr (G::kShuffled) {
@@ -283,7 +299,7 @@ typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chu
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = sm_count;
   } else {
-    set_epilogue_and_grid(args, reinterpret_cast<float**>(at(&MixedParts::ptr_d)),
+    set_epilogue_and_grid(args, at(&MixedParts::ptr_d),
                           reinterpret_cast<typename G::StrideD*>(at(&MixedParts::stride_d)),
                           sm_count);
   }
@@ -329,7 +345,7 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
       &mixed_setup_kernel<G>, dim3(blocks), dim3(kThreads), 0, stream, p.pdl, p,
       reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
       reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
-      reinterpret_cast<float**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
+      reinterpret_cast<void**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
       reinterpret_cast<const void**>(ws + w.ptr_z),
       reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
       reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),

@@ -12,15 +12,22 @@
 namespace qmoe::cuda::cutlass_detail {
 
 using MidTileShape = cute::Shape<cute::_256, cute::_64, cute::_64>;
-// The grouped GEMM's epilogue (fp32 column-major D, no C), on the middle tile.
+// The grouped GEMM's epilogues (column-major D, no C) on the middle tile: fp32 rows (f16
+// layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using MidEpilogue = GroupEpilogueFor<MidTileShape>;
 constexpr int kMidEpilogueSmem = static_cast<int>(sizeof(MidEpilogue::SharedStorage));
+using MidEpilogueBf16 = GroupEpilogueFor<MidTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+constexpr int kMidEpilogueBf16Smem =
+    static_cast<int>(sizeof(MidEpilogueBf16::SharedStorage));
 
 template <>
 struct MixedTile<256, 64> {
   using Shape = MidTileShape;
-  using Epilogue = MidEpilogue;
-  static constexpr int kEpilogueSmem = kMidEpilogueSmem;
+  template <typename Element>
+  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, MidEpilogueBf16, MidEpilogue>;
+  template <typename Element>
+  static constexpr int kEpilogueSmem =
+      kMixedBf16Rows<Element> ? kMidEpilogueBf16Smem : kMidEpilogueSmem;
 };
 
 }  // namespace qmoe::cuda::cutlass_detail

@@ -14,15 +14,22 @@
 namespace qmoe::cuda::cutlass_detail {
 
 using NarrowTileShape = cute::Shape<cute::_256, cute::_32, cute::_64>;
-// The grouped GEMM's epilogue (fp32 column-major D, no C), on the narrow tile.
+// The grouped GEMM's epilogues (column-major D, no C) on the narrow tile: fp32 rows (f16
+// layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using NarrowEpilogue = GroupEpilogueFor<NarrowTileShape>;
 constexpr int kNarrowEpilogueSmem = static_cast<int>(sizeof(NarrowEpilogue::SharedStorage));
+using NarrowEpilogueBf16 = GroupEpilogueFor<NarrowTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+constexpr int kNarrowEpilogueBf16Smem =
+    static_cast<int>(sizeof(NarrowEpilogueBf16::SharedStorage));
 
 template <>
 struct MixedTile<256, 32> {
   using Shape = NarrowTileShape;
-  using Epilogue = NarrowEpilogue;
-  static constexpr int kEpilogueSmem = kNarrowEpilogueSmem;
+  template <typename Element>
+  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, NarrowEpilogueBf16, NarrowEpilogue>;
+  template <typename Element>
+  static constexpr int kEpilogueSmem =
+      kMixedBf16Rows<Element> ? kNarrowEpilogueBf16Smem : kNarrowEpilogueSmem;
 };
 
 }  // namespace qmoe::cuda::cutlass_detail

@@ -10,15 +10,22 @@
 namespace qmoe::cuda::cutlass_detail {
 
 using TallTileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
-// The grouped GEMM's epilogue (fp32 column-major D, no C), on the tall tile.
+// The grouped GEMM's epilogues (column-major D, no C) on the tall tile: fp32 rows (f16
+// layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using TallEpilogue = GroupEpilogueFor<TallTileShape>;
 constexpr int kTallEpilogueSmem = static_cast<int>(sizeof(TallEpilogue::SharedStorage));
+using TallEpilogueBf16 = GroupEpilogueFor<TallTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+constexpr int kTallEpilogueBf16Smem =
+    static_cast<int>(sizeof(TallEpilogueBf16::SharedStorage));
 
 template <>
 struct MixedTile<256, 128> {
   using Shape = TallTileShape;
-  using Epilogue = TallEpilogue;
-  static constexpr int kEpilogueSmem = kTallEpilogueSmem;
+  template <typename Element>
+  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, TallEpilogueBf16, TallEpilogue>;
+  template <typename Element>
+  static constexpr int kEpilogueSmem =
+      kMixedBf16Rows<Element> ? kTallEpilogueBf16Smem : kTallEpilogueSmem;
 };
 
 }  // namespace qmoe::cuda::cutlass_detail

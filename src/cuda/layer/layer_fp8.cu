@@ -172,7 +172,7 @@ Status CudaLayer::run_generic_fp8(const RunInputs& in, const Layout& l, char* ws
                                          token_scales, xq, hp_, xs, error_.as<int32_t>(),
                                          stream));
   ActivationArgs aa = activation_args(maps, h, h3);
-  aa.h_dtype = DType::kBF16;
+  aa.h_dtype = aa.h3_dtype = DType::kBF16;
   if (fp8_joined_) {
     // FC1 and FC3 in one GEMM: rows [gate (I); linear (I)], the concatenated gated layout, over
     // FC1's and FC3's output space together (N1p + Ip = 2I columns).

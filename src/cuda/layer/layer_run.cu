@@ -216,7 +216,7 @@ std::vector<int> CudaLayer::layer_tiles() const {
 // One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
 // dequantize the wave's experts, then the grouped GEMM into c.
 Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
-                         const RouteMapsView& maps, const void* a, int64_t lda, float* c,
+                         const RouteMapsView& maps, const void* a, int64_t lda, void* c,
                          int64_t ldc, int64_t ld_b, cudaStream_t stream, int tile_n,
                          void* act_out) {
   const GroupSchedule sched = schedule(l, ws, maps);
@@ -275,7 +275,7 @@ Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l,
     g.b = ws + l.scratch;
     g.ldb = ld_b;
     g.b_stride = fc.n * ld_b;
-    g.c = c;
+    g.c = static_cast<float*>(c);  // the dequantize path's GEMMs write fp32 rows
     g.ldc = ldc;
     g.n = fc.n;
     g.k = ld_b;
@@ -397,8 +397,11 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   FinalizeArgs fa;
   fa.y = ws + l.hy;
   fa.ldy = hp_;
-  // Decode kernels and the generic path write f32 rows, the FP8 path bf16 (cutlass_fp8.h).
-  fa.y_dtype = act_fp8_ && !decode ? DType::kBF16 : DType::kF32;
+  // FC2's rows: f32 from the decode kernels and the dequantize path, bf16 from the FP8 GEMM
+  // (cutlass_fp8.h), mixed_out_dtype from the mixed-input GEMM.
+  fa.y_dtype = decode     ? DType::kF32
+               : act_fp8_ ? DType::kBF16
+                          : fc_out_dtype(mixed2_);
   fa.fc2_bias = fc2_.bias;
   fa.bias_dtype = fc2_.bias_dtype;
   fa.route_position = maps.route_position;
@@ -466,8 +469,8 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   const int slots = spec_.slots();
   const int64_t routes = maps.tokens * slots;
   void* xa = ws + l.xa;
-  float* h = reinterpret_cast<float*>(ws + l.hy);
-  float* h3 = reinterpret_cast<float*>(ws + l.h3);
+  void* h = ws + l.hy;
+  void* h3 = ws + l.h3;
   QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                      maps.permuted_route, slots, routes, xa, hp_,
                                      error_.as<int32_t>(), stream, pdl_));
@@ -492,6 +495,8 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
         run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream, tile3));
   }
   ActivationArgs aa = activation_args(maps, h, h3);
+  aa.h_dtype = fc_out_dtype(mixed1_);
+  aa.h3_dtype = fc_out_dtype(mixed3_);
   aa.banded = act_rows_;  // FC1's columns in GluRows order
   aa.out = xa;            // the gathered input is dead once FC1 and FC3 have run
   aa.ld = ip_;

@@ -142,22 +142,25 @@ __global__ void activation_kernel(ActivationArgs a) {
   if (id < a.expert_begin || id >= a.expert_end) return;
   const int64_t e = id - a.expert_begin;  // the bias row
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
-  const float* h = static_cast<const float*>(a.h) + p * a.ldh;
-  const float* h3 = a.h3 ? static_cast<const float*>(a.h3) + p * a.ldh3 : nullptr;
+  const int64_t row = p * a.ldh, row3 = p * a.ldh3;
   const int64_t I = a.inter;
   const bool gated = is_gated(a.act.kind);
+  auto h = [&a, row](int64_t c) { return load_scalar(a.h, a.h_dtype, row + c); };
   for (int64_t i = threadIdx.x; i < a.ld; i += blockDim.x) {
     float v = 0.0f;
     if (i < I) {
       float g, l = 0.0f;
       if (a.banded) {  // GluRows order
         const int64_t at = glu_band_gate_row(i);
-        g = h[at], l = h[at + 8];
+        g = h(at), l = h(at + 8);
       } else if (gated && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
-        g = h[2 * i], l = h[2 * i + 1];
+        g = h(2 * i), l = h(2 * i + 1);
       } else {
-        g = h[i];
-        if (gated) l = a.act.glu == GluLayout::kConcatenated ? h[I + i] : h3[i];
+        g = h(i);
+        if (gated) {
+          l = a.act.glu == GluLayout::kConcatenated ? h(I + i)
+                                                    : load_scalar(a.h3, a.h3_dtype, row3 + i);
+        }
       }
       v = activation_output(a, e, scale, i, g, l);
     }
@@ -203,9 +206,10 @@ __device__ __forceinline__ void load8(const uint16_t* p, float (&v)[8]) {
   }
 }
 
-// Eight consecutive bias values from index i (a multiple of 8 on a 16-byte aligned row: one or
-// two 16-byte loads for f32, bf16 and f16), converted as load_scalar converts them.
-__device__ __forceinline__ void load_bias8(const void* b, DType t, int64_t i, float (&v)[8]) {
+// Eight consecutive values of type t from index i (a multiple of 8 on a 16-byte aligned row: one
+// or two 16-byte loads for f32, bf16 and f16), converted as load_scalar converts them: FC1 rows
+// (f32, or bf16 from the FP8 GEMM and the bf16 mixed-input GEMM) and biases.
+__device__ __forceinline__ void load8_as(const void* b, DType t, int64_t i, float (&v)[8]) {
   if (t == DType::kF32) {
     load8(static_cast<const float*>(b) + i, v);
   } else if (t == DType::kBF16) {
@@ -231,19 +235,19 @@ __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64
                                                   float (&bg)[8], float (&bl)[8]) {
   const int64_t I = a.inter;
   if (a.act.glu == GluLayout::kSeparateFc3) {
-    if (a.fc1_bias) load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
-    if (a.fc3_bias) load_bias8(a.fc3_bias, a.bias_dtype, e * I + i0, bl);
+    if (a.fc1_bias) load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    if (a.fc3_bias) load8_as(a.fc3_bias, a.bias_dtype, e * I + i0, bl);
   } else if (a.fc1_bias && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
     float x[8], y[8];
-    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0, x);
-    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0 + 8, y);
+    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0, x);
+    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0 + 8, y);
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       bg[u] = x[2 * u], bl[u] = x[2 * u + 1], bg[u + 4] = y[2 * u], bl[u + 4] = y[2 * u + 1];
     }
   } else if (a.fc1_bias) {  // concatenated: gate rows, then linear rows
-    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
-    load_bias8(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + I + i0, bl);
+    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + I + i0, bl);
   }
 }
 
@@ -266,14 +270,15 @@ __device__ __forceinline__ void store_group8(const float (&v)[8], bool store, ui
 // grid is (route positions / 8, ld / 256), so nothing is divided. The FC1 values depend on p
 // alone, so their loads are issued before the route lookups and overlap them; the stores are
 // 16 bytes (16-bit outputs), 32 (f32) or, for FP8 rows, two words of codes per lane and a scale
-// per half warp (store_group8). H is FC1's element: float, or uint16_t (bf16 bits) for the FP8
-// path, the one launched with kFp8. kSwiGlu: the layer's activation is SwiGLU, computed without
+// per half warp (store_group8). FC1's and FC3's rows are read as their dtypes say
+// (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
+// activation is SwiGLU, computed without
 // the per-value switch over kinds and with its biases loaded eight at a time (the same values
 // and arithmetic as activation_output, act_of_dots, so the same bits).
 // Requires I and ld multiples of 8, ldh and ldh3 of 8 for the 16-byte loads, and h, h3, out 16-byte
 // aligned (launch_activation checks); whole warps return together, so the FP8 group reduction
 // has every lane.
-template <typename H, bool kFp8, bool kSwiGlu>
+template <bool kFp8, bool kSwiGlu>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
   pdl_trigger();
@@ -286,22 +291,23 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
   const bool gated = kSwiGlu || is_gated(a.act.kind);
   float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) {
-    const H* h = static_cast<const H*>(a.h) + p * a.ldh;
+    const int64_t row = p * a.ldh;
+    const DType ht = a.h_dtype;
     if (a.banded) {  // GluRows order: i0..i0 + 7 are one band's gate half (i0 % 8 == 0)
-      const int64_t at = glu_band_gate_row(i0);
-      load8(h + at, g);
-      load8(h + at + 8, l);
+      const int64_t at = row + glu_band_gate_row(i0);
+      load8_as(a.h, ht, at, g);
+      load8_as(a.h, ht, at + 8, l);
     } else if (!gated || a.act.glu != GluLayout::kInterleaved) {
-      load8(h + i0, g);
-      if (gated) {
-        load8(a.act.glu == GluLayout::kConcatenated ? h + I + i0
-                                                    : static_cast<const H*>(a.h3) + p * a.ldh3 + i0,
-              l);
+      load8_as(a.h, ht, row + i0, g);
+      if (gated && a.act.glu == GluLayout::kConcatenated) {
+        load8_as(a.h, ht, row + I + i0, l);
+      } else if (gated) {
+        load8_as(a.h3, a.h3_dtype, p * a.ldh3 + i0, l);
       }
     } else {  // (gate, linear) pairs
       float x[8], y[8];
-      load8(h + 2 * i0, x);
-      load8(h + 2 * i0 + 8, y);
+      load8_as(a.h, ht, row + 2 * i0, x);
+      load8_as(a.h, ht, row + 2 * i0 + 8, y);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         g[u] = x[2 * u], l[u] = x[2 * u + 1], g[u + 4] = y[2 * u], l[u + 4] = y[2 * u + 1];
@@ -466,9 +472,9 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (a.routes <= 0) return Status::ok();
   auto al = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
   const bool fp8 = a.out_codes != nullptr;
-  // The FP8 path's rows: bf16 FC1 rows in, FP8 rows out; every other path: f32 in.
-  if (a.h_dtype != (fp8 ? DType::kBF16 : DType::kF32)) {
-    return Status::invalid("activation: h_dtype: expected bf16 with FP8 rows, else f32");
+  auto rows_dtype = [](DType t) { return t == DType::kF32 || t == DType::kBF16; };
+  if (!rows_dtype(a.h_dtype) || !rows_dtype(a.h3_dtype)) {
+    return Status::invalid("activation: h_dtype, h3_dtype: expected f32 or bf16");
   }
   const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
   const bool out_ok = fp8 ? al(a.out_codes, 8) && a.out_scales != nullptr && a.ld == a.inter &&
@@ -493,10 +499,10 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
     return Status::invalid("activation: too many routes or columns");
   }
   const bool swiglu = a.act.kind == Activation::kSwiGlu;
-  auto* kernel = fp8 ? (swiglu ? &activation_rows_kernel<uint16_t, true, true>
-                               : &activation_rows_kernel<uint16_t, true, false>)
-                     : (swiglu ? &activation_rows_kernel<float, false, true>
-                               : &activation_rows_kernel<float, false, false>);
+  auto* kernel = fp8 ? (swiglu ? &activation_rows_kernel<true, true>
+                               : &activation_rows_kernel<true, false>)
+                     : (swiglu ? &activation_rows_kernel<false, true>
+                               : &activation_rows_kernel<false, false>);
   QMOE_CUDA_TRY(launch_maybe_pdl(kernel,
                                  dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)),
                                  dim3(256), 0, stream, a.pdl, a));

@@ -37,7 +37,8 @@ struct ActivationArgs {
   int64_t inter = 0;         // I
   const void* h = nullptr;  // FC1 output [R, ldh] (2I columns for fused gated layouts, else I)
   int64_t ldh = 0;
-  // h's and h3's element: kF32, or kBF16 (the FP8 path's rows, cutlass_fp8.h; FP8 rows only).
+  // h's element: kF32, or kBF16 (the rows of the FP8 GEMM, cutlass_fp8.h, and of the bf16
+  // mixed-input GEMM, cutlass_mixed.h: mixed_out_dtype).
   DType h_dtype = DType::kF32;
   // FC1's columns in GluRows order (cutlass_mixed.h: the mixed-input copy of a layer whose narrow
   // tile activates in FC1's epilogue): channel i's gate at column 16 (i / 8) + i % 8, its linear
@@ -45,6 +46,7 @@ struct ActivationArgs {
   bool banded = false;
   const void* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
   int64_t ldh3 = 0;
+  DType h3_dtype = DType::kF32;  // as h_dtype (FC3 may run on another GEMM than FC1)
   const void* fc1_bias = nullptr;  // [L, fc1 rows] in bias_dtype, or nullptr
   const void* fc3_bias = nullptr;  // [L, I], or nullptr
   DType bias_dtype = DType::kF32;
@@ -86,7 +88,7 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
 struct FinalizeArgs {
   const void* y = nullptr;  // FC2 output [R, ldy] by route position
   int64_t ldy = 0;
-  DType y_dtype = DType::kF32;  // kF32, or kBF16 (the FP8 path's rows, cutlass_fp8.h)
+  DType y_dtype = DType::kF32;  // kF32, or kBF16 (FP8 and bf16 mixed-input GEMMs' rows)
   const void* fc2_bias = nullptr;  // [L, H] in bias_dtype, or nullptr
   DType bias_dtype = DType::kF32;
   const int32_t* route_position = nullptr;
