@@ -20,8 +20,8 @@
 // The activation is act_of_dots() (activation.cuh) with the route scale 1 and no biases, the
 // same arithmetic the activation kernel does for such layers, on the same values (for bf16 the
 // sums rounded to bf16 first, as the other tiles' FC1 rows are: mixed_out_dtype), so the two
-// paths agree bit for bit. No shared memory, no TMA: CUTLASS's adapter for register-direct epilogues supplies the
-// kernel's epilogue interface around operator().
+// paths agree bit for bit. No shared memory, no TMA: CUTLASS's adapter for register-direct
+// epilogues supplies the kernel's epilogue interface around operator().
 #pragma once
 
 #include <cstdint>
@@ -132,8 +132,10 @@ class ActEpilogueOp {
               const int64_t channel = glu_band_channel(m);
               // The gate and linear sums as the other tiles' bf16 rows hold them
               // (mixed_out_dtype), so every tile's activation sees the same values.
-              const float g = kBf16 ? num::bf16_to_f32(num::f32_to_bf16(acc(gate_at))) : acc(gate_at);
-              const float l = kBf16 ? num::bf16_to_f32(num::f32_to_bf16(acc(lin_at))) : acc(lin_at);
+              const float g =
+                  kBf16 ? num::bf16_to_f32(num::f32_to_bf16(acc(gate_at))) : acc(gate_at);
+              const float l =
+                  kBf16 ? num::bf16_to_f32(num::f32_to_bf16(acc(lin_at))) : acc(lin_at);
               const float v = act_of_dots(params_.act, 1.0f, g, l, 0.0f, 0.0f);
               out[n * ld + channel] = kBf16 ? num::f32_to_bf16(v) : num::f32_to_f16(v);
             }

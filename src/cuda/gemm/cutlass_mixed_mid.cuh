@@ -16,7 +16,8 @@ using MidTileShape = cute::Shape<cute::_256, cute::_64, cute::_64>;
 // layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using MidEpilogue = GroupEpilogueFor<MidTileShape>;
 constexpr int kMidEpilogueSmem = static_cast<int>(sizeof(MidEpilogue::SharedStorage));
-using MidEpilogueBf16 = GroupEpilogueFor<MidTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+using MidEpilogueBf16 =
+    GroupEpilogueFor<MidTileShape, GroupClusterShape, cutlass::bfloat16_t>;
 constexpr int kMidEpilogueBf16Smem =
     static_cast<int>(sizeof(MidEpilogueBf16::SharedStorage));
 
@@ -24,7 +25,8 @@ template <>
 struct MixedTile<256, 64> {
   using Shape = MidTileShape;
   template <typename Element>
-  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, MidEpilogueBf16, MidEpilogue>;
+  using Epilogue =
+      std::conditional_t<kMixedBf16Rows<Element>, MidEpilogueBf16, MidEpilogue>;
   template <typename Element>
   static constexpr int kEpilogueSmem =
       kMixedBf16Rows<Element> ? kMidEpilogueBf16Smem : kMidEpilogueSmem;

@@ -18,7 +18,8 @@ using NarrowTileShape = cute::Shape<cute::_256, cute::_32, cute::_64>;
 // layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using NarrowEpilogue = GroupEpilogueFor<NarrowTileShape>;
 constexpr int kNarrowEpilogueSmem = static_cast<int>(sizeof(NarrowEpilogue::SharedStorage));
-using NarrowEpilogueBf16 = GroupEpilogueFor<NarrowTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+using NarrowEpilogueBf16 =
+    GroupEpilogueFor<NarrowTileShape, GroupClusterShape, cutlass::bfloat16_t>;
 constexpr int kNarrowEpilogueBf16Smem =
     static_cast<int>(sizeof(NarrowEpilogueBf16::SharedStorage));
 
@@ -26,7 +27,8 @@ template <>
 struct MixedTile<256, 32> {
   using Shape = NarrowTileShape;
   template <typename Element>
-  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, NarrowEpilogueBf16, NarrowEpilogue>;
+  using Epilogue =
+      std::conditional_t<kMixedBf16Rows<Element>, NarrowEpilogueBf16, NarrowEpilogue>;
   template <typename Element>
   static constexpr int kEpilogueSmem =
       kMixedBf16Rows<Element> ? kNarrowEpilogueBf16Smem : kNarrowEpilogueSmem;

@@ -14,7 +14,8 @@ using TallTileShape = cute::Shape<cute::_256, cute::_128, cute::_64>;
 // layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using TallEpilogue = GroupEpilogueFor<TallTileShape>;
 constexpr int kTallEpilogueSmem = static_cast<int>(sizeof(TallEpilogue::SharedStorage));
-using TallEpilogueBf16 = GroupEpilogueFor<TallTileShape, GroupClusterShape, cutlass::bfloat16_t>;
+using TallEpilogueBf16 =
+    GroupEpilogueFor<TallTileShape, GroupClusterShape, cutlass::bfloat16_t>;
 constexpr int kTallEpilogueBf16Smem =
     static_cast<int>(sizeof(TallEpilogueBf16::SharedStorage));
 
@@ -22,7 +23,8 @@ template <>
 struct MixedTile<256, 128> {
   using Shape = TallTileShape;
   template <typename Element>
-  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, TallEpilogueBf16, TallEpilogue>;
+  using Epilogue =
+      std::conditional_t<kMixedBf16Rows<Element>, TallEpilogueBf16, TallEpilogue>;
   template <typename Element>
   static constexpr int kEpilogueSmem =
       kMixedBf16Rows<Element> ? kTallEpilogueBf16Smem : kTallEpilogueSmem;

@@ -7,8 +7,9 @@
 //   activation      h -> the activation's e4m3 codes (xa again) + scales
 //   FC2             FP8 grouped GEMM -> y (bf16, h's space)
 //
-// then the same finalize as every generic call, on bf16 rows (FinalizeArgs::y_dtype). The quantization is core/act_quant.h's; the
-// weights are ORT's e4m3 codes with f32 block scales, so nothing is dequantized.
+// then the same finalize as every generic call, on bf16 rows (FinalizeArgs::y_dtype). The
+// quantization is core/act_quant.h's; the weights are ORT's e4m3 codes with f32 block scales, so
+// nothing is dequantized.
 #include <cstring>
 #include <string>
 #include <vector>

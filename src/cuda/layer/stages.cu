@@ -272,12 +272,11 @@ __device__ __forceinline__ void store_group8(const float (&v)[8], bool store, ui
 // 16 bytes (16-bit outputs), 32 (f32) or, for FP8 rows, two words of codes per lane and a scale
 // per half warp (store_group8). FC1's and FC3's rows are read as their dtypes say
 // (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
-// activation is SwiGLU, computed without
-// the per-value switch over kinds and with its biases loaded eight at a time (the same values
-// and arithmetic as activation_output, act_of_dots, so the same bits).
-// Requires I and ld multiples of 8, ldh and ldh3 of 8 for the 16-byte loads, and h, h3, out 16-byte
-// aligned (launch_activation checks); whole warps return together, so the FP8 group reduction
-// has every lane.
+// activation is SwiGLU, computed without the per-value switch over kinds and with its biases
+// loaded eight at a time (the same values and arithmetic as activation_output, act_of_dots, so
+// the same bits). Requires I, ld, ldh and ldh3 multiples of 8 and h, h3, out and the biases
+// 16-byte aligned (launch_activation checks); whole warps return together, so the FP8 group
+// reduction has every lane.
 template <bool kFp8, bool kSwiGlu>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
@@ -353,7 +352,8 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
       const uint32_t hi = bf16 ? num::f32_to_bf16(v[2 * u + 1]) : num::f32_to_f16(v[2 * u + 1]);
       w[u] = lo | (hi << 16);
     }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.out) + at) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.out) + at) =
+        make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
