@@ -55,9 +55,13 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // (bench/results/2026-12-04-h200-knobs-fp8-cluster.md, runs 11-12, decode/1 / generic, us):
 // mixtral-8x7b INT4 246.5 / 276.4 at 4 tokens (1.46), 250.6 / 277.3 at 5 (1.64), 284.8 / 275.9
 // at 6 (1.82), 370.1 / 276.5 at 7: kDecodeMaxRoutesPerTouched; deepseek-v3 602.3 / 630.1 at 8
-// tokens (1.116), 680.8 / 652.5 at 9 (1.132), 848.0 / 794.6 at 12. Grouped top-k gathers each
-// token's picks into a few groups, so it touches fewer experts than the uniform estimate (44
-// against 57 at 8 tokens) and crosses at a lower estimate: kDecodeMaxRoutesPerTouchedGrouped.
+// tokens (1.116), 680.8 / 652.5 at 9 (1.132), 848.0 / 794.6 at 12. The synthetic DeepSeek-V3
+// router touches fewer experts than the uniform estimate (39-45 against 57 at 8 tokens; plain
+// top-8 over the same 256 experts 57-60) and crosses at a lower estimate:
+// kDecodeMaxRoutesPerTouchedGrouped. Not the groups' doing (with independent tokens grouped
+// top-k gives each expert the marginal k / E, as plain top-k does): its router bias, 0.1 N(0, 1)
+// on sigmoid scores, makes a few experts every token's pick. A trained load-balancing bias
+// routes closer to uniform; a tune file measures such a layer.
 // Smaller experts (qwen3-30b-a3b's 2.5 MB) keep the window above.
 // Where every FC has the mixed-input GEMM's narrow tile (256 x 32 rows since
 // 2026-12-02-h200-mid-tile.md) the generic path wins sooner still, and the 64-token floor goes:
