@@ -245,14 +245,14 @@ class CudaLayer final : public PreparedLayer {
   Status keep(size_t bytes, void** dst);
   // Frees a buffer keep() gave (the device must be done with it).
   void release(const void* p);
-  // tile_n: the mixed-input GEMM's tile (mixed_tile_of; 0 for an FC without a mixed-input copy).
-  // act_out: FC1 with the activation in its epilogue (act_rows_ on a tile with that form), its
-  // rows [R, ip_] in the activation dtype there, c unused. c's rows are fc_out_dtype(mx).
   // The element of an FC's output rows on the generic path: the mixed-input GEMM's
   // (mixed_out_dtype) where the FC has that copy, else fp32 (the dequantize path's GEMMs).
   DType fc_out_dtype(const MixedFc& mx) const {
     return mx.on() ? mixed_out_dtype(cdt_) : DType::kF32;
   }
+  // tile_n: the mixed-input GEMM's tile (mixed_tile_of; 0 for an FC without a mixed-input copy).
+  // act_out: FC1 with the activation in its epilogue (act_rows_ on a tile with that form), its
+  // rows [R, ip_] in the activation dtype there, c unused. c's rows are fc_out_dtype(mx).
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, void* c, int64_t ldc,
                 int64_t ld_b, cudaStream_t stream, int tile_n, void* act_out = nullptr);
