@@ -11,6 +11,16 @@
 namespace qmoe::cuda {
 
 // Element i of a tensor of dtype t (f32, f16, bf16, f8e4m3 or f8e8m0), decoded exactly.
+// The two 16-bit floats of a word (the first in the low half), bf16 or f16, as fp32.
+__device__ __forceinline__ float2 word16_to_f32(uint32_t w, bool bf16) {
+  float2 r;
+  r.x = bf16 ? num::bf16_to_f32(static_cast<uint16_t>(w & 0xFFFFu))
+             : num::f16_to_f32(static_cast<uint16_t>(w & 0xFFFFu));
+  r.y = bf16 ? num::bf16_to_f32(static_cast<uint16_t>(w >> 16))
+             : num::f16_to_f32(static_cast<uint16_t>(w >> 16));
+  return r;
+}
+
 __device__ __forceinline__ float load_scalar(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF16:

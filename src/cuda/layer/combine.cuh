@@ -16,10 +16,8 @@ __device__ __forceinline__ void load_y(const float* y, float (&v)[4]) {
 }
 __device__ __forceinline__ void load_y(const uint16_t* y, float (&v)[4]) {
   const uint2 x = __ldcg(reinterpret_cast<const uint2*>(y));
-  v[0] = num::bf16_to_f32(static_cast<uint16_t>(x.x & 0xFFFFu));
-  v[1] = num::bf16_to_f32(static_cast<uint16_t>(x.x >> 16));
-  v[2] = num::bf16_to_f32(static_cast<uint16_t>(x.y & 0xFFFFu));
-  v[3] = num::bf16_to_f32(static_cast<uint16_t>(x.y >> 16));
+  const float2 a = word16_to_f32(x.x, true), b = word16_to_f32(x.y, true);
+  v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
 }
 __device__ __forceinline__ void load_y(const float* y, float (&v)[1]) { v[0] = __ldcg(y); }
 __device__ __forceinline__ void load_y(const uint16_t* y, float (&v)[1]) {

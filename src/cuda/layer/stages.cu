@@ -191,18 +191,14 @@ __device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, fl
   if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
-// Eight consecutive values of an FC1 row as fp32: two 16-byte loads of f32, one of bf16.
-__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
-  const float4 x = reinterpret_cast<const float4*>(p)[0], y = reinterpret_cast<const float4*>(p)[1];
-  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
-}
-__device__ __forceinline__ void load8(const uint16_t* p, float (&v)[8]) {
+// Eight 16-bit floats (one 16-byte load) as fp32.
+__device__ __forceinline__ void load16x8(const uint16_t* p, bool bf16, float (&v)[8]) {
   const uint4 w = *reinterpret_cast<const uint4*>(p);
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    v[2 * u] = num::bf16_to_f32(static_cast<uint16_t>(words[u] & 0xFFFFu));
-    v[2 * u + 1] = num::bf16_to_f32(static_cast<uint16_t>(words[u] >> 16));
+    const float2 x = word16_to_f32(words[u], bf16);
+    v[2 * u] = x.x, v[2 * u + 1] = x.y;
   }
 }
 
@@ -211,17 +207,13 @@ __device__ __forceinline__ void load8(const uint16_t* p, float (&v)[8]) {
 // (f32, or bf16 from the FP8 GEMM and the bf16 mixed-input GEMM) and biases.
 __device__ __forceinline__ void load8_as(const void* b, DType t, int64_t i, float (&v)[8]) {
   if (t == DType::kF32) {
-    load8(static_cast<const float*>(b) + i, v);
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(b) + i);
+    const float4 x = p[0], y = p[1];
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
   } else if (t == DType::kBF16) {
-    load8(static_cast<const uint16_t*>(b) + i, v);
+    load16x8(static_cast<const uint16_t*>(b) + i, true, v);
   } else if (t == DType::kF16) {
-    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(b) + i);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      v[2 * u] = num::f16_to_f32(static_cast<uint16_t>(words[u] & 0xFFFFu));
-      v[2 * u + 1] = num::f16_to_f32(static_cast<uint16_t>(words[u] >> 16));
-    }
+    load16x8(static_cast<const uint16_t*>(b) + i, false, v);
   } else {
 #pragma unroll
     for (int u = 0; u < 8; ++u) v[u] = load_scalar(b, t, i + u);
