@@ -124,17 +124,24 @@ constexpr bool kMixedBf16Rows = std::is_same_v<Element, cutlass::bfloat16_t>;
 template <typename Element>
 using MixedElementD = std::conditional_t<kMixedBf16Rows<Element>, cutlass::bfloat16_t, float>;
 
+// A tile: its shape and its two epilogues, fp32 rows and bf16 rows, each with the shared memory it
+// takes (constants named outside templates: cutlass_grouped_kernel.cuh says why); an instance
+// takes the one its rows need (kMixedBf16Rows).
+template <typename TileShape, typename F32Epilogue, int kF32Smem, typename Bf16Epilogue,
+          int kBf16Smem>
+struct MixedTileOf {
+  using Shape = TileShape;
+  template <typename Element>
+  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, Bf16Epilogue, F32Epilogue>;
+  template <typename Element>
+  static constexpr int kEpilogueSmem = kMixedBf16Rows<Element> ? kBf16Smem : kF32Smem;
+};
+
 using WideEpilogueBf16 = GroupEpilogueFor<GroupTileShape, GroupClusterShape, cutlass::bfloat16_t>;
 constexpr int kWideEpilogueBf16Smem = static_cast<int>(sizeof(WideEpilogueBf16::SharedStorage));
 template <>
-struct MixedTile<128, 128> {
-  using Shape = GroupTileShape;
-  template <typename Element>
-  using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, WideEpilogueBf16, GroupEpilogue>;
-  template <typename Element>
-  static constexpr int kEpilogueSmem =
-      kMixedBf16Rows<Element> ? kWideEpilogueBf16Smem : kGroupEpilogueSmem;
-};
+struct MixedTile<128, 128> : MixedTileOf<GroupTileShape, GroupEpilogue, kGroupEpilogueSmem,
+                                         WideEpilogueBf16, kWideEpilogueBf16Smem> {};
 
 // Code type, scale type and zero term of each kind (cutlass_mixed.h's table); Element is the
 // activation type.

@@ -22,14 +22,8 @@ constexpr int kMidEpilogueBf16Smem =
     static_cast<int>(sizeof(MidEpilogueBf16::SharedStorage));
 
 template <>
-struct MixedTile<256, 64> {
-  using Shape = MidTileShape;
-  template <typename Element>
-  using Epilogue =
-      std::conditional_t<kMixedBf16Rows<Element>, MidEpilogueBf16, MidEpilogue>;
-  template <typename Element>
-  static constexpr int kEpilogueSmem =
-      kMixedBf16Rows<Element> ? kMidEpilogueBf16Smem : kMidEpilogueSmem;
-};
+struct MixedTile<256, 64>
+    : MixedTileOf<MidTileShape, MidEpilogue, kMidEpilogueSmem, MidEpilogueBf16,
+                  kMidEpilogueBf16Smem> {};
 
 }  // namespace qmoe::cuda::cutlass_detail

@@ -24,14 +24,8 @@ constexpr int kNarrowEpilogueBf16Smem =
     static_cast<int>(sizeof(NarrowEpilogueBf16::SharedStorage));
 
 template <>
-struct MixedTile<256, 32> {
-  using Shape = NarrowTileShape;
-  template <typename Element>
-  using Epilogue =
-      std::conditional_t<kMixedBf16Rows<Element>, NarrowEpilogueBf16, NarrowEpilogue>;
-  template <typename Element>
-  static constexpr int kEpilogueSmem =
-      kMixedBf16Rows<Element> ? kNarrowEpilogueBf16Smem : kNarrowEpilogueSmem;
-};
+struct MixedTile<256, 32>
+    : MixedTileOf<NarrowTileShape, NarrowEpilogue, kNarrowEpilogueSmem, NarrowEpilogueBf16,
+                  kNarrowEpilogueBf16Smem> {};
 
 }  // namespace qmoe::cuda::cutlass_detail

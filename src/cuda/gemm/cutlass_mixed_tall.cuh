@@ -20,14 +20,8 @@ constexpr int kTallEpilogueBf16Smem =
     static_cast<int>(sizeof(TallEpilogueBf16::SharedStorage));
 
 template <>
-struct MixedTile<256, 128> {
-  using Shape = TallTileShape;
-  template <typename Element>
-  using Epilogue =
-      std::conditional_t<kMixedBf16Rows<Element>, TallEpilogueBf16, TallEpilogue>;
-  template <typename Element>
-  static constexpr int kEpilogueSmem =
-      kMixedBf16Rows<Element> ? kTallEpilogueBf16Smem : kTallEpilogueSmem;
-};
+struct MixedTile<256, 128>
+    : MixedTileOf<TallTileShape, TallEpilogue, kTallEpilogueSmem, TallEpilogueBf16,
+                  kTallEpilogueBf16Smem> {};
 
 }  // namespace qmoe::cuda::cutlass_detail
