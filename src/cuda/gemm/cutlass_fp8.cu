@@ -42,20 +42,11 @@ namespace {
 using Fp8CoopTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
 using Fp8PingTile = cute::Shape<cute::_128, cute::_64, cute::_128>;
 using Fp8Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-// D in bf16 (the configuration above says why): eight elements per 16-byte TMA row piece.
-using Fp8ElementD = cutlass::bfloat16_t;
-constexpr int kFp8AlignD = 16 / sizeof(Fp8ElementD);
-template <typename Tile, typename Schedule>
-using Fp8EpilogueFor = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Fp8Cluster,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
-    kFp8AlignD, Fp8ElementD, GroupLayoutD*, kFp8AlignD, Schedule,
-    cutlass::epilogue::fusion::LinearCombination<Fp8ElementD, float>>::CollectiveOp;
-using Fp8CoopEpilogue =
-    Fp8EpilogueFor<Fp8CoopTile, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+// D in bf16 (the configuration above says why).
+using Fp8CoopEpilogue = GroupEpilogueFor<Fp8CoopTile, Fp8Cluster, cutlass::bfloat16_t>;
 constexpr int kFp8CoopEpilogueSmem = static_cast<int>(sizeof(Fp8CoopEpilogue::SharedStorage));
-using Fp8PingEpilogue =
-    Fp8EpilogueFor<Fp8PingTile, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+using Fp8PingEpilogue = GroupEpilogueFor<Fp8PingTile, Fp8Cluster, cutlass::bfloat16_t,
+                                         cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 constexpr int kFp8PingEpilogueSmem = static_cast<int>(sizeof(Fp8PingEpilogue::SharedStorage));
 
 template <typename Tile, typename Epilogue, int kEpilogueSmem, typename Schedule>

@@ -58,16 +58,17 @@ namespace qmoe::cuda::cutlass_detail {
 using GroupTileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
 using GroupClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using GroupLayoutD = cutlass::layout::ColumnMajor;  // C rows [rows, ldc]: M (features) contiguous
-constexpr int kGroupAlignD = 16 / sizeof(float);
 // D = 1 * accumulators on a tile, stored as ElementD (fp32, or bf16 rows: the bf16 mixed-input
-// GEMM's, cutlass_mixed.h mixed_out_dtype); no C operand is read (ElementC void).
+// GEMM's, cutlass_mixed.h mixed_out_dtype, and the FP8 GEMM's) in 16-byte TMA pieces; no C
+// operand is read (ElementC void). Schedule: the kernel's (the FP8 GEMM's narrow tile is
+// pingpong).
 template <typename TileShape, typename ClusterShape = GroupClusterShape,
-          typename ElementD = float>
+          typename ElementD = float,
+          typename Schedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>
 using GroupEpilogueFor = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, GroupLayoutD*,
-    16 / sizeof(ElementD), ElementD, GroupLayoutD*, 16 / sizeof(ElementD),
-    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    16 / sizeof(ElementD), ElementD, GroupLayoutD*, 16 / sizeof(ElementD), Schedule,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float>>::CollectiveOp;
 using GroupEpilogue = GroupEpilogueFor<GroupTileShape>;
 // The mainloop's stages get the shared memory the epilogue leaves (a non-dependent constant: the
