@@ -191,84 +191,70 @@ __device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, fl
   if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
-// Eight 16-bit floats (one 16-byte load) as fp32.
-__device__ __forceinline__ void load16x8(const uint16_t* p, bool bf16, float (&v)[8]) {
-  const uint4 w = *reinterpret_cast<const uint4*>(p);
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const float2 x = word16_to_f32(words[u], bf16);
-    v[2 * u] = x.x, v[2 * u + 1] = x.y;
-  }
+// Four 16-bit floats (one 8-byte load) as fp32.
+__device__ __forceinline__ void load16x4(const uint16_t* p, bool bf16, float (&v)[4]) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  const float2 x = word16_to_f32(w.x, bf16), y = word16_to_f32(w.y, bf16);
+  v[0] = x.x, v[1] = x.y, v[2] = y.x, v[3] = y.y;
 }
 
-// Eight consecutive values of type t from index i (a multiple of 8 on a 16-byte aligned row: one
-// or two 16-byte loads for f32, bf16 and f16), converted as load_scalar converts them: FC1 rows
-// (f32, or bf16 from the FP8 GEMM and the bf16 mixed-input GEMM) and biases.
-__device__ __forceinline__ void load8_as(const void* b, DType t, int64_t i, float (&v)[8]) {
+// Four consecutive values of type t from index i (a multiple of 4 on a 16-byte aligned row: one
+// 16-byte load for f32, one 8-byte load for bf16 and f16), converted as load_scalar converts
+// them: FC1 rows (f32, or bf16 from the FP8 GEMM and the bf16 mixed-input GEMM) and biases.
+__device__ __forceinline__ void load4_as(const void* b, DType t, int64_t i, float (&v)[4]) {
   if (t == DType::kF32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(b) + i);
-    const float4 x = p[0], y = p[1];
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+    const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(b) + i);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
   } else if (t == DType::kBF16) {
-    load16x8(static_cast<const uint16_t*>(b) + i, true, v);
+    load16x4(static_cast<const uint16_t*>(b) + i, true, v);
   } else if (t == DType::kF16) {
-    load16x8(static_cast<const uint16_t*>(b) + i, false, v);
+    load16x4(static_cast<const uint16_t*>(b) + i, false, v);
   } else {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) v[u] = load_scalar(b, t, i + u);
+    for (int u = 0; u < 4; ++u) v[u] = load_scalar(b, t, i + u);
   }
 }
 
-// The gate and linear biases of outputs i0..i0+7 of held expert e: the rows activation_output
-// reads, eight at a time (bg, bl stay 0 where the layer has no such bias). Gated layouts only;
+// The gate and linear values of four (gate, linear) pairs from index i (eight values).
+__device__ __forceinline__ void load4_pairs(const void* b, DType t, int64_t i, float (&g)[4],
+                                            float (&l)[4]) {
+  float x[4], y[4];
+  load4_as(b, t, i, x);
+  load4_as(b, t, i + 4, y);
+  g[0] = x[0], l[0] = x[1], g[1] = x[2], l[1] = x[3];
+  g[2] = y[0], l[2] = y[1], g[3] = y[2], l[3] = y[3];
+}
+
+// The gate and linear biases of outputs i0..i0+3 of held expert e: the rows activation_output
+// reads, four at a time (bg, bl stay 0 where the layer has no such bias). Gated layouts only;
 // the banded order has no FC1 bias (ActivationArgs::banded).
 __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64_t e, int64_t i0,
-                                                  float (&bg)[8], float (&bl)[8]) {
+                                                  float (&bg)[4], float (&bl)[4]) {
   const int64_t I = a.inter;
   if (a.act.glu == GluLayout::kSeparateFc3) {
-    if (a.fc1_bias) load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
-    if (a.fc3_bias) load8_as(a.fc3_bias, a.bias_dtype, e * I + i0, bl);
+    if (a.fc1_bias) load4_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    if (a.fc3_bias) load4_as(a.fc3_bias, a.bias_dtype, e * I + i0, bl);
   } else if (a.fc1_bias && a.act.glu == GluLayout::kInterleaved) {  // (gate, linear) pairs
-    float x[8], y[8];
-    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0, x);
-    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0 + 8, y);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      bg[u] = x[2 * u], bl[u] = x[2 * u + 1], bg[u + 4] = y[2 * u], bl[u + 4] = y[2 * u + 1];
-    }
+    load4_pairs(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + 2 * i0, bg, bl);
   } else if (a.fc1_bias) {  // concatenated: gate rows, then linear rows
-    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
-    load8_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + I + i0, bl);
+    load4_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + i0, bg);
+    load4_as(a.fc1_bias, a.bias_dtype, e * a.fc1_rows + I + i0, bl);
   }
 }
 
-// Stores a half warp's FP8 group of 128 values, eight per lane: the amax over the 16 lanes (the
-// two halves of a warp are two groups), two words of codes per lane, the scale by the half's
-// first lane. Every lane of the warp takes part in the shuffles.
-__device__ __forceinline__ void store_group8(const float (&v)[8], bool store, uint8_t* codes,
-                                             float* scale) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int u = 0; u < 8; ++u) amax = fmaxf(amax, fabsf(v[u]));
-  for (int d = 8; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-  if (!store) return;
-  const float inv = e4m3_group_inverse(amax);
-  *reinterpret_cast<uint2*>(codes) = make_uint2(e4m3_word(v, inv), e4m3_word(v + 4, inv));
-  if (threadIdx.x % 16 == 0) *scale = e4m3_group_scale(amax);
-}
-
-// A warp per (route position p, 256 outputs), eight consecutive outputs i0..i0+7 per lane: the
-// grid is (route positions / 8, ld / 256), so nothing is divided. The FC1 values depend on p
-// alone, so their loads are issued before the route lookups and overlap them; the stores are
-// 16 bytes (16-bit outputs), 32 (f32) or, for FP8 rows, two words of codes per lane and a scale
-// per half warp (store_group8). FC1's and FC3's rows are read as their dtypes say
-// (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
-// activation is SwiGLU, computed without the per-value switch over kinds and with its biases
-// loaded eight at a time (the same values and arithmetic as activation_output, act_of_dots, so
-// the same bits). Requires I, ld, ldh and ldh3 multiples of 8 and h, h3, out and the biases
-// 16-byte aligned (launch_activation checks); whole warps return together, so the FP8 group
-// reduction has every lane.
+// A warp per (route position p, 128 outputs), four consecutive outputs i0..i0+3 per lane: the
+// grid is (route positions / 8, ld / 128), so nothing is divided. Four outputs a lane measured
+// as fast as eight at 4096 tokens and up to 3% faster (whole layer) below, where eight leave too
+// few warps to hide each warp's chain of loads (bench/results/2026-12-04-h200-activation-lanes.md). The
+// FC1 values depend on p alone, so their loads are issued before the route lookups and overlap
+// them; the stores are 8 bytes (16-bit outputs), 16 (f32) or, for FP8 rows, a word of codes per
+// lane and the warp's group scale (store_group: a warp's 128 outputs are one group). FC1's and
+// FC3's rows are read as their dtypes say (ActivationArgs::h_dtype, h3_dtype; a uniform branch
+// per load). kSwiGlu: the layer's activation is SwiGLU, computed without the per-value switch
+// over kinds and with its biases loaded four at a time (the same values and arithmetic as
+// activation_output, act_of_dots, so the same bits). Requires I, ld, ldh and ldh3 multiples of 8
+// and h, h3, out and the biases 16-byte aligned (launch_activation checks); whole warps return
+// together, so the FP8 group reduction has every lane.
 template <bool kFp8, bool kSwiGlu>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
@@ -276,33 +262,27 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
   const int lane = threadIdx.x & 31;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   if (p >= a.routes) return;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * 256 + 8 * lane;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * 128 + 4 * lane;
   const int64_t I = a.inter;
-  const bool live = i0 < I;  // I % 8 == 0: a lane's eight outputs are all live or all padding
+  const bool live = i0 < I;  // I % 4 == 0: a lane's four outputs are all live or all padding
   const bool gated = kSwiGlu || is_gated(a.act.kind);
-  float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float g[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
   if (live) {
     const int64_t row = p * a.ldh;
     const DType ht = a.h_dtype;
-    if (a.banded) {  // GluRows order: i0..i0 + 7 are one band's gate half (i0 % 8 == 0)
+    if (a.banded) {  // GluRows order: i0..i0 + 3 lie in one band's gate half (i0 % 4 == 0)
       const int64_t at = row + glu_band_gate_row(i0);
-      load8_as(a.h, ht, at, g);
-      load8_as(a.h, ht, at + 8, l);
+      load4_as(a.h, ht, at, g);
+      load4_as(a.h, ht, at + 8, l);
     } else if (!gated || a.act.glu != GluLayout::kInterleaved) {
-      load8_as(a.h, ht, row + i0, g);
+      load4_as(a.h, ht, row + i0, g);
       if (gated && a.act.glu == GluLayout::kConcatenated) {
-        load8_as(a.h, ht, row + I + i0, l);
+        load4_as(a.h, ht, row + I + i0, l);
       } else if (gated) {
-        load8_as(a.h3, a.h3_dtype, p * a.ldh3 + i0, l);
+        load4_as(a.h3, a.h3_dtype, p * a.ldh3 + i0, l);
       }
     } else {  // (gate, linear) pairs
-      float x[8], y[8];
-      load8_as(a.h, ht, row + 2 * i0, x);
-      load8_as(a.h, ht, row + 2 * i0 + 8, y);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        g[u] = x[2 * u], l[u] = x[2 * u + 1], g[u + 4] = y[2 * u], l[u + 4] = y[2 * u + 1];
-      }
+      load4_pairs(a.h, ht, row + 2 * i0, g, l);
     }
   }
   const int32_t r = a.permuted_route[p];
@@ -311,41 +291,40 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
   if (id < a.expert_begin || id >= a.expert_end) return;
   const int64_t e = id - a.expert_begin;  // the bias row
   const float scale = a.scale_input ? a.weights[r] : 1.0f;
-  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float v[4] = {0, 0, 0, 0};
   if (live) {
     if (kSwiGlu) {
-      float bg[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float bg[4] = {0, 0, 0, 0}, bl[4] = {0, 0, 0, 0};
       if (a.fc1_bias || a.fc3_bias) load_gated_biases(a, e, i0, bg, bl);
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = act_of_dots(a.act, scale, g[u], l[u], bg[u], bl[u]);
+      for (int u = 0; u < 4; ++u) v[u] = act_of_dots(a.act, scale, g[u], l[u], bg[u], bl[u]);
     } else {
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
+      for (int u = 0; u < 4; ++u) v[u] = activation_output(a, e, scale, i0 + u, g[u], l[u]);
     }
   }
   if constexpr (kFp8) {
-    // ld = I, a multiple of 128: a half warp's 128 outputs are all live or all past I.
-    store_group8(v, live, a.out_codes + p * a.ld + i0,
-                 a.out_scales + p * (a.ld / kActQuantGroup) + i0 / kActQuantGroup);
+    // ld = I, a multiple of 128: the warp's 128 outputs are one group, all live or all past I.
+    if (!live) return;
+    store_group(v, a.out_codes + p * a.ld + i0,
+                a.out_scales + p * (a.ld / kActQuantGroup) + i0 / kActQuantGroup);
   } else {
     if (i0 >= a.ld) return;  // [I, ld): zeros
     const int64_t at = p * a.ld + i0;
     if (a.out_dtype == DType::kF32) {
-      float4* o = reinterpret_cast<float4*>(static_cast<float*>(a.out) + at);
-      o[0] = make_float4(v[0], v[1], v[2], v[3]);
-      o[1] = make_float4(v[4], v[5], v[6], v[7]);
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + at) =
+          make_float4(v[0], v[1], v[2], v[3]);
       return;
     }
     const bool bf16 = a.out_dtype == DType::kBF16;
-    uint32_t w[4];
+    uint32_t w[2];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < 2; ++u) {
       const uint32_t lo = bf16 ? num::f32_to_bf16(v[2 * u]) : num::f32_to_f16(v[2 * u]);
       const uint32_t hi = bf16 ? num::f32_to_bf16(v[2 * u + 1]) : num::f32_to_f16(v[2 * u + 1]);
       w[u] = lo | (hi << 16);
     }
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.out) + at) =
-        make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + at) = make_uint2(w[0], w[1]);
   }
 }
 
@@ -474,7 +453,7 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
                           : al(a.out, 16);
   const bool rows = a.inter % 8 == 0 && a.ld % 8 == 0 && a.ldh % 8 == 0 && al(a.h, 16) &&
                     (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok &&
-                    al(a.fc1_bias, 16) && al(a.fc3_bias, 16);  // biases read 8 at a time
+                    al(a.fc1_bias, 16) && al(a.fc3_bias, 16);  // biases read 4 at a time
   if (!rows) {
     if (fp8) {
       return Status::invalid(
@@ -486,7 +465,7 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
     return Status::ok();
   }
   const int64_t blocks = (a.routes + 7) / 8;  // 8 warps per block, a warp per route position
-  const int64_t slices = (a.ld + 255) / 256;  // 256 outputs per warp
+  const int64_t slices = (a.ld + 127) / 128;  // 128 outputs per warp
   if (blocks > 0x7FFFFFFF || slices > 65535) {
     return Status::invalid("activation: too many routes or columns");
   }
