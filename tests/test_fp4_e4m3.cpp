@@ -20,38 +20,46 @@ namespace {
 uint32_t bits(float f) { return num::f32_bits(f); }
 
 // The rule of fp4_e4m3.h, from its terms: no scale code above 252 (nan, or the dequantize path's
-// overflow before g), every nonzero code within 14 binades of the chunk's larger block, and
+// overflow before g), every nonzero code within 14 binades of the chunk's largest block in K, and
 // s = g * 2^(cmax - 133) normal (or g zero).
-bool rule_says_exact(const uint8_t* codes, int c0, int c1, float g) {
-  const int cmax = std::max(c0, c1);
+bool rule_says_exact(const uint8_t* codes, const std::vector<int>& c, float g) {
+  const int cmax = *std::max_element(c.begin(), c.end());
   if (cmax > 252) return false;
-  for (int i = 0; i < 64; ++i) {
+  for (size_t i = 0; i < 32 * c.size(); ++i) {
     const int q = (codes[i / 2] >> (4 * (i % 2))) & 0xF;
-    const int c = i < 32 ? c0 : c1;
-    if ((q & 7) != 0 && cmax - c > 14) return false;
+    if ((q & 7) != 0 && cmax - c[i / 32] > 14) return false;
   }
   if (g == 0.0f) return true;
   const double s = static_cast<double>(g) * std::ldexp(1.0, cmax - 133);
   return std::fabs(s) >= std::ldexp(1.0, -126) && std::fabs(s) < std::ldexp(1.0, 128);
 }
 
-// Checks one chunk: the verdict against the rule and, where exact, every weight bitwise.
-void check_chunk(const uint8_t* codes, int c0, int c1, float g) {
-  SCOPED_TRACE("c0 " + std::to_string(c0) + " c1 " + std::to_string(c1) + " g " +
-               std::to_string(g));
-  const uint8_t e8m0[2] = {static_cast<uint8_t>(c0), static_cast<uint8_t>(c1)};
-  uint8_t out[64];
+// Checks one chunk of kChunk codes whose first 32 c.size() lie in K: the verdict against the
+// rule and, where exact, every weight bitwise and the codes past K zero.
+template <int kChunk>
+void check_chunk_of(const uint8_t* codes, const std::vector<int>& c, float g) {
+  std::string trace = "chunk " + std::to_string(kChunk) + " g " + std::to_string(g) + " blocks";
+  for (int x : c) trace += " " + std::to_string(x);
+  SCOPED_TRACE(trace);
+  std::vector<uint8_t> e8m0(c.begin(), c.end());
+  uint8_t out[kChunk];
   float s = 0.0f;
-  const bool exact = formats::mxfp4_chunk_to_e4m3(codes, e8m0, g, out, &s);
-  ASSERT_EQ(exact, rule_says_exact(codes, c0, c1, g));
+  const int valid = static_cast<int>(32 * c.size());
+  const bool exact = formats::mxfp4_chunk_to_e4m3<kChunk>(codes, e8m0.data(), valid, g, out, &s);
+  ASSERT_EQ(exact, rule_says_exact(codes, c, g));
   if (!exact) return;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < valid; ++i) {
     const uint8_t q = (codes[i / 2] >> (4 * (i % 2))) & 0xF;
     const volatile float block = num::e2m1_to_f32(q) * num::e8m0_to_f32(e8m0[i / 32]);
     const float want = block * g;  // the dequantize path: the exact block product, then g
     const float got = num::e4m3_to_f32(out[i]) * s;
     ASSERT_EQ(bits(got), bits(want)) << "element " << i << " code " << int(q);
   }
+  for (int i = valid; i < kChunk; ++i) ASSERT_EQ(out[i], 0) << "past K, element " << i;
+}
+
+void check_chunk(const uint8_t* codes, int c0, int c1, float g) {
+  check_chunk_of<64>(codes, {c0, c1}, g);
 }
 
 TEST(Fp4E4m3, EverySpreadAndCode) {
@@ -77,11 +85,11 @@ TEST(Fp4E4m3, WideSpreadNeedsZeroCodes) {
   check_chunk(codes.data(), 100, 130, 1.0f);      // spread 30, the low block all zero: exact
   uint8_t e8m0[2] = {100, 130}, out[64];
   float s;
-  ASSERT_TRUE(formats::mxfp4_chunk_to_e4m3(codes.data(), e8m0, 1.0f, out, &s));
+  ASSERT_TRUE(formats::mxfp4_chunk_to_e4m3<64>(codes.data(), e8m0, 64, 1.0f, out, &s));
   EXPECT_EQ(out[7], 0x80) << "-0 keeps its sign";
   codes[5] = 0x01;  // 0.5 in the low block
   check_chunk(codes.data(), 100, 130, 1.0f);
-  ASSERT_FALSE(formats::mxfp4_chunk_to_e4m3(codes.data(), e8m0, 1.0f, out, &s));
+  ASSERT_FALSE(formats::mxfp4_chunk_to_e4m3<64>(codes.data(), e8m0, 64, 1.0f, out, &s));
   check_chunk(codes.data(), 116, 130, 1.0f);  // spread 14: exact (0.5 becomes 2^-9)
   check_chunk(codes.data(), 115, 130, 1.0f);  // 15: not
 }
@@ -98,6 +106,26 @@ TEST(Fp4E4m3, ScaleEnds) {
       check_chunk(codes.data(), c, std::max(0, c - 3), g);
     }
   }
+}
+
+// The FP8 GEMM's chunks of 128 (four blocks): random spreads, and chunks cut short by the end of
+// K (one, two or three blocks in K, the rest zeros), which take cmax from their blocks in K only.
+TEST(Fp4E4m3, RowsChunksAndShortChunks) {
+  std::mt19937 rng(4321);
+  std::vector<uint8_t> codes(64);
+  for (int trial = 0; trial < 4000; ++trial) {
+    for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+    const int blocks = 1 + static_cast<int>(rng() % 4);
+    std::vector<int> c(static_cast<size_t>(blocks));
+    for (int& x : c) x = 110 + static_cast<int>(rng() % 20);  // spreads up to 19 binades
+    const float g = trial % 7 == 0 ? 0.0f : std::ldexp(1.0f + (rng() % 100) / 128.0f, -3);
+    check_chunk_of<128>(codes.data(), c, g);
+  }
+  // A short chunk's missing blocks do not count: its one block at 100 converts though a block
+  // at 130 would have refused it.
+  std::fill(codes.begin(), codes.end(), 0x11);  // 0.5 everywhere
+  check_chunk_of<128>(codes.data(), {100}, 1.0f);
+  check_chunk_of<128>(codes.data(), {100, 130}, 1.0f);  // refused: 0.5 lies 30 binades down
 }
 
 }  // namespace

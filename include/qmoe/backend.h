@@ -86,7 +86,8 @@ struct PrepareOptions {
   // CUDA: the activations of the grouped GEMM path. "none" keeps ORT's numerics (bf16/f16
   // activations times the dequantized weights); "fp8_e4m3" quantizes each route's FC1 and FC2
   // input rows to e4m3 with a scale per 128 columns and runs both FCs on FP8 tensor cores
-  // (fp8 and fp8_block weights with 128 x 128 blocks; H and I multiples of 128). An explicit
+  // (fp8 and fp8_block weights with 128 x 128 blocks and K a multiple of 128; MXFP4 weights
+  // through an exact e4m3 copy, any K the format takes). An explicit
   // opt-in with its own error budget (docs/cuda-backend.md); the decode and fused paths keep
   // bf16/f16 activations. Empty: $QMOE_ACT_QUANT when set, else "none". The CPU backend takes
   // "none" only.

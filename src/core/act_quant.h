@@ -11,7 +11,8 @@
 // num::f32_to_e4m3 reproduces bit for bit, and quantize_rows_e4m3 is the host twin the tests hold
 // the device rows to.
 //
-//   codes  [rows, ldq] e4m3     scales [rows, k / kActQuantGroup] f32 (the GEMM's K-major SFB)
+//   codes  [rows, ldq] e4m3     scales [rows, ceil(k / kActQuantGroup)] f32 (the GEMM's K-major
+//                               SFB)
 #pragma once
 
 #include <cmath>
@@ -31,20 +32,24 @@ QMOE_HD float e4m3_group_inverse(float amax) { return amax > 0.0f ? kE4m3Max / a
 // bits).
 QMOE_HD uint8_t e4m3_group_code(float x, float inv) { return num::f32_to_e4m3(x * inv); }
 
-// rows x k values (row stride ldx) to codes (row stride ldq) and scales [rows, k / 128]; k a
-// multiple of kActQuantGroup.
+// rows x k values (row stride ldx) to codes (row stride ldq) and scales [rows, ceil(k / 128)].
+// Where k is not a multiple of kActQuantGroup (gpt-oss's 2880) the last group holds the row's
+// last k % 128 values and zeros: its codes past k are 0, and the row of codes is ceil(k / 128) x
+// 128 wide, which the FP8 GEMM's K (padded to 128) reads.
 inline void quantize_rows_e4m3(const float* x, int64_t ldx, int64_t rows, int64_t k, uint8_t* q,
                                int64_t ldq, float* scales) {
-  const int64_t groups = k / kActQuantGroup;
+  const int64_t groups = (k + kActQuantGroup - 1) / kActQuantGroup;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* v = x + r * ldx + g * kActQuantGroup;
+      const int64_t c0 = g * kActQuantGroup;
+      const int64_t n = k - c0 < kActQuantGroup ? k - c0 : kActQuantGroup;
+      const float* v = x + r * ldx + c0;
       float amax = 0.0f;
-      for (int i = 0; i < kActQuantGroup; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+      for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(v[i]));
       scales[r * groups + g] = e4m3_group_scale(amax);
       const float inv = e4m3_group_inverse(amax);
-      for (int i = 0; i < kActQuantGroup; ++i) {
-        q[r * ldq + g * kActQuantGroup + i] = e4m3_group_code(v[i], inv);
+      for (int64_t i = 0; i < kActQuantGroup; ++i) {
+        q[r * ldq + c0 + i] = i < n ? e4m3_group_code(v[i], inv) : 0;
       }
     }
   }

@@ -122,7 +122,9 @@ class ActivationRun {
     const int32_t r = perm_[static_cast<size_t>(p)];
     const int64_t e = ids_[static_cast<size_t>(r)];
     const double s = c_.scale_input ? weights_[static_cast<size_t>(r)] : 1.0;
-    auto h = [&](int64_t col) { return static_cast<double>(h_[static_cast<size_t>(p * ldh_ + col)]); };
+    auto h = [&](int64_t col) {
+      return static_cast<double>(h_[static_cast<size_t>(p * ldh_ + col)]);
+    };
     auto b1 = [&](int64_t row) {
       return c_.fc1_bias ? static_cast<double>(b1_[static_cast<size_t>(e * fc1_rows_ + row)]) : 0;
     };
@@ -162,8 +164,9 @@ class ActivationRun {
     if (ok) ok = dperm.upload(perm_);
     if (ok) ok = dids.upload(ids_);
     if (ok) ok = dw.upload(weights_);
-    const size_t out_bytes = c_.fp8 ? static_cast<size_t>(kRoutes * I)
-                                    : static_cast<size_t>(kRoutes * c_.ld) * dtype_size(c_.out_dtype);
+    const size_t out_bytes = c_.fp8
+                                 ? static_cast<size_t>(kRoutes * I)
+                                 : static_cast<size_t>(kRoutes * c_.ld) * dtype_size(c_.out_dtype);
     if (ok) ok = dout.allocate(out_bytes, 0xCD);
     if (ok && c_.fp8) ok = dscales.allocate(static_cast<size_t>(kRoutes * I / 128) * 4, 0xCD);
     if (!ok) return ok;
@@ -280,7 +283,7 @@ TEST(GpuActivation, BothKernelsGiveTheSameBitsAndTheHostsValues) {
           tol = 0.0626 * std::fabs(want) + s * 0.001 + 1e-5;
         } else {
           got = out_value(out, c.out_dtype, p * c.ld + i);
-          const double u = c.out_dtype == DType::kF32   ? 1e-5
+          const double u = c.out_dtype == DType::kF32    ? 1e-5
                            : c.out_dtype == DType::kBF16 ? 1.0 / 256
                                                          : 1.0 / 1024;
           tol = u * std::fabs(want) + 1e-5;

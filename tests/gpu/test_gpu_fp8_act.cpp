@@ -2,17 +2,20 @@
 // e4m3 per 128 columns and both FCs on the FP8 grouped GEMM (cutlass_fp8.h).
 //   - The gathered rows' codes and scales bit for bit against core/act_quant.h's host twin.
 //   - The activation's FP8 rows within e4m3's rounding of the host activation.
-//   - Whole layers (fp8_block b128 and per-expert fp8, fused and separate FC3, bf16 and f16, odd
+//   - Whole layers (fp8_block b128, per-expert fp8 and MXFP4 with H and I not multiples of 128,
+//     fused and separate FC3, bf16 and f16, odd
 //     token counts, experts without routes, every route on one expert) against the fp64 oracle
 //     within the mode's budget, and measurably less exact than the bf16 path (so the FP8 path
 //     ran). Graph replay bitwise equal to eager; the workspace's poison does not matter.
 //   - What the mode cannot run is an error naming act_quant.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/act_quant.h"
@@ -68,10 +71,14 @@ void check_fp8_layer(const LayerSpec& s, int64_t tokens, bool one_expert = false
   EXPECT_GT(fp8.error, 2 * exact.error) << "the FP8 path did not run? exact " << exact.error;
 }
 
+// H = 320: the last group holds 64 values and 64 zero codes (gpt-oss's 2880 = 22.5 x 128).
 TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
   QMOE_REQUIRE_GPU();
-  for (DType dt : {DType::kBF16, DType::kF16}) {
-    const int64_t T = 37, H = 384, slots = 3, R = T * slots, ldq = 416;
+  const std::pair<DType, int64_t> cases[] = {
+      {DType::kBF16, 384}, {DType::kF16, 384}, {DType::kBF16, 320}, {DType::kF16, 320}};
+  for (const auto& [dt, H] : cases) {
+    SCOPED_TRACE("H " + std::to_string(H));
+    const int64_t T = 37, slots = 3, R = T * slots, ldq = 416, G = (H + 127) / 128;
     const uint64_t seed = fresh_seed();
     std::vector<float> x = gaussian(static_cast<size_t>(T * H), seed, 3.0f);
     for (int64_t c = 0; c < 128; ++c) x[static_cast<size_t>(5 * H + 128 + c)] = 0.0f;  // a zero group
@@ -89,9 +96,9 @@ TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
     ASSERT_TRUE(din.upload(xin));
     ASSERT_TRUE(dperm.upload(perm));
     ASSERT_TRUE(dq.allocate(static_cast<size_t>(R * ldq), 0xCD));
-    ASSERT_TRUE(ds.allocate(static_cast<size_t>(R * H / 128) * 4, 0xCD));
+    ASSERT_TRUE(ds.allocate(static_cast<size_t>(R * G) * 4, 0xCD));
     ASSERT_TRUE(tq.allocate(static_cast<size_t>(T * ldq), 0xCD));
-    ASSERT_TRUE(ts.allocate(static_cast<size_t>(T * H / 128) * 4, 0xCD));
+    ASSERT_TRUE(ts.allocate(static_cast<size_t>(T * G) * 4, 0xCD));
     const int32_t clear[4] = {0, INT32_MAX, 0, INT32_MAX};
     ASSERT_TRUE(derr.upload(clear, sizeof(clear)));
     const Status st = cuda::launch_gather_fp8(
@@ -111,7 +118,7 @@ TEST(GpuFp8Act, GatheredRowsEqualTheHostTwin) {
                   static_cast<size_t>(H) * 4);
     }
     std::vector<uint8_t> want_q(static_cast<size_t>(R * ldq), 0xCD);
-    std::vector<float> want_s(static_cast<size_t>(R * H / 128));
+    std::vector<float> want_s(static_cast<size_t>(R * G));
     quantize_rows_e4m3(rows.data(), H, R, H, want_q.data(), ldq, want_s.data());
     int zero_groups = 0;
     for (size_t i = 0; i < sc.size(); ++i) {
@@ -254,6 +261,77 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 1), 300, true);
 }
 
+// A decode call (1 and 3 tokens) of the layer with FP8 activations is the plain layer's, bit for
+// bit: act_quant changes the generic path only.
+void expect_decode_calls_plain(const TestLayer& tl, uint64_t seed) {
+  for (int64_t tokens : {1, 3}) {
+    TestInputs ti;
+    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
+    GpuRun fp8, plain;
+    gpu_run(tl, ti, &fp8, fp8_options("decode/1"));
+    if (::testing::Test::HasFatalFailure()) return;
+    gpu_run(tl, ti, &plain, with_dispatch("decode/1"));
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(fp8.out, plain.out) << tokens << " tokens, seed " << seed;
+  }
+}
+
+LayerSpec mxfp4_spec(DType dt, int64_t h, int64_t i, int64_t e, int k) {
+  LayerSpec s = small_spec(WeightFormat::kMxFp4, h, i, e, k);
+  s.act_dtype = dt;
+  return s;
+}
+
+// gpt-oss's form at a small size: H and I not multiples of 128 (2.5 and 1.5 groups: K padded to
+// whole groups), FC biases, the clamped SwiGLU.
+LayerSpec gpt_oss_like(DType dt) {
+  LayerSpec s = mxfp4_spec(dt, 320, 192, 8, 4);
+  s.has_fc1_bias = s.has_fc2_bias = true;
+  s.activation.alpha = 1.702f;
+  s.activation.limit = 7.0f;
+  s.activation.beta = 1.0f;
+  return s;
+}
+
+// MXFP4 through its exact e4m3 copy with row scales on the FP8 GEMM: both tiles, both dtypes,
+// gpt-oss's form, and a separate FC3 (joined with FC1).
+TEST(GpuFp8Act, Mxfp4LayersMatchTheOracleWithinTheBudget) {
+  QMOE_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int64_t tokens : {5, 129, 333, 1100}) {
+      check_fp8_layer(mxfp4_spec(dt, 256, 128, 16, 4), tokens);
+    }
+    for (int64_t tokens : {7, 333, 1100}) check_fp8_layer(gpt_oss_like(dt), tokens);
+  }
+  LayerSpec f3 = mxfp4_spec(DType::kBF16, 384, 256, 16, 4);
+  f3.activation.glu = GluLayout::kSeparateFc3;
+  check_fp8_layer(f3, 129);
+  check_fp8_layer(mxfp4_spec(DType::kBF16, 256, 128, 16, 1), 300, true);  // one expert
+}
+
+// The MXFP4 FP8 layer's graph replay equals its eager call, its workspace poison does not
+// matter, its dispatch window is MXFP4's, and its decode calls are the plain layer's bit for bit
+// (the raw codes it frees were the generic path's only).
+TEST(GpuFp8Act, Mxfp4ReplayPoisonAndDecode) {
+  QMOE_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  TestLayer tl;
+  make_layer(gpt_oss_like(DType::kBF16), seed, &tl);
+  std::unique_ptr<PreparedLayer> layer;
+  const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  check_replay_and_poison(tl, layer.get(), seed, 333, 300);
+  // The analytic window of MXFP4's e4m3 copy (6 routes per expert at this size: 12 tokens of
+  // top 4 over 8 experts), not the 64-token floor of other FP8 layers.
+  std::unique_ptr<PreparedLayer> auto_layer;
+  PrepareOptions o;
+  o.act_quant = "fp8_e4m3";
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, o, &auto_layer).is_ok());
+  EXPECT_EQ(auto_layer->dispatch_choice(12), "decode/1");
+  EXPECT_EQ(auto_layer->dispatch_choice(13), "generic");
+  expect_decode_calls_plain(tl, seed);
+}
+
 // act_quant changes the generic path only: a decode call of an FP8-activation layer is the plain
 // layer's, bit for bit (the decode kernels' f32 FC2 rows, finalized as f32 in the workspace the
 // FP8 path sizes for its bf16 rows), at DeepSeek-V3's shape class (H > 2I: FC2's f32 rows are the
@@ -265,16 +343,7 @@ TEST(GpuFp8Act, DecodeCallsAreThePlainLayers) {
   const uint64_t seed = fresh_seed();
   TestLayer tl;
   make_layer(s, seed, &tl);
-  for (int64_t tokens : {1, 3}) {
-    TestInputs ti;
-    make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    GpuRun fp8, plain;
-    gpu_run(tl, ti, &fp8, fp8_options("decode/1"));
-    if (HasFatalFailure()) return;
-    gpu_run(tl, ti, &plain, with_dispatch("decode/1"));
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(fp8.out, plain.out) << tokens << " tokens, seed " << seed;
-  }
+  expect_decode_calls_plain(tl, seed);
 }
 
 // A bf16 fp8_block layer prepared with FP8 activations on the generic path.
@@ -345,6 +414,19 @@ TEST(GpuFp8Act, WhatTheModeCannotRunIsAnError) {
   expect_error(b64, "b64");
   expect_error(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 320, 128, 8, 2), "fc1");  // H
   expect_error(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 96, 8, 2), "fc2");   // I
+  {
+    // An MXFP4 chunk whose second block lies 20 binades below its first: no exact e4m3 copy.
+    TestLayer tl;
+    make_layer(mxfp4_spec(DType::kBF16, 256, 128, 8, 2), fresh_seed(), &tl);
+    tl.fc1.scales[0] = static_cast<uint8_t>(std::min(252, tl.fc1.scales[1] + 20));
+    bind_weights(&tl);
+    std::unique_ptr<PreparedLayer> layer;
+    const Status st = prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, fp8_options(), &layer);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find("act_quant"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("MXFP4"), std::string::npos) << st.to_string();
+    EXPECT_EQ(layer, nullptr);
+  }
   LayerSpec f32 = fp8_spec(WeightFormat::kFp8Block, DType::kF32, 256, 128, 8, 2);
   expect_error(f32, "f32");
   // The environment's spelling, checked like the field.

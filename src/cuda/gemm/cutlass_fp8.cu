@@ -8,8 +8,9 @@
 //            expert): K = 128 e4m3 codes are one 128-byte swizzle row and exactly one scale
 //            block, so each K tile promotes once with one scale pair; M = 128 weight rows is the
 //            weights' scale block (the collective needs the block to divide the tile).
-//   scales   SFA (weights) in 128 x 128 blocks, SFB (activations) per row and 128 columns, both
-//            K-major: fp8_block's own scale layout and act_quant.h's rows, neither transposed.
+//   scales   SFA (weights) in 128 x 128 blocks (fp8_block's own layout) or per weight row and
+//            128 columns (row_scales: MXFP4's e4m3 copy), SFB (activations) per row and 128
+//            columns (act_quant.h's rows), all K-major, none transposed.
 //   D        bf16: FC1's rows feed the activation's FP8 quantization and FC2's the weighted
 //            combine; fp32 rows would double both kernels' reads and the epilogue's writes
 //            (0.94 GB of FC2 rows on DeepSeek-V3 at 4096 tokens) for precision the e4m3
@@ -49,7 +50,8 @@ using Fp8PingEpilogue = GroupEpilogueFor<Fp8PingTile, Fp8Cluster, cutlass::bfloa
                                          cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 constexpr int kFp8PingEpilogueSmem = static_cast<int>(sizeof(Fp8PingEpilogue::SharedStorage));
 
-template <typename Tile, typename Epilogue, int kEpilogueSmem, typename Schedule>
+// kScaleRowsA: the weights' scale block along their rows, 128 (fp8_block) or 1 (row_scales).
+template <typename Tile, typename Epilogue, int kEpilogueSmem, typename Schedule, int kScaleRowsA>
 struct Fp8GemmT {
   using Element = cutlass::float_e4m3_t;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
@@ -57,7 +59,7 @@ struct Fp8GemmT {
   using LayoutA = cutlass::layout::RowMajor;     // codes [n, k]: K-contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // the group's rows [rows, lda]: K-contiguous
   using ScaleConfig =
-      cutlass::detail::Sm90BlockwiseScaleConfig<kFp8ScaleBlock, 1, kFp8ScaleBlock,
+      cutlass::detail::Sm90BlockwiseScaleConfig<kScaleRowsA, 1, kFp8ScaleBlock,
                                                 cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
@@ -75,21 +77,27 @@ struct Fp8GemmT {
   static_assert(sizeof(StrideA) == 8 && sizeof(StrideB) == 8 && sizeof(StrideD) == 8,
                 "one 64-bit leading dimension per stride");
   static_assert(sizeof(Shape3) == 12, "(M, N, K) as three ints");
-  static_assert(Mainloop::ScaleGranularityM == kFp8ScaleBlock &&
+  static_assert(Mainloop::ScaleGranularityM == kScaleRowsA &&
                     Mainloop::ScaleGranularityN == 1 &&
                     Mainloop::ScaleGranularityK == kFp8ScaleBlock,
-                "weights in 128 x 128 blocks, activations per row and 128 columns");
+                "weights in 128 x 128 blocks or per row, activations per row, 128 columns");
 };
-using Fp8Coop = Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
-using Fp8Ping = Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise>;
-// Both share the setup kernel's types.
+using CoopSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+using PingSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
+using Fp8Coop =
+    Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem, CoopSchedule, kFp8ScaleBlock>;
+using Fp8Ping =
+    Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem, PingSchedule, kFp8ScaleBlock>;
+using Fp8CoopRows = Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem, CoopSchedule, 1>;
+using Fp8PingRows = Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem, PingSchedule, 1>;
+// All four share the setup kernel's types.
 using Fp8Gemm = Fp8Coop;
-static_assert(std::is_same_v<Fp8Coop::StrideA, Fp8Ping::StrideA> &&
-                  std::is_same_v<Fp8Coop::StrideB, Fp8Ping::StrideB> &&
-                  std::is_same_v<Fp8Coop::StrideD, Fp8Ping::StrideD>,
-              "one setup kernel for both schedules");
+template <typename G>
+constexpr bool kSameStrides = std::is_same_v<Fp8Gemm::StrideA, typename G::StrideA> &&
+                              std::is_same_v<Fp8Gemm::StrideB, typename G::StrideB> &&
+                              std::is_same_v<Fp8Gemm::StrideD, typename G::StrideD>;
+static_assert(kSameStrides<Fp8Ping> && kSameStrides<Fp8CoopRows> && kSameStrides<Fp8PingRows>,
+              "one setup kernel for every schedule and scale layout");
 
 struct Fp8Parts {
   size_t shapes, ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb, stride_a, stride_b, stride_d, cutlass,
@@ -104,7 +112,8 @@ __global__ void fp8_setup_kernel(const Fp8GemmArgs p, Fp8Gemm::Shape3* shapes, c
                                  Fp8Gemm::StrideB* stride_b, Fp8Gemm::StrideD* stride_d) {
   const int n_touched = *p.sched.n_touched;
   const int64_t kb = p.k / kFp8ScaleBlock;
-  const int64_t nb = (p.n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  // The weights' scale rows per expert: a row per 128 weight rows, or per weight row.
+  const int64_t nb = p.row_scales ? p.n : (p.n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
        j += gridDim.x * blockDim.x) {
     int rows = 0;
@@ -220,8 +229,11 @@ bool fp8_gemm_shape_ok(int64_t n, int64_t k, std::string* why) {
 
 size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count) {
   if (max_groups <= 0) return 0;
-  return std::max(cutlass_detail::fp8_parts<cutlass_detail::Fp8Coop>(max_groups, sm_count).total,
-                  cutlass_detail::fp8_parts<cutlass_detail::Fp8Ping>(max_groups, sm_count).total);
+  using namespace cutlass_detail;
+  return std::max({fp8_parts<Fp8Coop>(max_groups, sm_count).total,
+                   fp8_parts<Fp8Ping>(max_groups, sm_count).total,
+                   fp8_parts<Fp8CoopRows>(max_groups, sm_count).total,
+                   fp8_parts<Fp8PingRows>(max_groups, sm_count).total});
 }
 
 Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspace,
@@ -259,8 +271,13 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
                            std::to_string(need) + " bytes, 256-byte aligned, got " +
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
-  return p.tile_n == 64 ? launch_with<Fp8Ping>(p, sm_count, static_cast<char*>(workspace), stream)
-                        : launch_with<Fp8Coop>(p, sm_count, static_cast<char*>(workspace), stream);
+  char* ws = static_cast<char*>(workspace);
+  if (p.row_scales) {
+    return p.tile_n == 64 ? launch_with<Fp8PingRows>(p, sm_count, ws, stream)
+                          : launch_with<Fp8CoopRows>(p, sm_count, ws, stream);
+  }
+  return p.tile_n == 64 ? launch_with<Fp8Ping>(p, sm_count, ws, stream)
+                        : launch_with<Fp8Coop>(p, sm_count, ws, stream);
 }
 
 }  // namespace qmoe::cuda

@@ -9,12 +9,15 @@
 //            CUTLASS M = n (features)     N = the group's rows      K
 //   A    = codes of expert e   [n, k]  e4m3, row-major (K-contiguous)
 //   SFA  = its block scales    [ceil(n / 128), k / 128]  f32, one per 128 x 128 block (fp8_block's
-//                              own layout; per-expert fp8 repeats its global scale)
+//                              own layout; per-expert fp8 repeats its global scale), or with
+//                              row_scales [n, k / 128], one per weight row and 128 columns
+//                              (MXFP4's e4m3 copy, core/formats/fp4_e4m3.h)
 //   B    = the group's rows    [rows, lda]  e4m3 (act_quant.h's rows)
 //   SFB  = their scales        [rows, k / 128]  f32, one per row and 128 columns (K-major)
 //   D    = C rows of the group [rows, ldc]  bf16 (rounded once from the fp32 accumulators):
 //                              D(m, r) = c[(row0 + r) * ldc + m]
 //   D(m, r) = sum over K blocks b of SFA(m / 128, b) SFB(r, b) sum_{k in b} A(m, k) B(k, r)
+//             (SFA(m, b) with row_scales)
 //
 // The partial sums of each K block are promoted to the fp32 accumulator with both scales applied
 // (CUTLASS's ScalePromotionInterval: every 128 columns), so the scales never round the codes.
@@ -46,7 +49,8 @@ struct Fp8GemmArgs {
   int64_t ldc = 0;
   int64_t n = 0, k = 0;
   const uint8_t* codes = nullptr;     // [E, n, k] e4m3
-  const float* w_scales = nullptr;    // [E, ceil(n / 128), k / 128]
+  const float* w_scales = nullptr;    // [E, ceil(n / 128), k / 128], or [E, n, k / 128]
+  bool row_scales = false;            // w_scales per weight row (the second form)
   GroupSchedule sched;                // tile_start is not read
   int max_groups = 0;                 // an upper bound of *sched.n_touched (min(E, routes))
   int tile_n = 128;  // the tile's rows: 128 (cooperative 128 x 128) or 64 (pingpong 128 x 64)

@@ -148,9 +148,10 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
       for (int64_t r = 0; r < n; ++r) {
         for (int64_t b = 0; b < kb; ++b) {
           float s = 0.0f;
-          const bool ok = formats::mxfp4_chunk_to_e4m3(
+          const bool ok = formats::mxfp4_chunk_to_e4m3<formats::kFp4E4m3Chunk>(
               src + (e * n + r) * (k / 2) + b * (chunk / 2), scales + (e * n + r) * blocks + 2 * b,
-              global_scale[e], &out->codes[static_cast<size_t>((e * n + r) * k + b * chunk)], &s);
+              formats::kFp4E4m3Chunk, global_scale[e],
+              &out->codes[static_cast<size_t>((e * n + r) * k + b * chunk)], &s);
           out->exact = out->exact && ok;
           std::memcpy(&out->scales[static_cast<size_t>(((e * kb + b) * n + r) * 4)], &s, 4);
         }

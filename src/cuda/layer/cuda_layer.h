@@ -90,12 +90,16 @@ struct MixedFc {
   bool on() const { return codes != nullptr; }
 };
 
-// An FC's copy for the FP8 grouped GEMM (act_quant, cutlass_fp8.h): ORT's e4m3 codes and f32 block
-// scales [E, ceil(n / 128), k / 128].
+// An FC's copy for the FP8 grouped GEMM (act_quant, cutlass_fp8.h): e4m3 codes [E, n, k] and f32
+// scales, ORT's codes with block scales [E, ceil(n / 128), k / 128] (fp8, fp8_block), or MXFP4's
+// exact e4m3 copy with row scales [E, n, k / 128] (core/formats/fp4_e4m3.h; k is K rounded up to
+// 128, the codes past K zero).
 struct Fp8Fc {
   const uint8_t* codes = nullptr;
   const float* scales = nullptr;
   int64_t n = 0, k = 0;
+  bool row_scales = false;
+  int64_t scale_rows() const { return row_scales ? n : (n + 127) / 128; }  // per expert
   bool on() const { return codes != nullptr; }
 };
 
@@ -116,6 +120,8 @@ class CudaLayer final : public PreparedLayer {
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
     ip_ = pad_k(spec.inter);
+    hq_ = (spec.hidden + 127) / 128 * 128;
+    iq_ = (spec.inter + 127) / 128 * 128;
     n1p_ = pad_k(spec.fc1_rows());
     slot_elems_ = std::max(spec.fc1_rows() * hp_, spec.hidden * ip_);
     if (spec.has_fc3()) slot_elems_ = std::max(slot_elems_, spec.inter * hp_);
@@ -223,8 +229,14 @@ class CudaLayer final : public PreparedLayer {
   // an FC's copy (codes as uploaded, block scales in f32).
   Status check_fp8_support() const;
   // Every FC's FP8 copy; a separate FC3 without biases joins FC1 as one [2I, H] FC (gate rows,
-  // then linear rows), so that one GEMM runs both.
+  // then linear rows), so that one GEMM runs both, where both parts take the same scale form.
   Status prepare_fp8(const LayerWeights& w);
+  // One FC's FP8 copy: ORT's codes and block scales (fp8, fp8_block), or MXFP4's exact e4m3
+  // copy (prepare_fp8_mxfp4), K padded to kq.
+  Status fp8_part(const FcFormat& f, const FcWeights& w, DeviceFc* fc, int64_t kq, Fp8Fc* out);
+  // MXFP4's e4m3 copy with row scales, from the uploaded K-packed codes (which it frees), e8m0
+  // and global scales; an FC with a chunk that does not convert exactly is refused.
+  Status prepare_fp8_mxfp4(DeviceFc* fc, int64_t kq, Fp8Fc* out);
   // The f32 block scales [E, ceil(n / 128), k / 128] of one FC, built on the host.
   std::vector<float> fp8_block_scales(const FcFormat& f, const FcWeights& w, int64_t n,
                                       int64_t k) const;
@@ -297,6 +309,8 @@ class CudaLayer final : public PreparedLayer {
   DType cdt_;
   size_t cs_;
   int64_t hp_, ip_, n1p_, slot_elems_;
+  // The FP8 path's K widths (act_quant): hidden and inter rounded up to its 128-column groups.
+  int64_t hq_, iq_;
   DeviceFc fc1_, fc2_, fc3_;
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are formats that layout supports (plan_decode).

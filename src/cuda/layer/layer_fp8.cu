@@ -8,8 +8,11 @@
 //   FC2             FP8 grouped GEMM -> y (bf16, h's space)
 //
 // then the same finalize as every generic call, on bf16 rows (FinalizeArgs::y_dtype). The
-// quantization is core/act_quant.h's; the weights are ORT's e4m3 codes with f32 block scales, so
-// nothing is dequantized.
+// quantization is core/act_quant.h's; the weights are ORT's e4m3 codes with f32 block scales
+// (fp8, fp8_block) or MXFP4's exact e4m3 copy with a scale per row and 128 columns
+// (core/formats/fp4_e4m3.h), so nothing is dequantized. K runs in whole 128-column groups: where
+// H or I is not a multiple of 128 (gpt-oss's 2880) the rows and the MXFP4 copies carry zeros up
+// to hq_ / iq_, which add nothing to any sum.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -40,12 +43,16 @@ Status CudaLayer::check_fp8_support() const {
   for (const Fc& fc : fcs) {
     const bool block128 =
         fc.f.format == WeightFormat::kFp8Block && fc.f.block_size == kFp8ScaleBlock;
-    if (fc.f.format != WeightFormat::kFp8 && !block128) {
-      return fail("runs fp8 (per expert) and fp8_block b128 weights, got " +
+    const bool mxfp4 = fc.f.format == WeightFormat::kMxFp4;
+    if (fc.f.format != WeightFormat::kFp8 && !block128 && !mxfp4) {
+      return fail("runs fp8 (per expert), fp8_block b128 and mxfp4 weights, got " +
                   std::string(fc.name) + " " + fc.f.to_string());
     }
+    // MXFP4's copy is built K-padded to 128 (its k a multiple of 32); ORT's e4m3 codes are read
+    // as they stand, so their k must be a whole number of scale blocks.
+    const int64_t kq = mxfp4 ? (fc.k + kFp8ScaleBlock - 1) / kFp8ScaleBlock * kFp8ScaleBlock : fc.k;
     std::string why;
-    if (!fp8_gemm_shape_ok(fc.n, fc.k, &why)) {
+    if (!fp8_gemm_shape_ok(fc.n, kq, &why)) {
       return fail("needs " + std::string(fc.name) + "'s shape [n, k] with " + why);
     }
   }
@@ -70,69 +77,71 @@ std::vector<float> CudaLayer::fp8_block_scales(const FcFormat& f, const FcWeight
   return scales;
 }
 
+Status CudaLayer::fp8_part(const FcFormat& f, const FcWeights& w, DeviceFc* fc, int64_t kq,
+                           Fp8Fc* out) {
+  if (f.format == WeightFormat::kMxFp4) return prepare_fp8_mxfp4(fc, kq, out);
+  if (fc->weight == nullptr) return Status::internal("fp8_part: the e4m3 codes were not uploaded");
+  const std::vector<float> scales = fp8_block_scales(f, w, fc->n, fc->k);
+  void* ps = nullptr;
+  QMOE_RETURN_IF_ERROR(keep(scales.size() * sizeof(float), &ps));
+  QMOE_CUDA_TRY(
+      cudaMemcpy(ps, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  out->codes = fc->weight;
+  out->scales = static_cast<const float*>(ps);
+  out->n = fc->n;
+  out->k = fc->k;
+  out->row_scales = false;
+  return Status::ok();
+}
+
 Status CudaLayer::prepare_fp8(const LayerWeights& w) {
-  struct Part {
-    const FcFormat& f;
-    const FcWeights& w;
-    const DeviceFc& fc;
-  };
   const int64_t E = spec_.weight_experts();
-  // One FP8 copy of the parts, stacked per expert along n (each part's codes and scale rows
-  // after the previous part's): ORT's codes where there is one part, else a joined buffer.
-  auto copy_of = [&](std::vector<Part> parts, Fp8Fc* out) -> Status {
-    const int64_t k = parts[0].fc.k;
-    int64_t n = 0;
-    std::vector<std::vector<float>> scales;
-    for (const Part& p : parts) {
-      if (p.fc.weight == nullptr) {
-        return Status::internal("prepare_fp8: the e4m3 codes were not uploaded");
-      }
-      n += p.fc.n;
-      scales.push_back(fp8_block_scales(p.f, p.w, p.fc.n, k));
+  // Joins the parts' copies along n, per expert (each part's codes and scale rows after the
+  // previous part's), into buffers of their own; the parts' buffers are freed.
+  auto join = [&](const std::vector<Fp8Fc>& parts, Fp8Fc* out) -> Status {
+    const int64_t k = parts[0].k, kb = k / kFp8ScaleBlock;
+    int64_t n = 0, srows = 0;
+    for (const Fp8Fc& p : parts) n += p.n, srows += p.scale_rows();
+    void *pc = nullptr, *ps = nullptr;
+    QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &pc));
+    QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * srows * kb) * sizeof(float), &ps));
+    // One strided copy per part and array: E experts of rows x row bytes, into rows [row, row +
+    // rows_p) of each expert's.
+    int64_t row = 0, srow = 0;
+    for (const Fp8Fc& p : parts) {
+      const size_t code_bytes = static_cast<size_t>(p.n * k);
+      QMOE_CUDA_TRY(cudaMemcpy2D(static_cast<uint8_t*>(pc) + row * k, static_cast<size_t>(n * k),
+                                 p.codes, code_bytes, code_bytes, static_cast<size_t>(E),
+                                 cudaMemcpyDeviceToDevice));
+      const size_t scale_bytes = static_cast<size_t>(p.scale_rows() * kb) * sizeof(float);
+      QMOE_CUDA_TRY(cudaMemcpy2D(static_cast<float*>(ps) + srow * kb,
+                                 static_cast<size_t>(srows * kb) * sizeof(float), p.scales,
+                                 scale_bytes, scale_bytes, static_cast<size_t>(E),
+                                 cudaMemcpyDeviceToDevice));
+      row += p.n, srow += p.scale_rows();
     }
-    std::vector<float> joined;
-    for (int64_t e = 0; e < E; ++e) {
-      for (const std::vector<float>& s : scales) {
-        const int64_t per = static_cast<int64_t>(s.size()) / E;
-        joined.insert(joined.end(), s.begin() + e * per, s.begin() + (e + 1) * per);
-      }
-    }
-    void* ps = nullptr;
-    QMOE_RETURN_IF_ERROR(keep(joined.size() * sizeof(float), &ps));
-    QMOE_CUDA_TRY(cudaMemcpy(ps, joined.data(), joined.size() * sizeof(float),
-                             cudaMemcpyHostToDevice));
+    for (const Fp8Fc& p : parts) release(p.codes), release(p.scales);
+    *out = parts[0];
+    out->codes = static_cast<const uint8_t*>(pc);
     out->scales = static_cast<const float*>(ps);
     out->n = n;
-    out->k = k;
-    if (parts.size() == 1) {
-      out->codes = parts[0].fc.weight;
-      return Status::ok();
-    }
-    void* pc = nullptr;
-    QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &pc));
-    // One strided copy per part: E experts of n_p x k bytes, into rows [row, row + n_p) of each
-    // expert's n.
-    int64_t row = 0;
-    for (const Part& p : parts) {
-      const size_t bytes = static_cast<size_t>(p.fc.n * k);
-      QMOE_CUDA_TRY(cudaMemcpy2D(static_cast<uint8_t*>(pc) + row * k, static_cast<size_t>(n * k),
-                                 p.fc.weight, bytes, bytes, static_cast<size_t>(E),
-                                 cudaMemcpyDeviceToDevice));
-      row += p.fc.n;
-    }
-    for (const Part& p : parts) release(p.fc.weight);  // the joined copy is the only reader
-    out->codes = static_cast<const uint8_t*>(pc);
     return Status::ok();
   };
-  fp8_joined_ = spec_.has_fc3() && !spec_.has_fc1_bias && !spec_.has_fc3_bias;
+  // FC1 and a separate FC3 join where one GEMM can run both: no biases (the activation reads
+  // each bias by its own FC's rows), the same scale form, and block scales that do not straddle
+  // the seam (FC1's n a whole number of 128-row blocks).
+  const bool mx1 = spec_.fc1.format == WeightFormat::kMxFp4;
+  fp8_joined_ = spec_.has_fc3() && !spec_.has_fc1_bias && !spec_.has_fc3_bias &&
+                mx1 == (spec_.fc3.format == WeightFormat::kMxFp4) &&
+                (mx1 || fc1_.n % kFp8ScaleBlock == 0);
+  QMOE_RETURN_IF_ERROR(fp8_part(spec_.fc1, w.fc1, &fc1_, hq_, &fp8_1_));
+  if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(fp8_part(spec_.fc3, w.fc3, &fc3_, hq_, &fp8_3_));
   if (fp8_joined_) {
-    QMOE_RETURN_IF_ERROR(copy_of({{spec_.fc1, w.fc1, fc1_}, {spec_.fc3, w.fc3, fc3_}}, &fp8_1_));
-    fc1_.weight = fc3_.weight = nullptr;
-  } else {
-    QMOE_RETURN_IF_ERROR(copy_of({{spec_.fc1, w.fc1, fc1_}}, &fp8_1_));
-    if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(copy_of({{spec_.fc3, w.fc3, fc3_}}, &fp8_3_));
+    QMOE_RETURN_IF_ERROR(join({fp8_1_, fp8_3_}, &fp8_1_));
+    fp8_3_ = Fp8Fc{};
+    fc1_.weight = fc3_.weight = nullptr;  // the joined copy is the only reader
   }
-  return copy_of({{spec_.fc2, w.fc2, fc2_}}, &fp8_2_);
+  return fp8_part(spec_.fc2, w.fc2, &fc2_, iq_, &fp8_2_);
 }
 
 Status CudaLayer::run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const RouteMapsView& maps,
@@ -148,6 +157,7 @@ Status CudaLayer::run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const R
   g.k = f8.k;
   g.codes = f8.codes;
   g.w_scales = f8.scales;
+  g.row_scales = f8.row_scales;
   g.sched = schedule(l, ws, maps);
   g.max_groups = max_groups(maps);
   const int64_t routes = maps.tokens * spec_.slots();
@@ -167,33 +177,33 @@ Status CudaLayer::run_generic_fp8(const RunInputs& in, const Layout& l, char* ws
   // Each token's FP8 row first, in FC1's output space (dead until FC1 writes it), then copied to
   // every route of the token.
   uint8_t* token_codes = reinterpret_cast<uint8_t*>(ws + l.hy);
-  float* token_scales = reinterpret_cast<float*>(token_codes + maps.tokens * hp_);
+  float* token_scales = reinterpret_cast<float*>(token_codes + maps.tokens * hq_);
   QMOE_RETURN_IF_ERROR(launch_gather_fp8(in.input.data, spec_.act_dtype, spec_.hidden,
                                          maps.tokens, maps.permuted_route, slots, token_codes,
-                                         token_scales, xq, hp_, xs, error_.as<int32_t>(),
+                                         token_scales, xq, hq_, xs, error_.as<int32_t>(),
                                          stream));
   ActivationArgs aa = activation_args(maps, h, h3);
   aa.h_dtype = aa.h3_dtype = DType::kBF16;
   if (fp8_joined_) {
     // FC1 and FC3 in one GEMM: rows [gate (I); linear (I)], the concatenated gated layout, over
     // FC1's and FC3's output space together (N1p + Ip = 2I columns).
-    QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_1_, l, ws, maps, xq, xs, hp_, h, n1p_ + ip_, stream));
+    QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_1_, l, ws, maps, xq, xs, hq_, h, n1p_ + ip_, stream));
     aa.act.glu = GluLayout::kConcatenated;
     aa.ldh = n1p_ + ip_;
     aa.h3 = nullptr;
     aa.fc1_rows = 2 * spec_.inter;
   } else {
-    QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_1_, l, ws, maps, xq, xs, hp_, h, n1p_, stream));
+    QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_1_, l, ws, maps, xq, xs, hq_, h, n1p_, stream));
     if (spec_.has_fc3()) {
-      QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_3_, l, ws, maps, xq, xs, hp_, h3, ip_, stream));
+      QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_3_, l, ws, maps, xq, xs, hq_, h3, ip_, stream));
     }
   }
   aa.out_codes = xq;  // the gathered rows are dead once FC1 and FC3 have run
   aa.out_scales = xs;
-  aa.ld = ip_;  // = I (check_fp8_support: a multiple of 128)
+  aa.ld = iq_;  // I rounded up to 128: FC2's K
   QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
-  QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_2_, l, ws, maps, xq, xs, ip_, h, hp_, stream));
+  QMOE_RETURN_IF_ERROR(run_fc_fp8(fp8_2_, l, ws, maps, xq, xs, iq_, h, hp_, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }

@@ -293,6 +293,48 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   return Status::ok();
 }
 
+// MXFP4's copy for the FP8 GEMM (act_quant): e4m3 codes [E, n, kq] with f32 scales per row and
+// 128 columns (device_mxfp4_e4m3_rows), from init's upload of the K-packed codes (then freed: the
+// decode path has packed its own copy and the generic path reads this one), e8m0 and global
+// scales. A chunk that does not convert exactly refuses the layer: FP8 activations run every
+// FC on the FP8 GEMM, and the weights stay exact.
+Status CudaLayer::prepare_fp8_mxfp4(DeviceFc* fc, int64_t kq, Fp8Fc* out) {
+  const int64_t E = spec_.weight_experts(), n = fc->n, k = fc->k;
+  if (fc->weight == nullptr || fc->scales == nullptr || fc->global_scale == nullptr) {
+    return Status::internal("prepare_fp8_mxfp4: the codes and scales were not uploaded");
+  }
+  if (fc->format.fp4_layout != Fp4Layout::kKPacked) {  // upload_fc repacks N-packed codes
+    return Status::internal("prepare_fp8_mxfp4: expected K-packed codes");
+  }
+  DeviceBuffer flag;
+  void *e4m3 = nullptr, *s = nullptr;
+  QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * kq), &e4m3));
+  QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * (kq / 128)) * sizeof(float), &s));
+  QMOE_RETURN_IF_ERROR(flag.allocate(sizeof(int32_t)));
+  QMOE_CUDA_TRY(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), kPrepareStream));
+  QMOE_RETURN_IF_ERROR(device_mxfp4_e4m3_rows(fc->weight, fc->scales, fc->global_scale, E, n, k,
+                                              kq, static_cast<uint8_t*>(e4m3),
+                                              static_cast<float*>(s), flag.as<int32_t>(),
+                                              kPrepareStream));
+  int32_t inexact = 0;
+  QMOE_CUDA_TRY(cudaMemcpy(&inexact, flag.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  if (inexact != 0) {
+    return Status::invalid(
+        "act_quant: fp8_e4m3 needs MXFP4 weights whose e4m3 copy is exact: every 128-column "
+        "chunk's nonzero codes within 14 binades of its largest block scale, block scale codes "
+        "<= 252 and the global scale times 2^(cmax - 133) a normal float (core/formats/"
+        "fp4_e4m3.h); an FC of this layer has a chunk that is not");
+  }
+  release(fc->weight);
+  fc->weight = nullptr;
+  out->codes = static_cast<const uint8_t*>(e4m3);
+  out->scales = static_cast<const float*>(s);
+  out->n = n;
+  out->k = kq;
+  out->row_scales = true;
+  return Status::ok();
+}
+
 // The decode path runs bf16/f16 layers whose FC1 and FC2 are integer formats of 2, 3, 4 or 8 bits
 // (blocks >= 16 or per channel), NVFP4/MXFP4 or fp8/fp8_block (blocks >= 32), K a multiple of 16,
 // with FC1 and the gate in one tensor, or FP8 with a separate FC3 (the linear half) of FC1's
@@ -503,16 +545,20 @@ Status CudaLayer::plan_fused() {
 }
 
 GenericKind CudaLayer::generic_kind() const {
-  if (act_fp8_) return GenericKind::kReadsCodes;  // the FP8 GEMM's tiles are 64 and 128 rows
+  // MXFP4 through an e4m3 copy on every FC (prepare_mixed_e4m3, or prepare_fp8_mxfp4).
+  const bool mxfp4 = spec_.fc1.format == WeightFormat::kMxFp4 &&
+                     spec_.fc2.format == WeightFormat::kMxFp4 &&
+                     (!spec_.has_fc3() || spec_.fc3.format == WeightFormat::kMxFp4);
+  // FP8 activations: the FP8 GEMM's 64-row tile for few rows per expert. An MXFP4 layer keeps
+  // the window its bf16 e4m3 copy measured: FP8 generic calls measured faster than the bf16 ones
+  // (gpt-oss-20b 265 / 289 us at 64 tokens, 273 / 294 at 128: bench/results/
+  // 2026-12-04-h200-mxfp4-fp8.md), so the decode path's end comes no later.
+  if (act_fp8_) return mxfp4 ? GenericKind::kE4m3Copy : GenericKind::kReadsCodes;
   if (!all_mixed()) return GenericKind::kDequantize;
   // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC,
   // and for the kinds whose window was measured against it (kInt4, kInt8, MXFP4's e4m3 copy;
   // fp8's kE4m3 keeps the window of kReadsCodes).
   const bool narrow_allowed = mixed_tile_ == 0 || mixed_tile_ == 32;
-  // MXFP4 through its e4m3 copy (prepare_mixed_e4m3: every FC's copy is that kind then).
-  const bool mxfp4 = spec_.fc1.format == WeightFormat::kMxFp4 &&
-                     spec_.fc2.format == WeightFormat::kMxFp4 &&
-                     (!spec_.has_fc3() || spec_.fc3.format == WeightFormat::kMxFp4);
   if (mxfp4) {
     return narrow_allowed && mixed_has_narrow_tile(MixedCodes::kE4m3, cdt_)
                ? GenericKind::kE4m3Copy

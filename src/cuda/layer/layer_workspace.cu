@@ -62,12 +62,16 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   QMOE_RETURN_IF_ERROR(general_routing_temp_bytes(t, slots, E, &temp));
   l->route_temp_bytes = temp;
   l->route_temp = take(temp);
-  l->xa = take(cs_ * r * std::max(hp_, ip_));
-  l->act_scales = take(act_fp8_ ? 4 * r * std::max(hp_, ip_) / kActQuantGroup : 0);
+  // The FP8 path's rows (act_quant): a byte per column of hq_ / iq_, a scale per 128 columns.
+  const int64_t q_cols = act_fp8_ ? std::max(hq_, iq_) : 0;
+  l->xa = take(std::max<int64_t>(cs_ * r * std::max(hp_, ip_), r * q_cols));
+  l->act_scales = take(4 * r * q_cols / kActQuantGroup);
   const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
   l->ya = take(act_rows_ ? cs_ * r * ip_ : 0);
   const int64_t hs = act_fp8_ ? 2 : 4;  // the FP8 GEMM's rows are bf16 (cutlass_fp8.h)
-  l->hy = take(std::max(hs * r * h_cols, 4 * r * hp_));
+  // hy also holds the FP8 path's per-token rows (tokens <= r) before FC1 writes it.
+  const int64_t token_rows = act_fp8_ ? r * (hq_ + 4 * hq_ / kActQuantGroup) : 0;
+  l->hy = take(std::max({hs * r * h_cols, 4 * r * hp_, token_rows}));
   l->h3 = l->hy + hs * r * n1p_;
   const int64_t per_slot = static_cast<int64_t>(cs_) * slot_elems_;
   const int64_t by_cap = static_cast<int64_t>(dequant_cap_ / static_cast<size_t>(per_slot));

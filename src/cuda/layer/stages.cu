@@ -245,16 +245,17 @@ __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64
 // A warp per (route position p, 128 outputs), four consecutive outputs i0..i0+3 per lane: the
 // grid is (route positions / 8, ld / 128), so nothing is divided. Four outputs a lane measured
 // as fast as eight at 4096 tokens and up to 3% faster (whole layer) below, where eight leave too
-// few warps to hide each warp's chain of loads (bench/results/2026-12-04-h200-activation-lanes.md). The
-// FC1 values depend on p alone, so their loads are issued before the route lookups and overlap
-// them; the stores are 8 bytes (16-bit outputs), 16 (f32) or, for FP8 rows, a word of codes per
-// lane and the warp's group scale (store_group: a warp's 128 outputs are one group). FC1's and
-// FC3's rows are read as their dtypes say (ActivationArgs::h_dtype, h3_dtype; a uniform branch
-// per load). kSwiGlu: the layer's activation is SwiGLU, computed without the per-value switch
-// over kinds and with its biases loaded four at a time (the same values and arithmetic as
-// activation_output, act_of_dots, so the same bits). Requires I, ld, ldh and ldh3 multiples of 8
-// and h, h3, out and the biases 16-byte aligned (launch_activation checks); whole warps return
-// together, so the FP8 group reduction has every lane.
+// few warps to hide each warp's chain of loads (bench/results/
+// 2026-12-04-h200-activation-lanes.md). The FC1 values depend on p alone, so their loads are
+// issued before the route lookups and overlap them; the stores are 8 bytes (16-bit outputs), 16
+// (f32) or, for FP8 rows, a word of codes per lane and the warp's group scale (store_group: a
+// warp's 128 outputs are one group). FC1's and FC3's rows are read as their dtypes say
+// (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
+// activation is SwiGLU, computed without the per-value switch over kinds and with its biases
+// loaded four at a time (the same values and arithmetic as activation_output, act_of_dots, so
+// the same bits). Requires I, ld, ldh and ldh3 multiples of 8 and h, h3, out and the biases
+// 16-byte aligned (launch_activation checks); whole warps return together, so the FP8 group
+// reduction has every lane.
 template <bool kFp8, bool kSwiGlu>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
@@ -304,8 +305,8 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
     }
   }
   if constexpr (kFp8) {
-    // ld = I, a multiple of 128: the warp's 128 outputs are one group, all live or all past I.
-    if (!live) return;
+    // ld a multiple of 128 (>= I): the warp's 128 outputs are one group; where I is not a
+    // multiple of 128, the group across I holds zeros past it (codes 0, act_quant.h).
     store_group(v, a.out_codes + p * a.ld + i0,
                 a.out_scales + p * (a.ld / kActQuantGroup) + i0 / kActQuantGroup);
   } else {
@@ -329,12 +330,13 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
 }
 
 // A warp per (token t, 128 columns of its row), four values per lane: one 8-byte load where the
-// input is 8-byte aligned (every row is then: hidden is a multiple of 128).
+// input is 8-byte aligned (every row is then: hidden is a multiple of 4). A last group cut short
+// by hidden (not a multiple of 128) quantizes its values with zeros after them (act_quant.h).
 __global__ void __launch_bounds__(256)
     quantize_tokens_kernel(const uint16_t* input, bool bf16, bool aligned8, int64_t hidden,
                            int64_t tokens, uint8_t* codes, int64_t ldq, float* scales,
                            int32_t* error) {
-  const int64_t chunks = hidden / kActQuantGroup;
+  const int64_t chunks = (hidden + kActQuantGroup - 1) / kActQuantGroup;
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (item >= tokens * chunks) return;
@@ -342,11 +344,11 @@ __global__ void __launch_bounds__(256)
   const int64_t chunk = item - t * chunks;
   const int64_t c0 = chunk * kActQuantGroup + 4 * lane;
   const uint16_t* src = input + t * hidden + c0;
-  uint16_t b[4];
-  if (aligned8) {
+  uint16_t b[4] = {0, 0, 0, 0};  // past hidden: zeros (hidden % 4 == 0: all four or none)
+  if (c0 < hidden && aligned8) {
     const uint2 w = *reinterpret_cast<const uint2*>(src);
     b[0] = w.x & 0xFFFFu, b[1] = w.x >> 16, b[2] = w.y & 0xFFFFu, b[3] = w.y >> 16;
-  } else {
+  } else if (c0 < hidden) {
     for (int u = 0; u < 4; ++u) b[u] = src[u];
   }
   float v[4];
@@ -448,8 +450,8 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
     return Status::invalid("activation: h_dtype, h3_dtype: expected f32 or bf16");
   }
   const bool separate = a.act.gated() && a.act.glu == GluLayout::kSeparateFc3;
-  const bool out_ok = fp8 ? al(a.out_codes, 8) && a.out_scales != nullptr && a.ld == a.inter &&
-                                a.ld % kActQuantGroup == 0
+  const bool out_ok = fp8 ? al(a.out_codes, 8) && a.out_scales != nullptr && a.ld >= a.inter &&
+                                a.ld % kActQuantGroup == 0 && a.ld - a.inter < kActQuantGroup
                           : al(a.out, 16);
   const bool rows = a.inter % 8 == 0 && a.ld % 8 == 0 && a.ldh % 8 == 0 && al(a.h, 16) &&
                     (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok &&
@@ -457,7 +459,7 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   if (!rows) {
     if (fp8) {
       return Status::invalid(
-          "activation: FP8 rows need I = ld, a multiple of 128, and aligned rows");
+          "activation: FP8 rows need ld = I rounded up to 128 and aligned rows");
     }
     QMOE_CUDA_TRY(launch_maybe_pdl(&activation_kernel, dim3(static_cast<unsigned>(a.routes)),
                                    dim3(256), 0, stream, a.pdl, a));
@@ -490,12 +492,14 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
     return Status::invalid("gather_fp8: input dtype: expected bf16 or f16");
   }
   auto al16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (hidden % kActQuantGroup != 0 || ldq < hidden || ldq % 16 != 0 || !al16(codes) ||
+  const int64_t chunks = (hidden + kActQuantGroup - 1) / kActQuantGroup;
+  const int64_t width = chunks * kActQuantGroup;  // the codes' row: whole groups
+  if (hidden <= 0 || hidden % 4 != 0 || ldq < width || ldq % 16 != 0 || !al16(codes) ||
       !al16(token_codes) || scales == nullptr || token_scales == nullptr) {
     return Status::invalid(
-        "gather_fp8: hidden a multiple of 128, ldq >= hidden and of 16, codes 16-byte aligned");
+        "gather_fp8: hidden a multiple of 4, ldq >= hidden rounded up to 128 and a multiple of "
+        "16, codes 16-byte aligned");
   }
-  const int64_t chunks = hidden / kActQuantGroup;
   const int64_t blocks = (tokens * chunks + 7) / 8;  // a warp per token and 128 columns
   const int64_t routes = tokens * slots;
   if (blocks > 0x7FFFFFFF || routes > 0x7FFFFFFF) {
@@ -507,7 +511,7 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
       error);
   QMOE_CUDA_CHECK_LAUNCH("quantize_tokens_kernel");
   gather_token_rows_kernel<<<static_cast<unsigned>(routes), 128, 0, stream>>>(
-      reinterpret_cast<const uint4*>(token_codes), token_scales, permuted_route, slots, hidden / 16,
+      reinterpret_cast<const uint4*>(token_codes), token_scales, permuted_route, slots, width / 16,
       ldq / 16, chunks, reinterpret_cast<uint4*>(codes), scales);
   QMOE_CUDA_CHECK_LAUNCH("gather_token_rows_kernel");
   return Status::ok();

@@ -63,7 +63,7 @@ struct ActivationArgs {
   int64_t ld = 0;
   DType out_dtype = DType::kBF16;
   // FP8 rows instead of `out` (act_quant, core/act_quant.h): codes [R, ld] e4m3 and scales
-  // [R, ld / 128]; ld = I, a multiple of 128.
+  // [R, ld / 128]; ld = I rounded up to 128 (the group across I holds zeros past it).
   uint8_t* out_codes = nullptr;
   float* out_scales = nullptr;
   bool pdl = false;  // programmatic dependent launch (launch_plan)
@@ -75,11 +75,12 @@ struct ActivationArgs {
 // 16-byte aligned (FP8 rows require it); else a block per route, one output per thread.
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
 
-// The FP8 rows of the gathered input (act_quant): codes[p, 0:hidden) and scales[p, 0:hidden/128]
-// of input[token of permuted_route[p], :] (bf16 or f16; hidden a multiple of 128, ldq of 16); a
+// The FP8 rows of the gathered input (act_quant): codes[p, 0:W) and scales[p, 0:W/128] of
+// input[token of permuted_route[p], :], W = hidden rounded up to 128 (bf16 or f16; hidden a
+// multiple of 4, ldq >= W and a multiple of 16; codes past hidden are 0, act_quant.h); a
 // non-finite value sets kErrorInput as launch_gather does. Each token is quantized once, into
-// token_codes [tokens, ldq] and token_scales [tokens, hidden / 128] (16-byte aligned scratch),
-// then its rows are copied to every route of it: the input is read once, not once per route.
+// token_codes [tokens, ldq] and token_scales [tokens, W / 128] (16-byte aligned scratch), then
+// its rows are copied to every route of it: the input is read once, not once per route.
 Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t tokens,
                          const int32_t* permuted_route, int slots, uint8_t* token_codes,
                          float* token_scales, uint8_t* codes, int64_t ldq, float* scales,

@@ -315,24 +315,36 @@ struct MixedScales {
   }
 };
 
-// One chunk of MXFP4's e4m3 copy: i = (e * kb + b) * n + row, the scale's index.
+// One chunk of an MXFP4 e4m3 copy (fp4_e4m3.h), i the scale's index: the mixed-input GEMM's
+// chunks of 64 with scales [E, kq / 64, n] (i = (e * kb + b) * n + row), or the FP8 GEMM's of
+// 128 with scales [E, n, kq / 128] (kRowScales: i = (e * n + row) * kb + b); codes [E, n, kq] in
+// place, kq = k rounded up to the chunk (codes past k zero).
+template <int kChunk, bool kRowScales>
 struct Mxfp4E4m3 {
   const uint8_t *codes, *scales;
   const float* global;
-  int64_t n, k, kb;
+  int64_t n, k, kq;
   uint8_t* codes_out;
   float* scales_out;
   int32_t* inexact;
   __device__ void operator()(int64_t i) const {
-    constexpr int kChunk = formats::kFp4E4m3Chunk;
-    const int64_t row = i % n, b = (i / n) % kb, e = i / (n * kb);
-    const int64_t er = e * n + row;
+    const int64_t kb = kq / kChunk;
+    int64_t b, er;
+    if constexpr (kRowScales) {
+      b = i % kb, er = i / kb;
+    } else {
+      const int64_t row = i % n, e = i / (n * kb);
+      b = (i / n) % kb, er = e * n + row;
+    }
+    const int64_t k0 = b * kChunk;
+    const int valid = static_cast<int>(k - k0 < kChunk ? k - k0 : kChunk);
     alignas(16) uint8_t out[kChunk];
     float s;
     const bool ok =
-        formats::mxfp4_chunk_to_e4m3(codes + er * (k / 2) + b * (kChunk / 2),
-                                     scales + er * (k / 32) + 2 * b, global[e], out, &s);
-    uint4* dst = reinterpret_cast<uint4*>(codes_out + er * k + b * kChunk);
+        formats::mxfp4_chunk_to_e4m3<kChunk>(codes + er * (k / 2) + k0 / 2,
+                                             scales + er * (k / 32) + k0 / 32, valid,
+                                             global[er / n], out, &s);
+    uint4* dst = reinterpret_cast<uint4*>(codes_out + er * kq + k0);
     for (int j = 0; j < kChunk / 16; ++j) dst[j] = reinterpret_cast<const uint4*>(out)[j];
     scales_out[i] = s;
     if (!ok) atomicOr(inexact, 1);
@@ -429,11 +441,27 @@ Status device_mxfp4_e4m3(const uint8_t* codes, const uint8_t* scales, const floa
     return Status::invalid("device_mxfp4_e4m3: k: expected a multiple of " +
                            std::to_string(formats::kFp4E4m3Chunk) + ", got " + std::to_string(k));
   }
-  const int64_t kb = k / formats::kFp4E4m3Chunk;
-  return launch_each(
-      experts * kb * n,
-      Mxfp4E4m3{codes, scales, global_scale, n, k, kb, codes_out, scales_out, inexact}, stream,
-      "device_mxfp4_e4m3");
+  constexpr int kChunk = formats::kFp4E4m3Chunk;
+  return launch_each(experts * (k / kChunk) * n,
+                     Mxfp4E4m3<kChunk, false>{codes, scales, global_scale, n, k, k, codes_out,
+                                              scales_out, inexact},
+                     stream, "device_mxfp4_e4m3");
+}
+
+Status device_mxfp4_e4m3_rows(const uint8_t* codes, const uint8_t* scales,
+                              const float* global_scale, int64_t experts, int64_t n, int64_t k,
+                              int64_t kq, uint8_t* codes_out, float* scales_out, int32_t* inexact,
+                              cudaStream_t stream) {
+  constexpr int kChunk = formats::kFp4E4m3RowsChunk;
+  if (k <= 0 || k % 32 != 0 || kq < k || kq % kChunk != 0 || kq - k >= kChunk) {
+    return Status::invalid("device_mxfp4_e4m3_rows: k, kq: expected k a multiple of 32 and kq "
+                           "the next multiple of " + std::to_string(kChunk) + ", got " +
+                           std::to_string(k) + ", " + std::to_string(kq));
+  }
+  return launch_each(experts * n * (kq / kChunk),
+                     Mxfp4E4m3<kChunk, true>{codes, scales, global_scale, n, k, kq, codes_out,
+                                             scales_out, inexact},
+                     stream, "device_mxfp4_e4m3_rows");
 }
 
 }  // namespace qmoe::cuda

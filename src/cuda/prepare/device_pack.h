@@ -14,6 +14,7 @@
 //   device_fp4_k_packed             fp4_repack(Fp4Layout::kNPacked, ...)
 //   device_mixed_codes / _scales    mixed_prepare (its codes; its scales and zeros)
 //   device_mxfp4_e4m3               mixed_prepare of MXFP4 (its e4m3 codes and scales)
+//   device_mxfp4_e4m3_rows          formats::mxfp4_chunk_to_e4m3<128> over every chunk
 //
 // Every pointer is device memory; outputs are written whole (padding included) and must not overlap
 // the inputs. The launches go to `stream`; a launch error is returned, nothing waits.
@@ -74,5 +75,14 @@ Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t e
 Status device_mxfp4_e4m3(const uint8_t* codes, const uint8_t* scales, const float* global_scale,
                          int64_t experts, int64_t n, int64_t k, uint8_t* codes_out,
                          float* scales_out, int32_t* inexact, cudaStream_t stream);
+
+// MXFP4's copy for the FP8 GEMM (fp4_e4m3.h's 128-K chunks, cutlass_fp8.h's row scales): K-packed
+// codes [E, n, k / 2], e8m0 scales [E, n, k / 32] and the global scales [E] become e4m3 codes
+// [E, n, kq] and f32 scales [E, n, kq / 128], kq = k rounded up to 128 (codes past k zero).
+// *inexact as device_mxfp4_e4m3's.
+Status device_mxfp4_e4m3_rows(const uint8_t* codes, const uint8_t* scales,
+                              const float* global_scale, int64_t experts, int64_t n, int64_t k,
+                              int64_t kq, uint8_t* codes_out, float* scales_out, int32_t* inexact,
+                              cudaStream_t stream);
 
 }  // namespace qmoe::cuda
