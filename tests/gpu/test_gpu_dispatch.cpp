@@ -99,6 +99,14 @@ TEST(Dispatch, AnalyticDefault) {
                                 cuda::kE4m3CopyLargeExpertBytes - 1);
   EXPECT_EQ(chosen(e4m3_edge, 48), "decode/1");  // 6 routes per expert below the size
   EXPECT_EQ(chosen(e4m3_edge, 49), "generic");
+  // MXFP4 with FP8 activations: 4 routes per expert for small experts (qwen3.6: 128 tokens), the
+  // large experts' 3 (gpt-oss-20b: 24 tokens).
+  const DispatchTable fp8_small(true, 8, 256, GenericKind::kE4m3Fp8, 0, 1750000);
+  EXPECT_EQ(chosen(fp8_small, 128), "decode/1");
+  EXPECT_EQ(chosen(fp8_small, 129), "generic");
+  const DispatchTable fp8_large(true, 4, 32, GenericKind::kE4m3Fp8, 0, 13200000);
+  EXPECT_EQ(chosen(fp8_large, 24), "decode/1");
+  EXPECT_EQ(chosen(fp8_large, 25), "generic");
   // The large-expert rule still applies (deepseek-v3's FP8 weights on the narrow tile).
   const DispatchTable narrow_large(true, 8, 256, GenericKind::kNarrow8, 0,
                                    44 * (int64_t{1} << 20), true);

@@ -109,10 +109,14 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
       mean_cap = kDecodeMaxMeanRoutesNarrow8, floor = false;
       break;
     case GenericKind::kE4m3Copy:
+    case GenericKind::kE4m3Fp8: {
+      const int64_t small = generic_ == GenericKind::kE4m3Copy ? kDecodeMaxMeanRoutesE4m3Copy
+                                                               : kDecodeMaxMeanRoutesE4m3Fp8;
       mean_cap = expert_bytes_ >= kE4m3CopyLargeExpertBytes ? kDecodeMaxMeanRoutesE4m3CopyLarge
-                                                            : kDecodeMaxMeanRoutesE4m3Copy;
+                                                            : small;
       floor = false;
       break;
+    }
   }
   bool in_window =
       (floor && tokens <= kDecodeWindowTokens) || tokens * slots_ <= mean_cap * experts_;

@@ -84,6 +84,13 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // kernel keeps them up to
 // kDecodeMaxMeanRoutesE4m3Copy routes per expert, kDecodeMaxMeanRoutesE4m3CopyLarge for experts
 // of at least kE4m3CopyLargeExpertBytes, with no token floor.
+// With FP8 activations (act_quant) the same layers' generic path runs the FP8 GEMM on a 128-wide
+// e4m3 copy, faster than the bf16 one, and the small experts' window ends sooner
+// (bench/results/2026-12-04-h200-mxfp4-fp8.md, run 4, decode/1 against generic): qwen3.6 MXFP4
+// 259.7 / 271.6 us at 128 tokens (4 routes per expert), 303.4 / 280.5 at 192 (6); gpt-oss-20b
+// 245.4 / 248.4 at 20 tokens (2.5), 257.9 / 248.4 at 24 (3), 317.4 / 255.8 at 28. So
+// kDecodeMaxMeanRoutesE4m3Fp8 routes per expert for small experts, the large ones' bound as
+// above (its 4% at 24 tokens of gpt-oss-20b is within the window edge's spread).
 constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
@@ -91,6 +98,7 @@ constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 1;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3Copy = 6;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3CopyLarge = 3;
+constexpr int64_t kDecodeMaxMeanRoutesE4m3Fp8 = 4;
 constexpr int64_t kE4m3CopyLargeExpertBytes = int64_t{8} << 20;
 constexpr int64_t kDecodeLargeExpertBytes = int64_t{16} << 20;
 constexpr double kDecodeMaxRoutesPerTouched = 1.7;
@@ -182,6 +190,8 @@ enum class GenericKind : uint8_t {
   kNarrow8,     // the same with kInt8 codes: kDecodeMaxMeanRoutesNarrow8
   kE4m3Copy,    // the narrow tile on every FC through MXFP4's e4m3 copy:
                 // kDecodeMaxMeanRoutesE4m3Copy(Large), no token floor
+  kE4m3Fp8,     // MXFP4 with FP8 activations (the FP8 GEMM on its 128-wide e4m3 copy):
+                // kDecodeMaxMeanRoutesE4m3Fp8 (E4m3CopyLarge for large experts), no floor
 };
 
 class DispatchTable {

@@ -549,11 +549,9 @@ GenericKind CudaLayer::generic_kind() const {
   const bool mxfp4 = spec_.fc1.format == WeightFormat::kMxFp4 &&
                      spec_.fc2.format == WeightFormat::kMxFp4 &&
                      (!spec_.has_fc3() || spec_.fc3.format == WeightFormat::kMxFp4);
-  // FP8 activations: the FP8 GEMM's 64-row tile for few rows per expert. An MXFP4 layer keeps
-  // the window its bf16 e4m3 copy measured: FP8 generic calls measured faster than the bf16 ones
-  // (gpt-oss-20b 265 / 289 us at 64 tokens, 273 / 294 at 128: bench/results/
-  // 2026-12-04-h200-mxfp4-fp8.md), so the decode path's end comes no later.
-  if (act_fp8_) return mxfp4 ? GenericKind::kE4m3Copy : GenericKind::kReadsCodes;
+  // FP8 activations: an MXFP4 layer's window as measured against its FP8 generic path
+  // (kE4m3Fp8, dispatch.h), the others' that of layers whose generic path reads their codes.
+  if (act_fp8_) return mxfp4 ? GenericKind::kE4m3Fp8 : GenericKind::kReadsCodes;
   if (!all_mixed()) return GenericKind::kDequantize;
   // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC,
   // and for the kinds whose window was measured against it (kInt4, kInt8, MXFP4's e4m3 copy;
