@@ -10,7 +10,6 @@
 
 namespace qmoe::cuda {
 
-// Element i of a tensor of dtype t (f32, f16, bf16, f8e4m3 or f8e8m0), decoded exactly.
 // The two 16-bit floats of a word (the first in the low half), bf16 or f16, as fp32.
 __device__ __forceinline__ float2 word16_to_f32(uint32_t w, bool bf16) {
   float2 r;
@@ -21,6 +20,13 @@ __device__ __forceinline__ float2 word16_to_f32(uint32_t w, bool bf16) {
   return r;
 }
 
+// The four 16-bit floats of two words (one 8-byte load; the first in w.x's low half) as fp32.
+__device__ __forceinline__ void words16x4_to_f32(uint2 w, bool bf16, float (&v)[4]) {
+  const float2 x = word16_to_f32(w.x, bf16), y = word16_to_f32(w.y, bf16);
+  v[0] = x.x, v[1] = x.y, v[2] = y.x, v[3] = y.y;
+}
+
+// Element i of a tensor of dtype t (f32, f16, bf16, f8e4m3 or f8e8m0), decoded exactly.
 __device__ __forceinline__ float load_scalar(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF16:

@@ -15,9 +15,7 @@ __device__ __forceinline__ void load_y(const float* y, float (&v)[4]) {
   v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
 }
 __device__ __forceinline__ void load_y(const uint16_t* y, float (&v)[4]) {
-  const uint2 x = __ldcg(reinterpret_cast<const uint2*>(y));
-  const float2 a = word16_to_f32(x.x, true), b = word16_to_f32(x.y, true);
-  v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  words16x4_to_f32(__ldcg(reinterpret_cast<const uint2*>(y)), true, v);
 }
 __device__ __forceinline__ void load_y(const float* y, float (&v)[1]) { v[0] = __ldcg(y); }
 __device__ __forceinline__ void load_y(const uint16_t* y, float (&v)[1]) {

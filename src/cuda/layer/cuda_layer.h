@@ -31,10 +31,12 @@
 #include <string>
 #include <vector>
 
+#include "core/act_quant.h"
 #include "core/formats/mma_pack.h"
 #include "cuda/common/device_buffer.h"
 #include "cuda/dequant/dequant.h"
 #include "cuda/fused/fused_decode.h"
+#include "cuda/gemm/cutlass_fp8.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/layer/dispatch.h"
@@ -51,6 +53,12 @@ inline constexpr size_t kDefaultDequantBytes = size_t{1} << 30;
 
 inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 inline int64_t pad_k(int64_t k) { return (k + kGemmKAlign - 1) / kGemmKAlign * kGemmKAlign; }
+// The FP8 path's K width (act_quant): k in whole 128-column groups, the FP8 GEMM's K scale block
+// and the activations' quantization group alike.
+static_assert(kFp8ScaleBlock == kActQuantGroup, "one 128-column group for weights and rows");
+inline int64_t pad_fp8_k(int64_t k) {
+  return (k + kFp8ScaleBlock - 1) / kFp8ScaleBlock * kFp8ScaleBlock;
+}
 
 // Restores the caller's current device on scope exit.
 class DeviceGuard {
@@ -99,7 +107,9 @@ struct Fp8Fc {
   const float* scales = nullptr;
   int64_t n = 0, k = 0;
   bool row_scales = false;
-  int64_t scale_rows() const { return row_scales ? n : (n + 127) / 128; }  // per expert
+  int64_t scale_rows() const {  // per expert
+    return row_scales ? n : (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  }
   bool on() const { return codes != nullptr; }
 };
 
@@ -120,8 +130,8 @@ class CudaLayer final : public PreparedLayer {
     cs_ = dtype_size(cdt_);
     hp_ = pad_k(spec.hidden);
     ip_ = pad_k(spec.inter);
-    hq_ = (spec.hidden + 127) / 128 * 128;
-    iq_ = (spec.inter + 127) / 128 * 128;
+    hq_ = pad_fp8_k(spec.hidden);
+    iq_ = pad_fp8_k(spec.inter);
     n1p_ = pad_k(spec.fc1_rows());
     slot_elems_ = std::max(spec.fc1_rows() * hp_, spec.hidden * ip_);
     if (spec.has_fc3()) slot_elems_ = std::max(slot_elems_, spec.inter * hp_);

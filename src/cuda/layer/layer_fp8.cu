@@ -50,7 +50,7 @@ Status CudaLayer::check_fp8_support() const {
     }
     // MXFP4's copy is built K-padded to 128 (its k a multiple of 32); ORT's e4m3 codes are read
     // as they stand, so their k must be a whole number of scale blocks.
-    const int64_t kq = mxfp4 ? (fc.k + kFp8ScaleBlock - 1) / kFp8ScaleBlock * kFp8ScaleBlock : fc.k;
+    const int64_t kq = mxfp4 ? pad_fp8_k(fc.k) : fc.k;
     std::string why;
     if (!fp8_gemm_shape_ok(fc.n, kq, &why)) {
       return fail("needs " + std::string(fc.name) + "'s shape [n, k] with " + why);

@@ -13,19 +13,22 @@ namespace qmoe::cuda {
 //   maps        A(route_maps_bytes(T, slots, E))      routing runs over all E
 //   plan        A(4 L) + A(4) + A(4 (L + 1))          touched, n_touched, tile_start (held only)
 //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
-//   xa          A(cs R max(Hp, Ip))                   gathered input, later the activation
-//                                                     (FP8 rows: their e4m3 codes)
-//   act_scales  A(4 R max(Hp, Ip) / 128)              the FP8 rows' scales (act_quant only)
+//   xa          A(max(cs R max(Hp, Ip), R Q))         gathered input, later the activation
+//                                                     (FP8 rows: their e4m3 codes, Q = max(Hq,
+//                                                     Iq) with act_quant, Xq = X rounded up to
+//                                                     128, else 0)
+//   act_scales  A(4 R Q / 128)                        the FP8 rows' scales (act_quant only)
 //   ya          A(cs R Ip)                            FC1's activated rows where its GEMM's
 //                                                     epilogue may activate (act_rows_: every
 //                                                     call, so the total stays monotone in T),
 //                                                     else 0
 //   hy          A(max(hs R (N1p + [Ip with FC3]),     FC1 (+FC3) outputs in f32 (hs = 4), in bf16
-//                     4 R Hp))                        with act_quant (hs = 2), later FC2's (f32
+//                     4 R Hp, R (Hq + 4 Hq / 128)))   with act_quant (hs = 2), later FC2's (f32
 //                                                     from the decode kernels, which act_quant
 //                                                     layers run too; bf16 from the FP8 path);
 //                                                     before FC1, the FP8 path's per-token rows:
-//                                                     T Hp codes and 4 T Hp / 128 scales
+//                                                     T Hq codes and 4 T Hq / 128 scales (the
+//                                                     last term, act_quant only)
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)

@@ -191,13 +191,6 @@ __device__ __forceinline__ void store_group(const float v[4], uint8_t* codes, fl
   if (threadIdx.x % 32 == 0) *scale = e4m3_group_scale(amax);
 }
 
-// Four 16-bit floats (one 8-byte load) as fp32.
-__device__ __forceinline__ void load16x4(const uint16_t* p, bool bf16, float (&v)[4]) {
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-  const float2 x = word16_to_f32(w.x, bf16), y = word16_to_f32(w.y, bf16);
-  v[0] = x.x, v[1] = x.y, v[2] = y.x, v[3] = y.y;
-}
-
 // Four consecutive values of type t from index i (a multiple of 4 on a 16-byte aligned row: one
 // 16-byte load for f32, one 8-byte load for bf16 and f16), converted as load_scalar converts
 // them: FC1 rows (f32, or bf16 from the FP8 GEMM and the bf16 mixed-input GEMM) and biases.
@@ -205,10 +198,12 @@ __device__ __forceinline__ void load4_as(const void* b, DType t, int64_t i, floa
   if (t == DType::kF32) {
     const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(b) + i);
     v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-  } else if (t == DType::kBF16) {
-    load16x4(static_cast<const uint16_t*>(b) + i, true, v);
+  } else if (t == DType::kBF16) {  // one 8-byte load
+    words16x4_to_f32(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(b) + i), true,
+                     v);
   } else if (t == DType::kF16) {
-    load16x4(static_cast<const uint16_t*>(b) + i, false, v);
+    words16x4_to_f32(*reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(b) + i), false,
+                     v);
   } else {
 #pragma unroll
     for (int u = 0; u < 4; ++u) v[u] = load_scalar(b, t, i + u);
