@@ -78,6 +78,21 @@ Status stage_k_packed(Uploader& up, const FcFormat& f, const TensorView& v, cons
   return Status::ok();
 }
 
+// Runs `convert`, a conversion that raises a device flag (int32, cleared first) where a value does
+// not convert exactly, on kPrepareStream and says in *raised whether it did: the read back
+// (a synchronous copy on the same stream) waits for the conversion.
+template <typename Convert>
+Status convert_flagged(Convert&& convert, bool* raised) {
+  DeviceBuffer flag;
+  QMOE_RETURN_IF_ERROR(flag.allocate(sizeof(int32_t)));
+  QMOE_CUDA_TRY(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), kPrepareStream));
+  QMOE_RETURN_IF_ERROR(convert(flag.as<int32_t>()));
+  int32_t v = 0;
+  QMOE_CUDA_TRY(cudaMemcpy(&v, flag.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  *raised = v != 0;
+  return Status::ok();
+}
+
 }  // namespace
 
 Status CudaLayer::upload_fc(const FcFormat& f, const FcWeights& w, int64_t n, int64_t k, bool codes,
@@ -261,7 +276,7 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   if (raw.global_scale == nullptr) {
     return Status::internal("prepare_mixed_e4m3: the global scales were not uploaded");
   }
-  DeviceBuffer staged, k_packed, flag;
+  DeviceBuffer staged, k_packed;
   const uint8_t* codes = nullptr;
   QMOE_RETURN_IF_ERROR(
       stage_k_packed(*uploader_, f, w.weight, raw.weight, E, n, k, &staged, &k_packed, &codes));
@@ -269,14 +284,15 @@ Status CudaLayer::prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, cons
   void *e4m3 = nullptr, *s = nullptr;
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * k), &e4m3));
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * (k / chunk) * n) * sizeof(float), &s));
-  QMOE_RETURN_IF_ERROR(flag.allocate(sizeof(int32_t)));
-  QMOE_CUDA_TRY(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), kPrepareStream));
-  QMOE_RETURN_IF_ERROR(device_mxfp4_e4m3(codes, scales, raw.global_scale, E, n, k,
-                                         static_cast<uint8_t*>(e4m3), static_cast<float*>(s),
-                                         flag.as<int32_t>(), kPrepareStream));
-  int32_t inexact = 0;
-  QMOE_CUDA_TRY(cudaMemcpy(&inexact, flag.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
-  if (inexact != 0) {
+  bool inexact = false;
+  QMOE_RETURN_IF_ERROR(convert_flagged(
+      [&](int32_t* flag) {
+        return device_mxfp4_e4m3(codes, scales, raw.global_scale, E, n, k,
+                                 static_cast<uint8_t*>(e4m3), static_cast<float*>(s), flag,
+                                 kPrepareStream);
+      },
+      &inexact));
+  if (inexact) {
     release(e4m3);
     release(s);
     return Status::ok();
@@ -306,19 +322,18 @@ Status CudaLayer::prepare_fp8_mxfp4(DeviceFc* fc, int64_t kq, Fp8Fc* out) {
   if (fc->format.fp4_layout != Fp4Layout::kKPacked) {  // upload_fc repacks N-packed codes
     return Status::internal("prepare_fp8_mxfp4: expected K-packed codes");
   }
-  DeviceBuffer flag;
   void *e4m3 = nullptr, *s = nullptr;
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * kq), &e4m3));
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * (kq / 128)) * sizeof(float), &s));
-  QMOE_RETURN_IF_ERROR(flag.allocate(sizeof(int32_t)));
-  QMOE_CUDA_TRY(cudaMemsetAsync(flag.get(), 0, sizeof(int32_t), kPrepareStream));
-  QMOE_RETURN_IF_ERROR(device_mxfp4_e4m3_rows(fc->weight, fc->scales, fc->global_scale, E, n, k,
-                                              kq, static_cast<uint8_t*>(e4m3),
-                                              static_cast<float*>(s), flag.as<int32_t>(),
-                                              kPrepareStream));
-  int32_t inexact = 0;
-  QMOE_CUDA_TRY(cudaMemcpy(&inexact, flag.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
-  if (inexact != 0) {
+  bool inexact = false;
+  QMOE_RETURN_IF_ERROR(convert_flagged(
+      [&](int32_t* flag) {
+        return device_mxfp4_e4m3_rows(fc->weight, fc->scales, fc->global_scale, E, n, k, kq,
+                                      static_cast<uint8_t*>(e4m3), static_cast<float*>(s), flag,
+                                      kPrepareStream);
+      },
+      &inexact));
+  if (inexact) {
     return Status::invalid(
         "act_quant: fp8_e4m3 needs MXFP4 weights whose e4m3 copy is exact: every 128-column "
         "chunk's nonzero codes within 14 binades of its largest block scale, block scale codes "
