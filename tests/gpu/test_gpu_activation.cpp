@@ -1,7 +1,8 @@
 // The generic path's activation kernels (cuda/layer/stages.h: launch_activation) on their own:
 //   - every FC1 row order (interleaved, concatenated, separate FC3, the GluRows bands), row
 //     dtype (f32, bf16), output (f32, bf16, f16, FP8 rows), gated and plain activations, with
-//     and without biases and the routing weight scaling the input, against a host computation;
+//     and without biases and the routing weight scaling the input, I and ld multiples of 8 and
+//     of 4 only (the rows kernel's bound), against a host computation;
 //   - the rows kernel (a warp per 128 outputs) and the block-per-route kernel that takes the rows
 //     it cannot (misaligned ones) give the same bits: results do not depend on the grid.
 #include <gtest/gtest.h>
@@ -248,6 +249,16 @@ std::vector<ActCase> cases() {
   c.act = plain(Activation::kGeGlu);
   c.act.glu = GluLayout::kInterleaved;
   c.out_dtype = DType::kF16, c.fc1_bias = true, c.scale_input = true;
+  v.push_back(c);
+  c = ActCase{};  // the rows kernel's bound: I and ld multiples of 4, not of 8
+  c.name = "swiglu concatenated, biases, bf16 rows -> bf16, I and ld 4 mod 8";
+  c.act = swiglu(GluLayout::kConcatenated);
+  c.h_dtype = DType::kBF16, c.fc1_bias = true, c.inter = 260, c.ld = 268;
+  v.push_back(c);
+  c = ActCase{};
+  c.name = "swiglu interleaved, bias, f32 rows -> f32, I and ld 4 mod 8";
+  c.act = swiglu(GluLayout::kInterleaved);
+  c.out_dtype = DType::kF32, c.fc1_bias = true, c.inter = 132, c.ld = 132;
   v.push_back(c);
   c = ActCase{};
   c.name = "gelu, bias, bf16 rows -> FP8 rows";

@@ -248,9 +248,10 @@ __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64
 // (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
 // activation is SwiGLU, computed without the per-value switch over kinds and with its biases
 // loaded four at a time (the same values and arithmetic as activation_output, act_of_dots, so
-// the same bits). Requires I, ld, ldh and ldh3 multiples of 8 and h, h3, out and the biases
-// 16-byte aligned (launch_activation checks); whole warps return together, so the FP8 group
-// reduction has every lane.
+// the same bits). Requires I, ld, ldh and ldh3 multiples of 4 (a lane's four outputs, and its
+// loads and stores of 8 or 16 bytes aligned) and h, h3, out and the biases 16-byte aligned
+// (launch_activation checks); whole warps return together, so the FP8 group reduction has every
+// lane.
 template <bool kFp8, bool kSwiGlu>
 __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) {
   pdl_wait();
@@ -448,8 +449,8 @@ Status launch_activation(const ActivationArgs& a, cudaStream_t stream) {
   const bool out_ok = fp8 ? al(a.out_codes, 8) && a.out_scales != nullptr && a.ld >= a.inter &&
                                 a.ld % kActQuantGroup == 0 && a.ld - a.inter < kActQuantGroup
                           : al(a.out, 16);
-  const bool rows = a.inter % 8 == 0 && a.ld % 8 == 0 && a.ldh % 8 == 0 && al(a.h, 16) &&
-                    (!separate || (a.ldh3 % 8 == 0 && al(a.h3, 16))) && out_ok &&
+  const bool rows = a.inter % 4 == 0 && a.ld % 4 == 0 && a.ldh % 4 == 0 && al(a.h, 16) &&
+                    (!separate || (a.ldh3 % 4 == 0 && al(a.h3, 16))) && out_ok &&
                     al(a.fc1_bias, 16) && al(a.fc3_bias, 16);  // biases read 4 at a time
   if (!rows) {
     if (fp8) {
