@@ -79,11 +79,15 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
-// Two int8 codes (bits [0, 8) and [16, 24) of v) minus the zero point, as an exact bf16x2: 128 + q
-// needs 9 significant bits, so through fp32, where 2^23 + q is exact; q - zp fits bf16.
-__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t v, float zp) {
-  const float lo = __uint_as_float(0x4B000000u | (v & 0xFFu)) - (8388608.0f + zp);
-  const float hi = __uint_as_float(0x4B000000u | ((v >> 16) & 0xFFu)) - (8388608.0f + zp);
+// Pair jj (0 or 1) of a word of int8 codes, bytes jj and jj + 2, minus the zero point, as an
+// exact bf16x2: 128 + q needs 9 significant bits, so through fp32, where 2^23 + q is exact and
+// q - zp fits bf16. Each float's bits 0x4B0000qq are one byte permute of the word and 0x4B000000
+// (selector nibbles, low byte first: the code's byte, two zero bytes, 0x4B), so a pair costs two
+// PRMT, two FADD and the packing, no shifts or masks.
+__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t w, int jj, float zp) {
+  constexpr uint32_t kExp23 = 0x4B000000u;  // 2^23 as a float; bytes 4..7 of the permute
+  const float lo = __uint_as_float(__byte_perm(w, kExp23, 0x7440u + jj)) - (8388608.0f + zp);
+  const float hi = __uint_as_float(__byte_perm(w, kExp23, 0x7442u + jj)) - (8388608.0f + zp);
   const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&r);
 }

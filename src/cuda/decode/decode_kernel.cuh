@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
             const int i = Windows<kBits, kBf16>::position_index(jj);
             af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
           } else {
-            af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
+            af[j] = int8_pair_bf16(word, jj, (j & 1) ? z1 : z0);
           }
         }
         const uint2 bv = *reinterpret_cast<const uint2*>(xa + 16 * st);

@@ -426,7 +426,7 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
           const int i = Windows<kBits, kBf16>::position_index(jj);
           af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
         } else {
-          af[j] = int8_pair_bf16(word >> (kBits * jj), (j & 1) ? z1 : z0);
+          af[j] = int8_pair_bf16(word, jj, (j & 1) ? z1 : z0);
         }
       }
 #pragma unroll
