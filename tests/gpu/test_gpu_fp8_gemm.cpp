@@ -172,8 +172,9 @@ void run_case(const Fp8Case& c, uint64_t seed) {
         const float* ar = &af[static_cast<size_t>(r * lda)];
         for (int64_t b = 0; b < kb; ++b) {
           const int64_t srow = c.row_scales ? m : m / kFp8ScaleBlock;
-          const double s = static_cast<double>(sa[static_cast<size_t>((e * sa_rows + srow) * kb + b)]) *
-                           sb[static_cast<size_t>(r * kb + b)];
+          const double s =
+              static_cast<double>(sa[static_cast<size_t>((e * sa_rows + srow) * kb + b)]) *
+              sb[static_cast<size_t>(r * kb + b)];
           double dot = 0, adot = 0;
           for (int64_t j = b * kFp8ScaleBlock; j < (b + 1) * kFp8ScaleBlock; ++j) {
             dot += static_cast<double>(wr[j]) * ar[j];
