@@ -4,7 +4,8 @@
 //     and without biases and the routing weight scaling the input, I and ld multiples of 8 and
 //     of 4 only (the rows kernel's bound), against a host computation;
 //   - the rows kernel (a warp per 128 outputs) and the block-per-route kernel that takes the rows
-//     it cannot (misaligned ones) give the same bits: results do not depend on the grid.
+//     it cannot (misaligned ones) give the same bits: results do not depend on the grid;
+//   - FP8 rows' group scales are the groups' amax / 448; f16 FC1 rows are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -285,6 +286,15 @@ TEST(GpuActivation, BothKernelsGiveTheSameBitsAndTheHostsValues) {
     const int64_t R = ActivationRun::kRoutes;
     const int64_t cols = c.fp8 ? c.inter : c.ld;
     for (int64_t p = 0; p < R; ++p) {
+      // FP8 rows: each group's scale is its amax / 448 (act_quant.h) within fp32 rounding.
+      for (int64_t g = 0; c.fp8 && g < c.inter / 128; ++g) {
+        double amax = 0;
+        for (int64_t i = g * 128; i < (g + 1) * 128; ++i)
+          amax = std::max(amax, std::fabs(run.want(p, i)));
+        const double s = sc[static_cast<size_t>(p * (c.inter / 128) + g)];
+        ASSERT_NEAR(s, amax / 448.0, 1e-5 * amax / 448.0 + 1e-30)
+            << "route position " << p << " group " << g;
+      }
       for (int64_t i = 0; i < cols; ++i) {
         const double want = run.want(p, i);
         double got, tol;
@@ -302,6 +312,23 @@ TEST(GpuActivation, BothKernelsGiveTheSameBitsAndTheHostsValues) {
         ASSERT_LE(std::fabs(got - want), tol) << "route position " << p << " output " << i;
       }
     }
+  }
+}
+
+// FC1 rows of a dtype no GEMM writes (f16) are refused, the argument named, before anything runs
+// (no device needed: the check comes first).
+TEST(GpuActivation, F16Fc1RowsAreRefused) {
+  for (int which = 0; which < 2; ++which) {
+    cuda::ActivationArgs a;
+    a.act = swiglu(GluLayout::kSeparateFc3);
+    a.inter = 128;
+    a.ld = 128;
+    a.routes = 1;
+    (which == 0 ? a.h_dtype : a.h3_dtype) = DType::kF16;
+    const Status st = cuda::launch_activation(a, nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find(which == 0 ? "h_dtype" : "h3_dtype"), std::string::npos)
+        << st.to_string();
   }
 }
 
