@@ -112,8 +112,7 @@ __global__ void fp8_setup_kernel(const Fp8GemmArgs p, Fp8Gemm::Shape3* shapes, c
                                  Fp8Gemm::StrideB* stride_b, Fp8Gemm::StrideD* stride_d) {
   const int n_touched = *p.sched.n_touched;
   const int64_t kb = p.k / kFp8ScaleBlock;
-  // The weights' scale rows per expert: a row per 128 weight rows, or per weight row.
-  const int64_t nb = p.row_scales ? p.n : (p.n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  const int64_t nb = fp8_weight_scale_rows(p.n, p.row_scales);
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
        j += gridDim.x * blockDim.x) {
     int rows = 0;

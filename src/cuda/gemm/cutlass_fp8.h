@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/numeric.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "qmoe/status.h"
 
@@ -40,6 +41,12 @@ namespace qmoe::cuda {
 
 // The scale block along K and along the weights' rows; k must be a multiple of it.
 constexpr int64_t kFp8ScaleBlock = 128;
+
+// An expert's rows of weight scales (SFA): one per 128 weight rows, or with row_scales one per
+// weight row. The layer's copies and the GEMM's setup kernel both size them here.
+QMOE_HD int64_t fp8_weight_scale_rows(int64_t n, bool row_scales) {
+  return row_scales ? n : (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+}
 
 struct Fp8GemmArgs {
   const uint8_t* a = nullptr;         // [rows, lda] e4m3 activations, row p = route position p

@@ -107,9 +107,7 @@ struct Fp8Fc {
   const float* scales = nullptr;
   int64_t n = 0, k = 0;
   bool row_scales = false;
-  int64_t scale_rows() const {  // per expert
-    return row_scales ? n : (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-  }
+  int64_t scale_rows() const { return fp8_weight_scale_rows(n, row_scales); }  // per expert
   bool on() const { return codes != nullptr; }
 };
 

@@ -62,7 +62,7 @@ Status CudaLayer::check_fp8_support() const {
 std::vector<float> CudaLayer::fp8_block_scales(const FcFormat& f, const FcWeights& w, int64_t n,
                                                 int64_t k) const {
   const int64_t E = spec_.weight_experts();
-  const int64_t nb = (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock, kb = k / kFp8ScaleBlock;
+  const int64_t nb = fp8_weight_scale_rows(n, /*row_scales=*/false), kb = k / kFp8ScaleBlock;
   // fp8_block b128's scales are already [E, ceil(n / 128), k / 128]: converted to f32 as they
   // stand. Per-expert fp8 repeats its global scale over the expert's blocks.
   std::vector<float> scales(static_cast<size_t>(E * nb * kb));

@@ -324,7 +324,8 @@ Status CudaLayer::prepare_fp8_mxfp4(DeviceFc* fc, int64_t kq, Fp8Fc* out) {
   }
   void *e4m3 = nullptr, *s = nullptr;
   QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * kq), &e4m3));
-  QMOE_RETURN_IF_ERROR(keep(static_cast<size_t>(E * n * (kq / 128)) * sizeof(float), &s));
+  QMOE_RETURN_IF_ERROR(
+      keep(static_cast<size_t>(E * n * (kq / kFp8ScaleBlock)) * sizeof(float), &s));
   bool inexact = false;
   QMOE_RETURN_IF_ERROR(convert_flagged(
       [&](int32_t* flag) {

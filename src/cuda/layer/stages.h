@@ -71,7 +71,7 @@ struct ActivationArgs {
 
 // act[p] = activation(scale * h[p] + bias) (the CPU backend's formulas, in fp32), stored in
 // out_dtype or quantized to FP8 rows. A warp computes 128 outputs of one route, four per lane,
-// where I, ld and the FC1 leading dimensions are multiples of 8 and h, h3, out and the biases
+// where I, ld and the FC1 leading dimensions are multiples of 4 and h, h3, out and the biases
 // 16-byte aligned (FP8 rows require it); else a block per route, one output per thread.
 Status launch_activation(const ActivationArgs& a, cudaStream_t stream);
 
