@@ -17,9 +17,14 @@
 // by two so that each accumulator is a fixed set of registers (an indexed pair would go to local
 // memory). Everything else (the producer's loads, the shared-memory layouts, the scales' layouts,
 // the stage releases' order, the last stage left to mma_tail) is the base collective's, which
-// this class derives from; only mma() is its own. The promotion's arithmetic is the base's, term
-// for term (fp8_block: accum += block * (scale_b * scale_a); per-row weight scales:
-// accum += block * scale_a * scale_b), on the same block sums, so the result is the same bits.
+// this class derives from; only mma() is its own.
+//
+// The promotion is one FFMA per sum: fp8_block accum = fma(block, scale_b * scale_a, accum), per-row
+// weight scales accum = fma(block * scale_a, scale_b, accum). The base's is a multiply and an add
+// (the library builds with -fmad=false): with 64 sums per thread per K tile, those took two of
+// every three instructions a consumer warp issues per K tile (SASS: 96 FMUL and 64 FADD against
+// the tile's 4 wgmma), so the FFMA halves the promotion's issue slots; its single rounding only
+// makes the sums more accurate.
 //
 // Registers: the accumulator and two block accumulators, 3 x 64 fp32 per thread for the
 // 128 x 128 (cooperative) and 128 x 64 (pingpong) tiles, plus the tile's distinct scales.
@@ -126,10 +131,12 @@ struct Fp8OverlappedMainloop : Base {
           filter_zeros(tCrSFB)(i) = filter_zeros(tCrSFB)(i) * scale_a;
         }
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += blk(i) * tCrSFB(i);
+        for (int i = 0; i < size(accum); ++i) accum(i) = __fmaf_rn(blk(i), tCrSFB(i), accum(i));
       } else {  // per-row weight scales
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(accum); ++i) accum(i) += blk(i) * tCrSFA(i) * tCrSFB(i);
+        for (int i = 0; i < size(accum); ++i) {
+          accum(i) = __fmaf_rn(blk(i) * tCrSFA(i), tCrSFB(i), accum(i));
+        }
       }
       warpgroup_fence_operand(accum);
     };
