@@ -5,7 +5,7 @@
 // * scale_a * scale_b, the scales of that K tile). The wait drains the tensor pipe and the
 // promotion's FMULs and FADDs run while it is idle, once per K tile, in both consumer warpgroups
 // at about the same time (bench/results/2026-12-04-h200-knobs-fp8-cluster.md: FC1 of DeepSeek-V3
-// at 4096 tokens with DRAM and SMs at 38-51%).
+// at 4096 tokens with DRAM and SMs at 40-48%).
 //
 // This mainloop keeps two block accumulators and alternates them by K tile, so the tile k + 1's
 // wgmma are issued before tile k is promoted:
@@ -19,12 +19,12 @@
 // the stage releases' order, the last stage left to mma_tail) is the base collective's, which
 // this class derives from; only mma() is its own.
 //
-// The promotion is one FFMA per sum: fp8_block accum = fma(block, scale_b * scale_a, accum), per-row
-// weight scales accum = fma(block * scale_a, scale_b, accum). The base's is a multiply and an add
-// (the library builds with -fmad=false): with 64 sums per thread per K tile, those took two of
-// every three instructions a consumer warp issues per K tile (SASS: 96 FMUL and 64 FADD against
-// the tile's 4 wgmma), so the FFMA halves the promotion's issue slots; its single rounding only
-// makes the sums more accurate.
+// The promotion is one FFMA per sum: fp8_block accum = fma(block, scale_b * scale_a, accum),
+// per-row weight scales accum = fma(block * scale_a, scale_b, accum). The base's is a multiply
+// and an add (the library builds with -fmad=false): with 64 sums per thread per K tile, those were
+// two of every three instructions a consumer warp issues per K tile (SASS: 96 FMUL and 64 FADD of
+// 240, against the tile's 4 wgmma); the FFMA form issues 32 FMUL and 64 FFMA, and its single
+// rounding only makes the sums more accurate.
 //
 // Registers: the accumulator and two block accumulators, 3 x 64 fp32 per thread for the
 // 128 x 128 (cooperative) and 128 x 64 (pingpong) tiles, plus the tile's distinct scales.
@@ -46,8 +46,8 @@ struct Fp8OverlappedMainloop : Base {
   using typename Base::SmemLayoutSFA;
   using typename Base::SmemLayoutSFB;
   using typename Base::TensorStorage;
-  using typename Base::TileShape;
   using typename Base::TiledMma;
+  using typename Base::TileShape;
   static constexpr int ScaleMsPerTile = Base::ScaleMsPerTile;
   static constexpr int ScaleNsPerTile = Base::ScaleNsPerTile;
   // One promotion per K tile: the K tile is one scale block (cutlass_fp8.cu's configuration).
@@ -69,21 +69,22 @@ struct Fp8OverlappedMainloop : Base {
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
     Tensor sSFA = make_tensor(
         make_smem_ptr(shared_tensors.smem_SFA.data()),
-        make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                               make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                    make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                make_stride(stride<1>(SmemLayoutSFA{}),
-                                            stride<2>(SmemLayoutSFA{})))));
+        make_layout(
+            make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
+                       make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+            make_stride(stride<0>(SmemLayoutSFA{}), _0{},
+                        make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
     Tensor sSFB = make_tensor(
         make_smem_ptr(shared_tensors.smem_SFB.data()),
-        make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
-                               make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                    make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
-                                make_stride(stride<1>(SmemLayoutSFB{}),
-                                            stride<2>(SmemLayoutSFB{})))));
+        make_layout(
+            make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                       make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+            make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                        make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
 
     constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-    const Layout wg_layout = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    const Layout wg_layout =
+        make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
     const int wg = __shfl_sync(0xFFFFFFFF, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
     auto thread_mma = tiled_mma.get_slice(wg_layout(wg));
