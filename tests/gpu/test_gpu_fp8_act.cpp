@@ -183,6 +183,10 @@ TEST(GpuFp8Act, LayersMatchTheOracleWithinTheBudget) {
       check_fp8_layer(concat, 77);
     }
   }
+  // FC1 over 5 K tiles and FC2 over 4: the mainloop's two-tile loop runs more than once, with an
+  // odd and an even tile count (cutlass_fp8_mainloop.cuh; the shapes above have 1 to 3).
+  check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 640, 512, 16, 4), 129);
+  check_fp8_layer(fp8_spec(WeightFormat::kFp8, DType::kF16, 640, 512, 16, 4), 1100);
   // Many experts, few routes (most experts without a row), and every route on one expert.
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 64, 2), 7);
   check_fp8_layer(fp8_spec(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 1), 300, true);
@@ -230,6 +234,7 @@ TEST(GpuFp8Act, Mxfp4LayersMatchTheOracleWithinTheBudget) {
     }
     for (int64_t tokens : {7, 333, 1100}) check_fp8_layer(gpt_oss_like(dt), tokens);
   }
+  check_fp8_layer(mxfp4_spec(DType::kBF16, 640, 512, 16, 4), 333);  // 5 and 4 K tiles
   LayerSpec f3 = mxfp4_spec(DType::kBF16, 384, 256, 16, 4);
   f3.activation.glu = GluLayout::kSeparateFc3;
   check_fp8_layer(f3, 129);

@@ -31,6 +31,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/gemm/cutlass_fp8_mainloop.cuh"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 
@@ -64,11 +65,11 @@ struct Fp8GemmT {
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
   static constexpr int kAlign = 16;  // TMA: 16-byte rows of e4m3
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using Mainloop = Fp8OverlappedMainloop<typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element,
       cute::tuple<LayoutA*, LayoutSFA*>, kAlign, Element, cute::tuple<LayoutB*, LayoutSFB*>,
       kAlign, float, Tile, Fp8Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>, Schedule>::CollectiveOp;
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>, Schedule>::CollectiveOp>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
