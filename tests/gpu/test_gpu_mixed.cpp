@@ -183,6 +183,45 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   check_graph_replay(tl, layer.get(), 101, seed, 2);
 }
 
+// The narrow tile's instances are built for two CTAs per SM (cutlass_two_ctas.cuh: 80 registers a
+// thread at launch, half the SM's shared memory each) and the device must hold two at once, or
+// the tile runs its CTAs one after another; the other tiles keep CUTLASS's one.
+TEST(GpuMixedLayer, NarrowTileHoldsTwoCtasPerSm) {
+  QMOE_REQUIRE_GPU();
+  using cuda::MixedCodes;
+  struct Instance {
+    MixedCodes c;
+    DType dtype;
+    int tile;
+    bool act;
+    int planned;
+  };
+  const Instance instances[] = {{MixedCodes::kInt4, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kInt4, DType::kBF16, 32, true, 2},
+                                {MixedCodes::kInt8, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kInt8, DType::kBF16, 32, true, 2},
+                                {MixedCodes::kE4m3, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kE4m3, DType::kF16, 32, false, 2},
+                                {MixedCodes::kInt4, DType::kBF16, 64, false, 1},
+                                {MixedCodes::kInt4, DType::kBF16, 128, false, 1},
+                                {MixedCodes::kUint8, DType::kF16, 128, false, 1}};
+  for (const Instance& in : instances) {
+    SCOPED_TRACE(std::string(cuda::mixed_codes_name(in.c)) + " " + dtype_name(in.dtype) +
+                 ", tile " + std::to_string(in.tile) + (in.act ? ", activation epilogue" : ""));
+    int planned = 0, resident = 0;
+    const Status st =
+        cuda::mixed_gemm_residency(in.c, in.dtype, in.tile, in.act, &planned, &resident);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(planned, in.planned);
+    EXPECT_GE(resident, planned);
+  }
+  int planned = 0, resident = 0;
+  const Status none =
+      cuda::mixed_gemm_residency(MixedCodes::kInt4, DType::kF16, 32, false, &planned, &resident);
+  EXPECT_FALSE(none.is_ok());
+  EXPECT_NE(none.message().find("tile_n 32"), std::string::npos) << none.message();
+}
+
 // FC2 in blocks of 32 (below the K tile) runs through the dequantize pass while FC1 runs
 // mixed-input in the same call; and a separate FC3, mixed-input like FC1.
 TEST(GpuMixedLayer, MixedBesideDequantizeAndSeparateFc3) {

@@ -299,6 +299,22 @@ size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups,
   return bytes;
 }
 
+Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epilogue, int* planned,
+                            int* resident) {
+  const bool bf16 = dtype == DType::kBF16;
+  if (dtype == DType::kBF16 || dtype == DType::kF16) {
+#define QMOE_MIXED_RESIDENCY(kCodes, kBf16, kTileN, kAct)                                   \
+  if (c == kCodes && bf16 == kBf16 && tile_n == kTileN && act_epilogue == kAct) {           \
+    return cutlass_detail::mixed_residency<kCodes, kBf16, kTileN, kAct>(planned, resident); \
+  }
+    QMOE_MIXED_INSTANCES(QMOE_MIXED_RESIDENCY)
+#undef QMOE_MIXED_RESIDENCY
+  }
+  return Status::invalid("mixed_gemm_residency: no instance for codes_kind " +
+                         std::string(mixed_codes_name(c)) + ", tile_n " + std::to_string(tile_n) +
+                         (act_epilogue ? " with the activation epilogue" : ""));
+}
+
 Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream) {
   std::string why;

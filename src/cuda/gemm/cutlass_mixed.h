@@ -204,6 +204,12 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& args, std::string* why = null
 // nondecreasing in max_groups.
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count);
 
+// The CTAs per SM the instance of this kind, dtype, tile and epilogue is built for (`planned`: 2
+// for the narrow tile, cutlass_two_ctas.cuh; else 1) and how many the current device holds at once
+// (`resident`, the occupancy API). invalid for a combination without an instance.
+Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epilogue, int* planned,
+                            int* resident);
+
 // Launches the setup kernel and the GEMM on `stream`; `workspace` holds at least
 // mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count) bytes,
 // 256-byte aligned.

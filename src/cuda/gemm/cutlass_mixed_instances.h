@@ -21,6 +21,10 @@ size_t mixed_workspace_bytes(int64_t max_groups, int sm_count);
 template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
 Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
 
+// The CTAs per SM the instance is built for, and (resident) how many the device holds at once.
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
+Status mixed_residency(int* planned, int* resident);
+
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
 // narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only, and for
@@ -55,9 +59,11 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
 #define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct)                                         \
   template <>                                                                                   \
   size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count); \
-  template <>                                                                                   \
-  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,     \
-                                                   void* workspace, cudaStream_t stream);
+  template <>                                                                                  \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,    \
+                                                   void* workspace, cudaStream_t stream);      \
+  template <>                                                                                  \
+  Status mixed_residency<kCodes, kBf16, kTileN, kAct>(int* planned, int* resident);
 QMOE_MIXED_INSTANCES(QMOE_MIXED_DECLARE)
 #undef QMOE_MIXED_DECLARE
 
