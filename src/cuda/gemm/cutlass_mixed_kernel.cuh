@@ -116,7 +116,7 @@ struct ScaleAndZeroMainloop : Base {
 // translation units. Each epilogue is built outside any template (see
 // cutlass_grouped_kernel.cuh). Two atoms per warpgroup give each consumer warp two independent
 // conversion chains per k-block: the conversion's latency, not the wgmma, bounds one atom.
-template <int kTileM, int kTileN>
+template <int kTileM, int kTileN, int kCtas = 1>
 struct MixedTile;
 // Whether an instance for activations of Element writes bf16 rows (mixed_out_dtype: bf16 layers)
 // or fp32 rows (f16 layers), and its D element.
@@ -200,11 +200,12 @@ struct MixedFitsTwoCtas {
 // kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh: no shared
 // memory, so the mainloop's stages take all of it), else the tile's epilogue for Element's rows
 // (bf16 for bf16 activations, fp32 for f16: MixedElementD).
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false,
+          int kCtas = 1>
 struct MixedGemm {
   static constexpr bool kAct = kActEpilogue;
   using Operand = MixedOperand<kCodes, Element>;
-  using Tile = MixedTile<kTileM, kTileN>;
+  using Tile = MixedTile<kTileM, kTileN, kCtas>;
   using Epilogue =
       std::conditional_t<kAct, ActEpilogue<Element>, typename Tile::template Epilogue<Element>>;
   static constexpr int kEpilogueSmem = kAct ? 0 : Tile::template kEpilogueSmem<Element>;
@@ -378,15 +379,16 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN, kAct>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>>(max_groups, sm_count)
+      .total;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct>;
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -408,37 +410,38 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
       "CUTLASS mixed-input GEMM", p.pdl);
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
-Status mixed_residency_for(int* planned, int* resident) {
-  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct>;
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
+Status mixed_residency_for(int* resident) {
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
   using Kernel = typename G::Kernel;
   auto* kernel = &pdl_gemm_kernel<Kernel, G::kCtasPerSm>;
   const int smem = static_cast<int>(Kernel::SharedStorageSize);
   QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   QMOE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       resident, kernel, static_cast<int>(Kernel::MaxThreadsPerBlock), smem));
-  *planned = G::kCtasPerSm;
   return Status::ok();
 }
 
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype, tile and
-// epilogue (the host picks an instance by its N alone: each kind and dtype has one M per N).
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, kAct, Element)                  \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype, tile, epilogue
+// and residency (the host picks an instance by its N alone: each kind and dtype has one M per N).
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, kAct, kCtas, Element)           \
   namespace qmoe::cuda::cutlass_detail {                                                           \
   template <>                                                                                      \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count) {    \
-    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN, kAct>(max_groups, sm_count); \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct, kCtas>(int64_t max_groups,             \
+                                                                   int sm_count) {                 \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(max_groups,     \
+                                                                                   sm_count);      \
   }                                                                                                \
   template <>                                                                                      \
-  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,        \
-                                                   void* workspace, cudaStream_t stream) {         \
-    return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct>(args, sm_count, workspace,      \
-                                                                   stream);                        \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args, int sm_count, \
+                                                          void* workspace, cudaStream_t stream) {  \
+    return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(args, sm_count,          \
+                                                                          workspace, stream);      \
   }                                                                                                \
   template <>                                                                                      \
-  Status mixed_residency<kCodes, kBf16, kTileN, kAct>(int* planned, int* resident) {               \
-    return mixed_residency_for<kCodes, Element, kTileM, kTileN, kAct>(planned, resident);          \
+  Status mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(int* resident) {                      \
+    return mixed_residency_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(resident);            \
   }                                                                                                \
   }

@@ -6,23 +6,22 @@
 // 256 weight rows give each consumer warpgroup two m64 atoms: two independent conversion chains
 // per k-block, which took qwen3-30b-a3b INT4 at 256 tokens from 247.0 to 194.7 us against 128
 // rows (bench/results/2026-12-02-h200-mid-tile.md). bf16 kInt4, kInt8 and kE4m3 (and f16
-// kE4m3) have it, all in cutlass_mixed_narrow.cu, the one unit that includes this header.
+// kE4m3) have it.
 //
-// Two CTAs per SM (cutlass_two_ctas.cuh): the tile's consumers are bound by their conversion
-// chain's latency at two warps per scheduler, and fit in 96 registers (32 accumulators a thread),
-// so a second CTA gives each scheduler four consumer warps; each CTA's stages take half the SM's
-// shared memory.
+// In two residencies: one CTA per SM (the kind units), and two (cutlass_two_ctas.cuh, the unit
+// cutlass_mixed_narrow.cu): the tile's consumers are bound by their conversion chain's latency at
+// two warps per scheduler and fit in 96 registers (32 accumulators a thread), so a second CTA
+// gives each scheduler four consumer warps, each CTA with half the SM's shared memory for its
+// stages. Where an FC has fewer tiles than two CTAs per SM (mixed_ctas_per_sm) the SMs would hold
+// one CTA with half the stages, so such FCs take the one-CTA form.
 #pragma once
-
-#ifndef QMOE_CUTLASS_TWO_CTAS_PER_SM
-#error "cutlass_mixed_narrow.cuh: include cuda/gemm/cutlass_two_ctas.cuh first (two CTAs per SM)"
-#endif
 
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"
 
 namespace qmoe::cuda::cutlass_detail {
 
 using NarrowTileShape = cute::Shape<cute::_256, cute::_32, cute::_64>;
+static_assert(cute::size<0>(NarrowTileShape{}) == kMixedNarrowTileM, "cutlass_mixed.h's M");
 // The grouped GEMM's epilogues (column-major D, no C) on the narrow tile: fp32 rows (f16
 // layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using NarrowEpilogue = GroupEpilogueFor<NarrowTileShape>;
@@ -32,8 +31,9 @@ using NarrowEpilogueBf16 =
 constexpr int kNarrowEpilogueBf16Smem =
     static_cast<int>(sizeof(NarrowEpilogueBf16::SharedStorage));
 
-template <>
-struct MixedTile<256, 32> : MixedTileOf<NarrowTileShape, NarrowEpilogue, kNarrowEpilogueSmem,
-                                        NarrowEpilogueBf16, kNarrowEpilogueBf16Smem, 2> {};
+template <int kCtas>
+struct MixedTile<256, 32, kCtas> : MixedTileOf<NarrowTileShape, NarrowEpilogue, kNarrowEpilogueSmem,
+                                               NarrowEpilogueBf16, kNarrowEpilogueBf16Smem, kCtas> {
+};
 
 }  // namespace qmoe::cuda::cutlass_detail
