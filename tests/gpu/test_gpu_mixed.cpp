@@ -172,6 +172,19 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
     check_mixed_against_dequant(s, 333);   // automatic: 128 rows
     check_mixed_against_dequant(s, 1100);  // automatic: 128 rows, ragged tiles
   }
+  // Both residencies of the narrow tile in one call (mixed_ctas_per_sm): FC2 (n 2048: 8 tiles x
+  // up to 64 experts = 512, two CTAs on up to 256 SMs) and FC1 (n 512: 2 x 64 = 128, one CTA).
+  const LayerSpec wide[] = {
+      int4_spec(DType::kBF16, 2048, 256, 64, 4, 128, DType::kF32),
+      spec_of(WeightFormat::kInt8, DType::kBF16, 2048, 256, 64, 4, 64, DType::kF32),
+      spec_of(WeightFormat::kFp8Block, DType::kBF16, 2048, 256, 64, 4, 128, DType::kF32),
+      spec_of(WeightFormat::kFp8Block, DType::kF16, 2048, 256, 64, 4, 128, DType::kF32)};
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 2048, 64, 132), 2);
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 512, 64, 132), 1);
+  for (const LayerSpec& s : wide) {
+    check_mixed_against_dequant(s, 100, 32);
+    check_mixed_against_dequant(s, 37, 32);  // 148 routes: FC2 8 x 64 at most, fewer touched
+  }
   // The narrow tile in graph replay, with the workspace poisoned.
   const uint64_t seed = fresh_seed();
   TestLayer tl;
@@ -181,6 +194,61 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   std::unique_ptr<PreparedLayer> layer;
   ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tl.spec, tl.weights, o, &layer).is_ok());
   check_graph_replay(tl, layer.get(), 101, seed, 2);
+  // And at two CTAs per SM (FC2 of the wide layer).
+  TestLayer tw;
+  make_layer(wide[0], seed, &tw);
+  std::unique_ptr<PreparedLayer> wide_layer;
+  ASSERT_TRUE(prepare_layer(BackendKind::kCuda, tw.spec, tw.weights, o, &wide_layer).is_ok());
+  check_graph_replay(tw, wide_layer.get(), 100, seed, 2);
+}
+
+// The narrow tile's two-CTA instances (cutlass_two_ctas.cuh: 80 registers a thread at launch,
+// half the SM's shared memory each) must be held two at once, or their CTAs run one after
+// another; the one-CTA ones and the other tiles one. The choice between them by the FC's tiles.
+TEST(GpuMixedLayer, NarrowTileHoldsTwoCtasPerSm) {
+  QMOE_REQUIRE_GPU();
+  using cuda::MixedCodes;
+  struct Instance {
+    MixedCodes c;
+    DType dtype;
+    int tile;
+    bool act;
+    int ctas;
+  };
+  const Instance instances[] = {{MixedCodes::kInt4, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kInt4, DType::kBF16, 32, true, 2},
+                                {MixedCodes::kInt8, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kInt8, DType::kBF16, 32, true, 2},
+                                {MixedCodes::kE4m3, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kE4m3, DType::kF16, 32, false, 2},
+                                {MixedCodes::kInt4, DType::kBF16, 32, false, 1},
+                                {MixedCodes::kInt4, DType::kBF16, 32, true, 1},
+                                {MixedCodes::kE4m3, DType::kF16, 32, false, 1},
+                                {MixedCodes::kInt4, DType::kBF16, 64, false, 1},
+                                {MixedCodes::kInt4, DType::kBF16, 128, false, 1},
+                                {MixedCodes::kUint8, DType::kF16, 128, false, 1}};
+  for (const Instance& in : instances) {
+    SCOPED_TRACE(std::string(cuda::mixed_codes_name(in.c)) + " " + dtype_name(in.dtype) +
+                 ", tile " + std::to_string(in.tile) + (in.act ? ", activation epilogue" : "") +
+                 ", " + std::to_string(in.ctas) + " CTAs");
+    int resident = 0;
+    const Status st =
+        cuda::mixed_gemm_residency(in.c, in.dtype, in.tile, in.act, in.ctas, &resident);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_GE(resident, in.ctas);
+  }
+  int resident = 0;
+  const Status none =
+      cuda::mixed_gemm_residency(MixedCodes::kInt4, DType::kBF16, 64, false, 2, &resident);
+  EXPECT_FALSE(none.is_ok());
+  EXPECT_NE(none.message().find("tile_n 64"), std::string::npos) << none.message();
+  // Two CTAs where the FC's narrow tiles fill two on every SM (132 SMs: 264 tiles), else one.
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 2048, 128, 132), 2);  // qwen3-30b-a3b FC2: 8 x 128
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 4096, 8, 132), 1);    // Mixtral FC2: 16 x 8
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 28672, 8, 132), 2);   // Mixtral FC1: 112 x 8
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 2880, 22, 132), 2);   // 12 x 22 = 264
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 2880, 21, 132), 1);   // 12 x 21 = 252
+  EXPECT_EQ(cuda::mixed_ctas_per_sm(64, 2048, 128, 132), 1);  // other tiles: one
 }
 
 // FC2 in blocks of 32 (below the K tile) runs through the dequantize pass while FC1 runs

@@ -12,5 +12,6 @@ constexpr size_t kSm90SmemPerSm = 228 * 1024;           // shared memory of one 
 constexpr size_t kSm90SmemPerBlockOptin = 227 * 1024;   // the most one block may opt into
 constexpr size_t kSm90SmemReservedPerBlock = 1024;      // the system's share of each resident block
 constexpr size_t kSm90SmemDefaultPerBlock = 48 * 1024;  // without the opt-in attribute
+constexpr int kSm90RegsPerSm = 64 * 1024;               // 32-bit registers of one multiprocessor
 
 }  // namespace qmoe::cuda

@@ -195,9 +195,10 @@ typename G::Gemm::Arguments make_arguments(int64_t max_groups, int sm_count,
 // kernel launch at once (it waits for this one's end itself). CUTLASS's SM90 ptr-array kernels
 // have no grid-dependency control of their own; launched without programmatic dependent launch
 // both are no-ops (pdl.cuh), so every launch goes through this one kernel. params stays a
-// __grid_constant__, as the TMA descriptors in it require.
-template <typename Kernel>
-__global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksPerMultiprocessor)
+// __grid_constant__, as the TMA descriptors in it require. kCtasPerSm: the CTAs an SM holds at
+// once (CUTLASS's one, or two where the unit includes cutlass_two_ctas.cuh).
+template <typename Kernel, int kCtasPerSm>
+__global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, kCtasPerSm)
     pdl_gemm_kernel(CUTLASS_GRID_CONSTANT typename Kernel::Params const params) {
   pdl_wait();
   pdl_trigger();
@@ -210,18 +211,21 @@ __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksP
 // kernel: the workspace initialized (no stream work besides clearing CUTLASS's workspace part
 // asynchronously), the parameters built on the host (TMA descriptor templates), the shared-memory
 // attribute set, the launch, with programmatic dependent launch where pdl is set. All of it is
-// capture-safe. `what` names the GEMM in errors.
-template <typename Gemm>
+// capture-safe. `what` names the GEMM in errors. kCtasPerSm as pdl_gemm_kernel's; the arguments'
+// hw_info.sm_count is then the grid (sm_count x kCtasPerSm persistent CTAs).
+template <typename Gemm, int kCtasPerSm = 1>
 Status initialize_and_run(const typename Gemm::Arguments& args, void* cutlass_workspace,
                           cudaStream_t stream, const char* what, bool pdl) {
   using Kernel = typename Gemm::GemmKernel;
+  static_assert(kCtasPerSm >= static_cast<int>(Kernel::MinBlocksPerMultiprocessor),
+                "the kernel's own residency");
   const cutlass::Status s = Kernel::initialize_workspace(args, cutlass_workspace, stream);
   if (s != cutlass::Status::kSuccess) {
     return Status::internal(std::string(what) +
                             " initialize: " + cutlass::cutlassGetStatusString(s));
   }
   const typename Kernel::Params params = Kernel::to_underlying_arguments(args, cutlass_workspace);
-  auto* kernel = &pdl_gemm_kernel<Kernel>;
+  auto* kernel = &pdl_gemm_kernel<Kernel, kCtasPerSm>;
   const int smem = static_cast<int>(Kernel::SharedStorageSize);
   QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   using Cluster = typename Kernel::ClusterShape;

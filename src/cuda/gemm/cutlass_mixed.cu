@@ -265,7 +265,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
 bool mixed_has_act_epilogue(MixedCodes c, DType dtype, int tile_n) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_HAS_ACT(kCodes, kBf16, kTileN, kAct) \
+#define QMOE_MIXED_HAS_ACT(kCodes, kBf16, kTileN, kAct, kCtas) \
   if (kAct && kTileN == tile_n && c == kCodes && bf16 == kBf16) return true;
   QMOE_MIXED_INSTANCES(QMOE_MIXED_HAS_ACT)
 #undef QMOE_MIXED_HAS_ACT
@@ -275,7 +275,7 @@ bool mixed_has_act_epilogue(MixedCodes c, DType dtype, int tile_n) {
 bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   const bool bf16 = dtype == DType::kBF16;
-#define QMOE_MIXED_HAS(kCodes, kBf16, kTileN, kAct) \
+#define QMOE_MIXED_HAS(kCodes, kBf16, kTileN, kAct, kCtas) \
   if (kTileN == tile_n && c == kCodes && bf16 == kBf16) return true;
   QMOE_MIXED_INSTANCES(QMOE_MIXED_HAS)
 #undef QMOE_MIXED_HAS
@@ -289,14 +289,39 @@ size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups,
   const bool bf16 = dtype == DType::kBF16;
   // Any of the kind's tiles may run a call: the largest of their needs.
   size_t bytes = 0;
-#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN, kAct)                                           \
-  if (c == kCodes && bf16 == kBf16) {                                                           \
-    bytes = std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>( \
-                                max_groups, sm_count));                                         \
+#define QMOE_MIXED_BYTES(kCodes, kBf16, kTileN, kAct, kCtas)                                       \
+  if (c == kCodes && bf16 == kBf16) {                                                              \
+    bytes =                                                                                        \
+        std::max(bytes, cutlass_detail::mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct, kCtas>( \
+                            max_groups, sm_count));                                                \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_BYTES)
 #undef QMOE_MIXED_BYTES
   return bytes;
+}
+
+int mixed_ctas_per_sm(int tile_n, int64_t n, int64_t groups, int sm_count) {
+  if (tile_n != 32) return 1;
+  const int64_t tiles = (n + kMixedNarrowTileM - 1) / kMixedNarrowTileM * groups;
+  return tiles >= 2 * static_cast<int64_t>(sm_count) ? 2 : 1;
+}
+
+Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epilogue,
+                            int ctas_per_sm, int* resident) {
+  const bool bf16 = dtype == DType::kBF16;
+  if (dtype == DType::kBF16 || dtype == DType::kF16) {
+#define QMOE_MIXED_RESIDENCY(kCodes, kBf16, kTileN, kAct, kCtas)                          \
+  if (c == kCodes && bf16 == kBf16 && tile_n == kTileN && act_epilogue == kAct &&         \
+      ctas_per_sm == kCtas) {                                                             \
+    return cutlass_detail::mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(resident); \
+  }
+    QMOE_MIXED_INSTANCES(QMOE_MIXED_RESIDENCY)
+#undef QMOE_MIXED_RESIDENCY
+  }
+  return Status::invalid("mixed_gemm_residency: no instance for codes_kind " +
+                         std::string(mixed_codes_name(c)) + ", tile_n " + std::to_string(tile_n) +
+                         (act_epilogue ? " with the activation epilogue" : "") + " at " +
+                         std::to_string(ctas_per_sm) + " CTAs per SM");
 }
 
 Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
@@ -326,11 +351,12 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
   const bool bf16 = args.dtype == DType::kBF16;
-#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct)                                          \
+  const int ctas = mixed_ctas_per_sm(args.tile_n, args.n, args.max_groups, sm_count);
+#define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct, kCtas)                                   \
   if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&                    \
-      args.act_epilogue == kAct) {                                                              \
-    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN, kAct>(args, sm_count, workspace, \
-                                                                     stream);                   \
+      args.act_epilogue == kAct && ctas == kCtas) {                                             \
+    return cutlass_detail::mixed_launch<kCodes, kBf16, kTileN, kAct, kCtas>(args, sm_count,     \
+                                                                            workspace, stream); \
   }
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH

@@ -55,6 +55,8 @@ namespace qmoe::cuda {
 
 // The K tile of the mixed-input kernel: a scale block must be a multiple of it (or all of K).
 constexpr int64_t kMixedTileK = 64;
+// The narrow tile's M (weight rows; cutlass_mixed_narrow.cuh's NarrowTileShape).
+constexpr int64_t kMixedNarrowTileM = 256;
 
 // The kernel instances by code type and scale form (table above). kNone: no instance takes the FC.
 enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kUint8, kE4m3, kInt8 };
@@ -203,6 +205,20 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& args, std::string* why = null
 // descriptors. 0 for a dtype or kind without a kernel or max_groups <= 0. Exact, and
 // nondecreasing in max_groups.
 size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups, int sm_count);
+
+// The CTAs per SM a launch of the tile over an FC of n output features and up to `groups`
+// experts runs: the narrow tile two (cutlass_two_ctas.cuh: four consumer warps per scheduler
+// instead of two, each CTA with half the stages) where its tiles fill two CTAs on every SM, else
+// one. Measured (bench/results/2026-12-05-h200-narrow-two-ctas.md): two CTAs took 7-14% off
+// qwen3-30b-a3b INT4 / INT8, DeepSeek-V3 bf16 and qwen3.6-35b-a3b INT4 at 12-384 tokens, but Mixtral's
+// FC2 (16 tiles x 8 experts = 128 < 264) took 171 us against 103 with one CTA and half the stages.
+int mixed_ctas_per_sm(int tile_n, int64_t n, int64_t groups, int sm_count);
+
+// How many CTAs per SM of the instance of this kind, dtype, tile, epilogue and residency
+// (ctas_per_sm) the current device holds at once (the occupancy API); invalid for a combination
+// without an instance.
+Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epilogue,
+                            int ctas_per_sm, int* resident);
 
 // Launches the setup kernel and the GEMM on `stream`; `workspace` holds at least
 // mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count) bytes,

@@ -14,12 +14,16 @@
 
 namespace qmoe::cuda::cutlass_detail {
 
-template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
 size_t mixed_workspace_bytes(int64_t max_groups, int sm_count);
 
 // Arguments already validated (mixed_gemm_can_implement) and the workspace size checked.
-template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct>
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
 Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
+
+// How many CTAs of the instance the device holds per SM at once (the occupancy API).
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
+Status mixed_residency(int* resident);
 
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
@@ -31,33 +35,45 @@ Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cu
 // tile of bf16 kInt4 and kInt8 only: on the taller tiles the epilogue's activation and stores,
 // run by the consumer warps that bound the kernel, cost more than the activation kernel they
 // replace (bench/results/2026-12-04-h200-act-epilogue.md).
-#define QMOE_MIXED_INSTANCES(X)             \
-  X(MixedCodes::kInt4, true, 128, false)     \
-  X(MixedCodes::kInt4, false, 128, false)    \
-  X(MixedCodes::kInt4Zero, true, 128, false) \
-  X(MixedCodes::kInt4Zero, false, 128, false) \
-  X(MixedCodes::kUint8, true, 128, false)    \
-  X(MixedCodes::kUint8, false, 128, false)   \
-  X(MixedCodes::kE4m3, true, 128, false)     \
-  X(MixedCodes::kE4m3, false, 128, false)    \
-  X(MixedCodes::kInt8, true, 128, false)     \
-  X(MixedCodes::kInt8, false, 128, false)    \
-  X(MixedCodes::kInt4, true, 32, false)      \
-  X(MixedCodes::kInt8, true, 32, false)      \
-  X(MixedCodes::kE4m3, true, 32, false)      \
-  X(MixedCodes::kInt4, true, 64, false)      \
-  X(MixedCodes::kE4m3, true, 64, false)      \
-  X(MixedCodes::kE4m3, false, 64, false)     \
-  X(MixedCodes::kE4m3, false, 32, false)     \
-  X(MixedCodes::kInt4, true, 32, true)       \
-  X(MixedCodes::kInt8, true, 32, true)
+// kCtas: CTAs per SM. The narrow tile has both: two (cutlass_two_ctas.cuh, the unit
+// cutlass_mixed_narrow.cu) where the FC has enough tiles to fill them, one where it has fewer
+// (mixed_ctas_per_sm: each CTA of two holds half the stages).
+#define QMOE_MIXED_INSTANCES(X)                  \
+  X(MixedCodes::kInt4, true, 128, false, 1)      \
+  X(MixedCodes::kInt4, false, 128, false, 1)     \
+  X(MixedCodes::kInt4Zero, true, 128, false, 1)  \
+  X(MixedCodes::kInt4Zero, false, 128, false, 1) \
+  X(MixedCodes::kUint8, true, 128, false, 1)     \
+  X(MixedCodes::kUint8, false, 128, false, 1)    \
+  X(MixedCodes::kE4m3, true, 128, false, 1)      \
+  X(MixedCodes::kE4m3, false, 128, false, 1)     \
+  X(MixedCodes::kInt8, true, 128, false, 1)      \
+  X(MixedCodes::kInt8, false, 128, false, 1)     \
+  X(MixedCodes::kInt4, true, 32, false, 1)       \
+  X(MixedCodes::kInt8, true, 32, false, 1)       \
+  X(MixedCodes::kE4m3, true, 32, false, 1)       \
+  X(MixedCodes::kInt4, true, 64, false, 1)       \
+  X(MixedCodes::kE4m3, true, 64, false, 1)       \
+  X(MixedCodes::kE4m3, false, 64, false, 1)      \
+  X(MixedCodes::kE4m3, false, 32, false, 1)      \
+  X(MixedCodes::kInt4, true, 32, true, 1)        \
+  X(MixedCodes::kInt8, true, 32, true, 1)        \
+  X(MixedCodes::kInt4, true, 32, false, 2)       \
+  X(MixedCodes::kInt4, true, 32, true, 2)        \
+  X(MixedCodes::kInt8, true, 32, false, 2)       \
+  X(MixedCodes::kInt8, true, 32, true, 2)        \
+  X(MixedCodes::kE4m3, true, 32, false, 2)       \
+  X(MixedCodes::kE4m3, false, 32, false, 2)
 
-#define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct)                                         \
-  template <>                                                                                   \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count); \
-  template <>                                                                                   \
-  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,     \
-                                                   void* workspace, cudaStream_t stream);
+#define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct, kCtas)                                     \
+  template <>                                                                                      \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct, kCtas>(int64_t max_groups,             \
+                                                                   int sm_count);                  \
+  template <>                                                                                      \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args, int sm_count, \
+                                                          void* workspace, cudaStream_t stream);   \
+  template <>                                                                                      \
+  Status mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(int* resident);
 QMOE_MIXED_INSTANCES(QMOE_MIXED_DECLARE)
 #undef QMOE_MIXED_DECLARE
 

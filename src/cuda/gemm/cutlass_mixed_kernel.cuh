@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/sm90.h"
 #include "cuda/gemm/cutlass_act_epilogue.cuh"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cuda/gemm/cutlass_mixed_instances.h"
@@ -115,7 +116,7 @@ struct ScaleAndZeroMainloop : Base {
 // translation units. Each epilogue is built outside any template (see
 // cutlass_grouped_kernel.cuh). Two atoms per warpgroup give each consumer warp two independent
 // conversion chains per k-block: the conversion's latency, not the wgmma, bounds one atom.
-template <int kTileM, int kTileN>
+template <int kTileM, int kTileN, int kCtas = 1>
 struct MixedTile;
 // Whether an instance for activations of Element writes bf16 rows (mixed_out_dtype: bf16 layers)
 // or fp32 rows (f16 layers), and its D element.
@@ -126,11 +127,13 @@ using MixedElementD = std::conditional_t<kMixedBf16Rows<Element>, cutlass::bfloa
 
 // A tile: its shape and its two epilogues, fp32 rows and bf16 rows, each with the shared memory it
 // takes (constants named outside templates: cutlass_grouped_kernel.cuh says why); an instance
-// takes the one its rows need (kMixedBf16Rows).
+// takes the one its rows need (kMixedBf16Rows). kCtas: CTAs per SM (2 only in the unit that
+// includes cutlass_two_ctas.cuh first).
 template <typename TileShape, typename F32Epilogue, int kF32Smem, typename Bf16Epilogue,
-          int kBf16Smem>
+          int kBf16Smem, int kCtas = 1>
 struct MixedTileOf {
   using Shape = TileShape;
+  static constexpr int kCtasPerSm = kCtas;
   template <typename Element>
   using Epilogue = std::conditional_t<kMixedBf16Rows<Element>, Bf16Epilogue, F32Epilogue>;
   template <typename Element>
@@ -168,17 +171,50 @@ struct MixedOperand<MixedCodes::kInt8, Element> {
   using Tuple = cute::tuple<int8_t, Element>;
 };
 
+// CUTLASS's grouped kernels hold 1 KB of static shared memory besides their dynamic SharedStorage
+// (cuobjdump -res-usage: SHARED 1024). The dynamic shared memory one CTA may hold when `ctas` of
+// them share an SM: the opt-in limit alone, or the SM's share less the system's and the static.
+constexpr size_t kCutlassStaticSmem = 1024;
+constexpr size_t mixed_smem_per_cta(int ctas) {
+  return ctas == 1 ? kSm90SmemPerBlockOptin
+                   : kSm90SmemPerSm / ctas - kSm90SmemReservedPerBlock - kCutlassStaticSmem;
+}
+
+// Whether Kernel may run two CTAs per SM (cutlass_two_ctas.cuh): only in a unit that includes
+// that header first, on a kernel whose register counts are the ones it replaces, within half the
+// SM's shared memory.
+template <typename Kernel>
+struct MixedFitsTwoCtas {
+#ifdef QMOE_CUTLASS_TWO_CTAS_PER_SM
+  static constexpr bool kUnit = true;
+  static constexpr bool value = Kernel::MaxThreadsPerBlock == kTwoCtasThreads &&
+                                Kernel::LoadRegisterRequirement == kCutlassLoadRegs &&
+                                Kernel::MmaRegisterRequirement == kCutlassMainloopRegs &&
+                                Kernel::SharedStorageSize <= mixed_smem_per_cta(2);
+#else
+  static constexpr bool kUnit = false;
+  static constexpr bool value = false;
+#endif
+};
+
 // kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh: no shared
 // memory, so the mainloop's stages take all of it), else the tile's epilogue for Element's rows
 // (bf16 for bf16 activations, fp32 for f16: MixedElementD).
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kActEpilogue = false,
+          int kCtas = 1>
 struct MixedGemm {
   static constexpr bool kAct = kActEpilogue;
   using Operand = MixedOperand<kCodes, Element>;
-  using Tile = MixedTile<kTileM, kTileN>;
+  using Tile = MixedTile<kTileM, kTileN, kCtas>;
   using Epilogue =
       std::conditional_t<kAct, ActEpilogue<Element>, typename Tile::template Epilogue<Element>>;
   static constexpr int kEpilogueSmem = kAct ? 0 : Tile::template kEpilogueSmem<Element>;
+  // Two CTAs per SM: each keeps to its half of the SM's shared memory (the stages leave the
+  // rest: CUTLASS's stage count fills the opt-in limit minus the carve-out).
+  static constexpr int kCtasPerSm = Tile::kCtasPerSm;
+  static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "one or two CTAs per SM");
+  static constexpr int kSmemCarveout = static_cast<int>(
+      kEpilogueSmem + kSm90SmemPerBlockOptin - mixed_smem_per_cta(kCtasPerSm));
   // The rows' element: the activation's (act_out) with kAct, else MixedElementD.
   static constexpr size_t kOutBytes = kAct ? sizeof(Element) : sizeof(MixedElementD<Element>);
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
@@ -197,7 +233,7 @@ struct MixedGemm {
   using Collective = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Operand::Tuple, LayoutA*,
       kAlignA, Element, LayoutB*, kAlignB, float, typename Tile::Shape, GroupClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kSmemCarveout>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   static constexpr bool kZero = mixed_has_zeros(kCodes);
   using Mainloop =
@@ -210,6 +246,11 @@ struct MixedGemm {
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  static_assert(kCtasPerSm == 1 || MixedFitsTwoCtas<Kernel>::value,
+                "two CTAs per SM: the unit includes cutlass_two_ctas.cuh first, CUTLASS asks "
+                "for its register counts, and a CTA fits in half the SM's shared memory");
+  static_assert(kCtasPerSm == 2 || !MixedFitsTwoCtas<Kernel>::kUnit,
+                "a one-CTA tile in the two-CTA unit would run its consumers at 96 registers");
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
@@ -288,7 +329,10 @@ typename G::Gemm::Arguments make_mixed_arguments(int64_t max_groups, int64_t chu
   auto at = [ws, parts](size_t MixedParts::*part) {
     return ws == nullptr || parts == nullptr ? nullptr : ws + parts->*part;
   };
-  // Host problem shapes nullptr: the grid is one CTA per SM and nothing is read on the host.
+  // Host problem shapes nullptr: the grid is kCtasPerSm CTAs per SM (CUTLASS's persistent
+  // scheduler launches hw_info.sm_count CTAs; its TMA descriptors in the workspace are per CTA)
+  // and nothing is read on the host.
+  sm_count *= G::kCtasPerSm;
   args.problem_shape = {static_cast<int>(max_groups),
                         reinterpret_cast<typename G::Shape3*>(at(&MixedParts::shapes)), nullptr};
   auto& m = args.mainloop;
@@ -335,15 +379,16 @@ MixedParts mixed_parts(int64_t max_groups, int sm_count) {
   return w;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
 size_t mixed_workspace_bytes_for(int64_t max_groups, int sm_count) {
-  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN, kAct>>(max_groups, sm_count).total;
+  return mixed_parts<MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>>(max_groups, sm_count)
+      .total;
 }
 
-template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct>
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
 Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
                         cudaStream_t stream) {
-  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct>;
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
   constexpr int kThreads = 128;
@@ -360,26 +405,43 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
       reinterpret_cast<typename G::StrideS*>(ws + w.stride_s)));
   QMOE_CUDA_CHECK_LAUNCH("mixed_setup_kernel");
 
-  return initialize_and_run<typename G::Gemm>(
+  return initialize_and_run<typename G::Gemm, G::kCtasPerSm>(
       make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws, &p), ws + w.cutlass, stream,
       "CUTLASS mixed-input GEMM", p.pdl);
 }
 
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
+Status mixed_residency_for(int* resident) {
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
+  using Kernel = typename G::Kernel;
+  auto* kernel = &pdl_gemm_kernel<Kernel, G::kCtasPerSm>;
+  const int smem = static_cast<int>(Kernel::SharedStorageSize);
+  QMOE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  QMOE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      resident, kernel, static_cast<int>(Kernel::MaxThreadsPerBlock), smem));
+  return Status::ok();
+}
+
 }  // namespace qmoe::cuda::cutlass_detail
 
-// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype, tile and
-// epilogue (the host picks an instance by its N alone: each kind and dtype has one M per N).
-#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, kAct, Element)                \
-  namespace qmoe::cuda::cutlass_detail {                                                        \
-  template <>                                                                                   \
-  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct>(int64_t max_groups, int sm_count) { \
-    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN, kAct>(max_groups,         \
-                                                                            sm_count);          \
-  }                                                                                             \
-  template <>                                                                                   \
-  Status mixed_launch<kCodes, kBf16, kTileN, kAct>(const MixedGemmArgs& args, int sm_count,     \
-                                                   void* workspace, cudaStream_t stream) {      \
-    return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct>(args, sm_count, workspace,   \
-                                                                   stream);                     \
-  }                                                                                             \
+// Defines the instance functions of cutlass_mixed_instances.h for one kind, dtype, tile, epilogue
+// and residency (the host picks an instance by its N alone: each kind and dtype has one M per N).
+#define QMOE_CUTLASS_MIXED_INSTANCE(kCodes, kBf16, kTileM, kTileN, kAct, kCtas, Element)           \
+  namespace qmoe::cuda::cutlass_detail {                                                           \
+  template <>                                                                                      \
+  size_t mixed_workspace_bytes<kCodes, kBf16, kTileN, kAct, kCtas>(int64_t max_groups,             \
+                                                                   int sm_count) {                 \
+    return mixed_workspace_bytes_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(max_groups,     \
+                                                                                   sm_count);      \
+  }                                                                                                \
+  template <>                                                                                      \
+  Status mixed_launch<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args, int sm_count, \
+                                                          void* workspace, cudaStream_t stream) {  \
+    return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(args, sm_count,          \
+                                                                          workspace, stream);      \
+  }                                                                                                \
+  template <>                                                                                      \
+  Status mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(int* resident) {                      \
+    return mixed_residency_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(resident);            \
+  }                                                                                                \
   }

@@ -5,8 +5,15 @@
 // the wgmma m64n32k16 busy on real rows while each weight tile is still read once per group.
 // 256 weight rows give each consumer warpgroup two m64 atoms: two independent conversion chains
 // per k-block, which took qwen3-30b-a3b INT4 at 256 tokens from 247.0 to 194.7 us against 128
-// rows (bench/results/2026-12-02-h200-mid-tile.md). bf16 kInt4, kInt8 and kE4m3 have it
-// (cutlass_mixed_{int4,int8,e4m3}.cu).
+// rows (bench/results/2026-12-02-h200-mid-tile.md). bf16 kInt4, kInt8 and kE4m3 (and f16
+// kE4m3) have it.
+//
+// In two residencies: one CTA per SM (the kind units), and two (cutlass_two_ctas.cuh, the unit
+// cutlass_mixed_narrow.cu): the tile's consumers are bound by their conversion chain's latency at
+// two warps per scheduler and fit in 96 registers (32 accumulators a thread), so a second CTA
+// gives each scheduler four consumer warps, each CTA with half the SM's shared memory for its
+// stages. Where an FC has fewer tiles than two CTAs per SM (mixed_ctas_per_sm) the SMs would hold
+// one CTA with half the stages, so such FCs take the one-CTA form.
 #pragma once
 
 #include "cuda/gemm/cutlass_mixed_kernel.cuh"
@@ -14,6 +21,7 @@
 namespace qmoe::cuda::cutlass_detail {
 
 using NarrowTileShape = cute::Shape<cute::_256, cute::_32, cute::_64>;
+static_assert(cute::size<0>(NarrowTileShape{}) == kMixedNarrowTileM, "cutlass_mixed.h's M");
 // The grouped GEMM's epilogues (column-major D, no C) on the narrow tile: fp32 rows (f16
 // layers) and bf16 rows (bf16 layers; mixed_out_dtype).
 using NarrowEpilogue = GroupEpilogueFor<NarrowTileShape>;
@@ -23,9 +31,9 @@ using NarrowEpilogueBf16 =
 constexpr int kNarrowEpilogueBf16Smem =
     static_cast<int>(sizeof(NarrowEpilogueBf16::SharedStorage));
 
-template <>
-struct MixedTile<256, 32>
-    : MixedTileOf<NarrowTileShape, NarrowEpilogue, kNarrowEpilogueSmem, NarrowEpilogueBf16,
-                  kNarrowEpilogueBf16Smem> {};
+template <int kCtas>
+struct MixedTile<256, 32, kCtas> : MixedTileOf<NarrowTileShape, NarrowEpilogue, kNarrowEpilogueSmem,
+                                               NarrowEpilogueBf16, kNarrowEpilogueBf16Smem, kCtas> {
+};
 
 }  // namespace qmoe::cuda::cutlass_detail
