@@ -16,12 +16,12 @@
 //
 // A CTA's setmaxnreg.inc can only take what its producer released; asking for 232 at 80 would
 // wait forever. So in this unit the two register-reconfiguration functions are specialized for
-// exactly CUTLASS's two counts and ask for 40 and 96 instead; kMainloopRegs and kLoadRegs name
-// the counts, and MixedGemm checks at compile time that the kernel still asks for 232 and 40
-// (a CUTLASS with other counts fails to build rather than hang). ptxas then allocates the
-// consumers' code within 96 registers: the narrow tile's k-block loop compiles to the same
-// instructions as at 232 (no spills, no serialized wgmma; bench/results/
-// 2026-12-05-sass-narrow-two-ctas.md).
+// exactly CUTLASS's two counts and ask for 40 and 96 instead; kCutlassMainloopRegs and
+// kCutlassLoadRegs name the counts, and MixedGemm (MixedFitsTwoCtas) checks at compile time that
+// the kernel still asks for 232 and 40 (a CUTLASS with other counts fails to build rather than
+// hang). ptxas then allocates the consumers' code within 96 registers: the narrow tile's k-block
+// loop compiles to the same instructions as at 232 (no spills, no serialized wgmma;
+// bench/results/2026-12-05-sass-narrow-two-ctas.md).
 //
 // The specializations are inline device functions of this unit's own device code (the library
 // links no device code across units: no relocatable device code), so the other units keep
