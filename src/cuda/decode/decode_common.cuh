@@ -24,6 +24,54 @@ __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
   return v;
 }
 
+// A lane's 16 bytes of a step-major chunk (int4, int8; mma_pack.h), from p = the chunk plus the
+// lane's first word (mma_chunk_word(kBits, lane, 0)): four words (int4) or two pairs (int8) a K
+// step (128 or 256 bytes) apart, each load one contiguous 128 or 256 bytes of the warp.
+template <int kBits>
+__device__ __forceinline__ uint4 load_step_major(const uint32_t* p) {
+  uint4 v;
+  if constexpr (kBits == 4) {
+    asm volatile(
+        "ld.global.nc.L1::no_allocate.u32 %0, [%4];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %1, [%4+128];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %2, [%4+256];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %3, [%4+384];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  } else {
+    static_assert(kBits == 8, "step-major codes are 4 or 8 bits");
+    asm volatile(
+        "ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%4];\n\t"
+        "ld.global.nc.L1::no_allocate.v2.u32 {%2,%3}, [%4+256];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  }
+  return v;
+}
+
+// The same from a chunk in shared memory (addr: the chunk plus 4 or 8 bytes a lane).
+template <int kBits>
+__device__ __forceinline__ uint4 lds_step_major(uint32_t addr) {
+  uint4 v;
+  if constexpr (kBits == 4) {
+    asm volatile(
+        "ld.shared.u32 %0, [%4];\n\t"
+        "ld.shared.u32 %1, [%4+128];\n\t"
+        "ld.shared.u32 %2, [%4+256];\n\t"
+        "ld.shared.u32 %3, [%4+384];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(addr));
+  } else {
+    static_assert(kBits == 8, "step-major codes are 4 or 8 bits");
+    asm volatile(
+        "ld.shared.v2.u32 {%0,%1}, [%4];\n\t"
+        "ld.shared.v2.u32 {%2,%3}, [%4+256];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(addr));
+  }
+  return v;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -190,14 +238,33 @@ __device__ __forceinline__ float window_base(int i) {
   }
 }
 
+// (a & b) | (c & ~b) with the bits of a where b and c are both set inverted, in one LOP3: with b a
+// window's mask and c its base plus the codes' top bits, a step-major word's flipped codes
+// (mma_pack.h) become q again at no cost.
+__device__ __forceinline__ uint32_t and_or_flip(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// The top bit of each code at window position i, in both halves.
+template <int kBits>
+__host__ __device__ constexpr uint32_t window_top_bits(int i) {
+  const uint32_t top = 1u << (kBits * i + kBits - 1);
+  return top | (top << 16);
+}
+
 // Pair jj of word w as the exact (q - zp) bf16x2/f16x2: the window's shift (shared by the pairs of
-// one window, so the compiler computes it once per word), one LOP3 for mask and base, and one
-// subtraction of sub, the (base + zp) of the pair's position.
-template <int kBits, bool kBf16>
+// one window, so the compiler computes it once per word), one LOP3 for mask and base (kFlip: and
+// the codes' top bits flipped back), and one subtraction of sub, the (base + zp) of the pair's
+// position.
+template <int kBits, bool kBf16, bool kFlip = false>
 __device__ __forceinline__ uint32_t window_pair(uint32_t w, int jj, uint32_t sub) {
   using W = Windows<kBits, kBf16>;
   const int i = W::position_index(jj);
-  const uint32_t q = and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
+  const uint32_t q = kFlip ? and_or_flip(w >> W::shift(jj), W::mask(i),
+                                         W::base_bits(i) | window_top_bits<kBits>(i))
+                           : and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
   if constexpr (kBf16) {
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
                                      *reinterpret_cast<const __nv_bfloat162*>(&sub));
