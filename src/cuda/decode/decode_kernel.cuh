@@ -498,8 +498,8 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
           } else if constexpr (kUsesWindows<kBits, kBf16>) {
             const int i = Windows<kBits, kBf16>::position_index(jj);
             af[j] = window_pair<kBits, kBf16, kStepMajor>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
-          } else {  // int8 with bf16: step-major, its top bits flipped back once per word
-            af[j] = int8_pair_bf16(word ^ 0x80808080u, jj, (j & 1) ? z1 : z0);
+          } else {  // int8 with bf16 (step-major)
+            af[j] = int8_pair_bf16(word, jj, (j & 1) ? subs1[0] : subs0[0]);
           }
         }
         const uint2 bv = *reinterpret_cast<const uint2*>(xa + 16 * st);

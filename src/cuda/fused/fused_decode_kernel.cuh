@@ -430,7 +430,7 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
           const int i = Windows<kBits, kBf16>::position_index(jj);
           af[j] = window_pair<kBits, kBf16, kStepMajor>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
         } else {  // int8 with bf16 (step-major)
-          af[j] = int8_pair_bf16(word ^ 0x80808080u, jj, (j & 1) ? z1 : z0);
+          af[j] = int8_pair_bf16(word, jj, (j & 1) ? subs1[0] : subs0[0]);
         }
       }
 #pragma unroll
