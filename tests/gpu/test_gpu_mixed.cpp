@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "activation_cases.h"
+#include "core/formats/mma_pack.h"
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "gpu_layer_harness.h"
@@ -299,6 +300,46 @@ TEST(GpuMixedLayer, WorkspaceHasNoScratchAndIsMonotone) {
   EXPECT_NE(st.message().find("cutlass-dequant"), std::string::npos) << st.to_string();
 }
 
+// int4 and int8 layers keep one copy of their codes: the decode path packs them step-major
+// (mma_pack.h), which is the mixed-input GEMM's shuffled order, so prepare hands the GEMM the
+// decode path's words (decode_copy_of) and frees ORT's. The device memory a prepared layer holds
+// stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at b128,
+// and allocation rounding), and both paths still match the oracle on it.
+TEST(GpuMixedLayer, IntegerLayersKeepOneCopyOfTheCodes) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    LayerSpec s = spec_of(w, DType::kBF16, 2048, 768, 32, 8, 128, DType::kF32);
+    SCOPED_TRACE(s.fc1.to_string());
+    const uint64_t seed = fresh_seed();
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    const double codes = static_cast<double>(s.num_experts) * 3.0 * s.hidden * s.inter *
+                         format_info(w).code_bits / 8;
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(cudaMemGetInfo(&free0, &total));
+    std::unique_ptr<PreparedLayer> layer;
+    const Status st = prepare_layer(BackendKind::kCuda, s, tl.weights, {}, &layer);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    CUDA_ASSERT(cudaDeviceSynchronize());
+    CUDA_ASSERT(cudaMemGetInfo(&free1, &total));
+    const double held = static_cast<double>(free0) - static_cast<double>(free1);
+    EXPECT_LT(held, 1.4 * codes) << "held " << held / 1e6 << " MB for " << codes / 1e6
+                                 << " MB of codes";
+    EXPECT_GT(held, codes) << "held " << held / 1e6 << " MB";
+    ASSERT_EQ(layer->dispatch_choice(4).rfind("decode", 0), 0u) << layer->dispatch_choice(4);
+    ASSERT_EQ(layer->dispatch_choice(256), "generic");
+    for (int64_t tokens : {4, 256}) {
+      TestInputs ti;
+      make_inputs(tl.spec, tokens, seed + static_cast<uint64_t>(tokens), false, &ti);
+      GpuRun r;
+      gpu_run(tl, ti, &r, {}, 0xFF, true, layer.get());
+      if (::testing::Test::HasFatalFailure()) return;
+      EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << tokens << " tokens";
+    }
+  }
+}
+
 TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
   QMOE_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16}) {
@@ -425,6 +466,48 @@ TEST(GpuMixedLayer, Mxfp4ThroughItsE4m3Copy) {
 }
 
 // Which FCs the kernel takes, and as which kind (host-only, runs without a device).
+// The decode packing of int4 and int8 (mma_pack.h's step-major form) is, word for word, the
+// mixed-input GEMM's shuffled copy of the same rows (the host twin of the shuffle, over ORT's
+// codes with their top bits flipped): FC2's identity rows and FC1's bands of the activation
+// epilogue (GluRows::kInterleaved against MmaRowMap::kGatedInterleaved), so that prepare may hand
+// the GEMM the decode path's words (decode_copy_of). Host only.
+TEST(MixedPrepare, DecodePackingIsTheShuffledOrder) {
+  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+    for (bool gated : {false, true}) {
+      const int64_t E = 3, inter = 24, n = 48, k = w == WeightFormat::kInt4 ? 192 : 96;
+      SCOPED_TRACE(std::string(format_info(w).name) + (gated ? " gated" : " identity"));
+      FcFormat f = default_fc_format(w);
+      f.block_size = 0;
+      QuantizedFc q;
+      make_fc(f, E, n, k, fresh_seed(), &q);
+      if (::testing::Test::HasFatalFailure()) return;
+      const int bits = f.bits();
+      const int64_t row_bytes = k * bits / 8;
+      // ORT's rows in the copy's order, each code's top bit flipped (the signed copy).
+      std::vector<uint8_t> src(q.weight.size());
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t from =
+              gated ? cuda::glu_source_row(cuda::GluRows::kInterleaved, inter, r) : r;
+          for (int64_t b = 0; b < row_bytes; ++b) {
+            src[(e * n + r) * row_bytes + b] =
+                q.weight[(e * n + from) * row_bytes + b] ^ (bits == 4 ? 0x88 : 0x80);
+          }
+        }
+      }
+      std::vector<uint8_t> shuffled(src.size());
+      cuda::mixed_shuffle_codes_host(src.data(), shuffled.data(), E, n, k, bits);
+      const MmaPackShape s = mma_pack_shape(
+          f, n, k, gated ? MmaRowMap::kGatedInterleaved : MmaRowMap::kIdentity, gated ? inter : 0);
+      ASSERT_TRUE(mma_step_major(s.codes, s.bits));
+      std::vector<uint32_t> words;
+      mma_pack_int(s, q.weight.data(), E, &words);
+      ASSERT_EQ(words.size() * 4, shuffled.size());
+      EXPECT_EQ(std::memcmp(words.data(), shuffled.data(), shuffled.size()), 0);
+    }
+  }
+}
+
 TEST(MixedPrepare, SupportedFormats) {
   using cuda::MixedCodes;
   FcFormat f = default_fc_format(WeightFormat::kInt4);

@@ -370,7 +370,8 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
 // eight atoms past the row's end), and the 208 rows of a partial 128-row tile.
 // The shuffle of int4 and int8 codes (cutlass_mixed_shuffle.cuh): the host twin, which places
 // each code by CuTe's layout of the whole matrix, against the drawn order recomputed here from the
-// wgmma fragment; the device kernel against the twin, with and without the top-bit flip.
+// wgmma fragment (atoms along k first); the device kernel against the twin, with and without the
+// top-bit flip.
 TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
   QMOE_REQUIRE_GPU();
   struct Shape {
@@ -401,7 +402,7 @@ TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
             const int64_t pos =
                 bits == 4 ? (v >> 1) + 4 * (v & 1) : 2 * (v & 1) + ((v >> 1) & 1) + 4 * (v >> 2);
             const int64_t at =
-                8 * lane + pos + 256 * (m / 16 + (sh.n / 16) * (kk / 16)) + e * sh.n * sh.k;
+                8 * lane + pos + 256 * (kk / 16 + (sh.k / 16) * (m / 16)) + e * sh.n * sh.k;
             ASSERT_EQ(code_at(host, at), code_at(codes, e * sh.n * sh.k + m * sh.k + kk))
                 << "e " << e << " m " << m << " k " << kk;
           }

@@ -159,9 +159,49 @@ void for_each_lane_step(const MmaPackShape& s, const uint8_t* raw, int64_t e, in
   }
 }
 
+// The step-major form (int4, int8; mma_pack.h): lane (g, t)'s pairs of a step hold k0 + {0, 1}
+// and k0 + {8, 9}, k0 = 16 step + 2 t, each code's top bit flipped, and the lane's words i sit at
+// mma_chunk_word(bits, lane, i) of the chunk.
+void pack_step_major_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  const int b = s.bits, sc = s.steps_per_chunk;
+  const int64_t row_bytes = formats::packed_bytes(s.k, b), steps = s.k / 16;
+  const unsigned mid = 1u << (b - 1);
+  for (int64_t m = 0; m < s.tiles; ++m) {
+    const uint8_t* rows[16];
+    for (int r = 0; r < 16; ++r) {
+      const int64_t lr = s.logical_row(16 * m + r);
+      rows[r] = lr < 0 ? nullptr : raw + (e * s.n + lr) * row_bytes;
+    }
+    for (int64_t c = 0; c < s.chunks; ++c) {
+      uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
+      for (int lane = 0; lane < 32; ++lane) {
+        uint32_t w[4] = {0, 0, 0, 0};
+        for (int st = 0; st < sc; ++st) {
+          const int64_t step = c * sc + st;
+          for (int pj = 0; pj < 4; ++pj) {  // pair 4 st + pj: row g + 8 (pj & 1), k + 8 (pj >> 1)
+            const uint8_t* row = rows[lane / 4 + 8 * (pj & 1)];
+            for (int h = 0; h < 2; ++h) {
+              const int64_t k = 16 * step + 2 * (lane % 4) + 8 * (pj >> 1) + h;
+              const unsigned q =
+                  row != nullptr && step < steps ? formats::read_bits(row, k, b) : mid;
+              const Slot sl = slot_of(b, 4 * st + pj, h);
+              w[sl.word] |= (q ^ mid) << sl.bit;
+            }
+          }
+        }
+        for (int i = 0; i < 4; ++i) chunk[mma_chunk_word(b, lane, i)] = w[i];
+      }
+    }
+  }
+}
+
 // Packs expert e into dst_e (words_per_expert() words, zeroed): each lane's codes of a step read at
 // once (a slot at a time, the prepare of a large layer spent seconds here).
 void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
+  if (mma_step_major(s.codes, s.bits)) {
+    pack_step_major_expert(s, raw, e, dst_e);
+    return;
+  }
   const int b = s.bits, per_word = 16 / b;
   const unsigned mask = (1u << b) - 1u;
   const unsigned mid_quad = (1u << (b - 1)) * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
@@ -311,7 +351,15 @@ unsigned mma_packed_code(const MmaPackShape& s, const uint32_t* packed, int64_t 
   const int half = static_cast<int>(kk % 2);
   const int lane = 4 * g + t;
   const int pair = static_cast<int>(4 * (step % sc)) + j;
-  const uint32_t* chunk = packed + e * s.words_per_expert() + (m * s.chunks + c) * 128 + lane * 4;
+  const uint32_t* chunk = packed + e * s.words_per_expert() + (m * s.chunks + c) * 128;
+  if (mma_step_major(s.codes, b)) {  // natural K: kk = 2 t + 8 (j >> 1) + h; top bit flipped
+    const int t2 = static_cast<int>((kk % 8) / 2);
+    const int j2 = static_cast<int>((r >= 8 ? 1 : 0) + 2 * (kk / 8));
+    const Slot sl = slot_of(b, static_cast<int>(4 * (step % sc)) + j2, half);
+    const uint32_t word = chunk[mma_chunk_word(b, 4 * g + t2, sl.word)];
+    return ((word >> sl.bit) & ((1u << b) - 1u)) ^ (1u << (b - 1));
+  }
+  chunk += lane * 4;
   if (s.codes == MmaCodes::kFp8)
     return mma_fp8_code(chunk[pair / 2], s.fp8_mag_bit, pair % 2, half);
   if (s.codes != MmaCodes::kInt)

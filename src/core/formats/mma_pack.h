@@ -99,6 +99,25 @@ struct MmaPackShape {
   }
 };
 
+// Integer codes of 4 and 8 bits are step-major: the 16 bytes lane L (g = L / 4, t = L % 4) holds
+// of a chunk, its words i = 0..3 (word G / P of pair G as above), do not lie together but one K
+// step apart: word i of the lane is word mma_chunk_word(bits, L, i) of the chunk's 128, so that
+// each K step is 512 / SC contiguous bytes of 32 lanes (int4: one word a lane, int8: two). Their
+// pairs hold K in its natural order,
+//   j = 0: rows g,     k = 16 s + 2 t + {0, 1}      j = 1: rows g + 8, k = 16 s + 2 t + {0, 1}
+//   j = 2: rows g,     k = 16 s + 2 t + {8, 9}      j = 3: rows g + 8, k = 16 s + 2 t + {8, 9}
+// (the fragment of mma.sync and of wgmma without a permutation), and each code is stored with its
+// top bit flipped (q - 2^(bits-1) in two's complement; padding: 0). This is the mixed-input GEMM's
+// shuffled order (cutlass_mixed_shuffle.cuh: its 16 x 16 atoms along k, a chunk is SC of them), so
+// a layer whose GEMM copy has the same rows and K keeps one copy for both paths.
+QMOE_HD constexpr bool mma_step_major(MmaCodes codes, int bits) {
+  return codes == MmaCodes::kInt && (bits == 4 || bits == 8);
+}
+QMOE_HD constexpr int mma_chunk_word(int bits, int lane, int i) {
+  const int per_step = bits / 4;  // words a lane holds of one K step: 4 / SC
+  return (i / per_step) * 32 * per_step + lane * per_step + i % per_step;
+}
+
 // Whether the decode kernels read this FC: integer widths 2, 3, 4 or 8 (per channel or blocks of a
 // power of two >= 16), NVFP4, MXFP4, fp8 or fp8_block (blocks of a power of two >= 32, a chunk);
 // K a multiple of 16.

@@ -24,6 +24,54 @@ __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
   return v;
 }
 
+// A lane's 16 bytes of a step-major chunk (int4, int8; mma_pack.h), from p = the chunk plus the
+// lane's first word (mma_chunk_word(kBits, lane, 0)): four words (int4) or two pairs (int8) a K
+// step (128 or 256 bytes) apart, each load one contiguous 128 or 256 bytes of the warp.
+template <int kBits>
+__device__ __forceinline__ uint4 load_step_major(const uint32_t* p) {
+  uint4 v;
+  if constexpr (kBits == 4) {
+    asm volatile(
+        "ld.global.nc.L1::no_allocate.u32 %0, [%4];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %1, [%4+128];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %2, [%4+256];\n\t"
+        "ld.global.nc.L1::no_allocate.u32 %3, [%4+384];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  } else {
+    static_assert(kBits == 8, "step-major codes are 4 or 8 bits");
+    asm volatile(
+        "ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%4];\n\t"
+        "ld.global.nc.L1::no_allocate.v2.u32 {%2,%3}, [%4+256];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  }
+  return v;
+}
+
+// The same from a chunk in shared memory (addr: the chunk plus 4 or 8 bytes a lane).
+template <int kBits>
+__device__ __forceinline__ uint4 lds_step_major(uint32_t addr) {
+  uint4 v;
+  if constexpr (kBits == 4) {
+    asm volatile(
+        "ld.shared.u32 %0, [%4];\n\t"
+        "ld.shared.u32 %1, [%4+128];\n\t"
+        "ld.shared.u32 %2, [%4+256];\n\t"
+        "ld.shared.u32 %3, [%4+384];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(addr));
+  } else {
+    static_assert(kBits == 8, "step-major codes are 4 or 8 bits");
+    asm volatile(
+        "ld.shared.v2.u32 {%0,%1}, [%4];\n\t"
+        "ld.shared.v2.u32 {%2,%3}, [%4+256];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(addr));
+  }
+  return v;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -79,16 +127,21 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
-// Pair jj (0 or 1) of a word of int8 codes, bytes jj and jj + 2, minus the zero point, as an
-// exact bf16x2: 128 + q needs 9 significant bits, so through fp32, where 2^23 + q is exact and
-// q - zp fits bf16. Each float's bits 0x4B0000qq are one byte permute of the word and 0x4B000000
-// (selector nibbles, low byte first: the code's byte, two zero bytes, 0x4B), so a pair costs two
-// PRMT, two FADD and the packing, no shifts or masks.
-__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t w, int jj, float zp) {
-  constexpr uint32_t kExp23 = 0x4B000000u;  // 2^23 as a float; bytes 4..7 of the permute
-  const float lo = __uint_as_float(__byte_perm(w, kExp23, 0x7440u + jj)) - (8388608.0f + zp);
-  const float hi = __uint_as_float(__byte_perm(w, kExp23, 0x7442u + jj)) - (8388608.0f + zp);
-  const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+// Pair jj (0 or 1) of a word of step-major int8 codes (bytes jj and jj + 2, each b = q ^ 128,
+// mma_pack.h) as the exact (q - zp) bf16x2. 128 + q needs 9 significant bits, more than bf16
+// has, but b's low seven bits and its top bit b7 fit apart: one LOP3 gives 128 + (b & 127) and
+// one 128 + 128 b7 (bf16 bits 0x4300 with b7 as the exponent's low bit: 128 or 256), whose
+// difference is (b & 127) - 128 b7 = q - 128 exactly; then sub = zp - 128 (window_base below)
+// comes off, exact too (|q - zp| <= 255). Two LOP3 and two HSUB2 a pair, and a shift for the
+// word's pair 1; the fp32 form it replaces took two PRMT, two FADD and an F2FP a pair and an
+// XOR a word (bench/results/2026-12-05-h200-one-copy.md).
+__device__ __forceinline__ uint32_t int8_pair_bf16(uint32_t w, int jj, uint32_t sub) {
+  const uint32_t x = jj ? w >> 8 : w;
+  const uint32_t low7 = and_or(x, 0x007F007Fu, 0x43004300u);
+  const uint32_t top = and_or(x, 0x00800080u, 0x43004300u);
+  const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&low7),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&top));
+  const __nv_bfloat162 r = __hsub2(d, *reinterpret_cast<const __nv_bfloat162*>(&sub));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
@@ -166,7 +219,7 @@ template <int kBits, bool kBf16>
 using Windows = formats::CodeWindows<kBits, kBf16, kWindowPositions>;
 
 // Whether a width reads its codes through code windows (code_windows.h): all but int8 with bf16,
-// whose 128 + q needs 9 significant bits and goes through fp32 (int8_pair_bf16).
+// whose 128 + q needs 9 significant bits and takes its top bit apart (int8_pair_bf16).
 template <int kBits, bool kBf16>
 constexpr bool kUsesWindows = !(kBits == 8 && kBf16);
 
@@ -180,24 +233,44 @@ __host__ __device__ constexpr int window_positions() {
   }
 }
 
-// The base of position index i (unused without windows).
+// The base of position index i; int8 with bf16 (no windows): -128, so that base + zp is the
+// zp - 128 int8_pair_bf16 subtracts.
 template <int kBits, bool kBf16>
 __device__ __forceinline__ float window_base(int i) {
   if constexpr (kUsesWindows<kBits, kBf16>) {
     return Windows<kBits, kBf16>::base(i);
   } else {
-    return 128.0f;
+    return -128.0f;
   }
 }
 
+// (a & b) | (c & ~b) with the bits of a where b and c are both set inverted, in one LOP3: with b a
+// window's mask and c its base plus the codes' top bits, a step-major word's flipped codes
+// (mma_pack.h) become q again at no cost.
+__device__ __forceinline__ uint32_t and_or_flip(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// The top bit of each code at window position i, in both halves.
+template <int kBits>
+__host__ __device__ constexpr uint32_t window_top_bits(int i) {
+  const uint32_t top = 1u << (kBits * i + kBits - 1);
+  return top | (top << 16);
+}
+
 // Pair jj of word w as the exact (q - zp) bf16x2/f16x2: the window's shift (shared by the pairs of
-// one window, so the compiler computes it once per word), one LOP3 for mask and base, and one
-// subtraction of sub, the (base + zp) of the pair's position.
-template <int kBits, bool kBf16>
+// one window, so the compiler computes it once per word), one LOP3 for mask and base (kFlip: and
+// the codes' top bits flipped back), and one subtraction of sub, the (base + zp) of the pair's
+// position.
+template <int kBits, bool kBf16, bool kFlip = false>
 __device__ __forceinline__ uint32_t window_pair(uint32_t w, int jj, uint32_t sub) {
   using W = Windows<kBits, kBf16>;
   const int i = W::position_index(jj);
-  const uint32_t q = and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
+  const uint32_t q = kFlip ? and_or_flip(w >> W::shift(jj), W::mask(i),
+                                         W::base_bits(i) | window_top_bits<kBits>(i))
+                           : and_or(w >> W::shift(jj), W::mask(i), W::base_bits(i));
   if constexpr (kBf16) {
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q),
                                      *reinterpret_cast<const __nv_bfloat162*>(&sub));

@@ -186,6 +186,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   constexpr int kSteps = 16 / kBits;  // K steps per 16-byte chunk (int3: 5 pairs per half word)
   constexpr int kPairsPerWord = 16 / kBits;
   constexpr int kChunkK = 16 * kSteps;
+  // int4 and int8 chunks are step-major (mma_pack.h): the lane's words a K step apart, K in its
+  // natural order, codes with their top bits flipped.
+  constexpr bool kStepMajor = mma_step_major(static_cast<MmaCodes>(kCode), kBits);
+  constexpr int kLaneWords = kStepMajor ? kBits / 4 : 4;  // mma_chunk_word(kBits, lane, 0) / lane
   // The weight ring's chunks in flight per lane while one decodes. Registers: kRing (the ring2
   // and ring4 measurement builds force 2 or 4 at every width; the launcher's choice of tiles per
   // block still assumes decode_ring(), which only makes it more cautious where that is longer).
@@ -246,8 +250,12 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   }
   const int nw = c1 - c0;
   const int total = (t1 - t0) * nw;
-  const uint32_t* wstart = a.packed + e * s.words_per_expert() +
-                           (static_cast<int64_t>(m0 + t0) * chunks + c0) * 128 + lane * 4;
+  const uint32_t* wchunk =
+      a.packed + e * s.words_per_expert() + (static_cast<int64_t>(m0 + t0) * chunks + c0) * 128;
+  const uint32_t* wstart = wchunk + lane * kLaneWords;  // the lane's first word (its loads)
+  // The shared-memory ring copies each chunk as it lies, 16 bytes a lane; step-major lanes then
+  // read their words from the whole warp's copy (lds_step_major).
+  const uint32_t* wcopy = wchunk + lane * 4;
 
   // 1. The warp's first chunks go out now: kRing loads, or kAhead copies of one commit group
   //    each (empty past the stream, so that the K loop's wait counts hold however long it is).
@@ -255,17 +263,36 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   // slot in shared memory (0 where the ring is in registers).
   RegisterRing<kSmemRing ? 0 : kRing> ring;
   const uint32_t ring0 = kSmemRing ? smem_u32(smem) + static_cast<uint32_t>(tid) * 16 : 0u;
+  // Where the lane reads a slot: its own 16 bytes, or (step-major) its words of the warp's chunk.
+  const uint32_t read_delta =
+      kStepMajor ? static_cast<uint32_t>(lane) * (4 * kLaneWords) - static_cast<uint32_t>(lane) * 16
+                 : 0u;
+  auto load_chunk = [&](const uint32_t* p) {
+    if constexpr (kStepMajor) {
+      return load_step_major<kBits>(p);
+    } else {
+      return load_stream(p);
+    }
+  };
+  auto read_slot = [&](uint32_t addr) {
+    if constexpr (kStepMajor) {
+      __syncwarp();  // every lane's copy of the chunk has landed (each waited for its own)
+      return lds_step_major<kBits>(addr + read_delta);
+    } else {
+      return lds128(addr);
+    }
+  };
   auto fill_ring = [&]() {
     if constexpr (kSmemRing) {
 #pragma unroll
       for (int i = 0; i < kAhead; ++i) {
-        if (i < total) cp_async16(ring0 + i * kSlotBytes, wstart + i * 128);
+        if (i < total) cp_async16(ring0 + i * kSlotBytes, wcopy + i * 128);
         cp_async_commit();
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kRing; ++i) {
-        if (i < total) ring.v[i] = load_stream(wstart + i * 128);
+        if (i < total) ring.v[i] = load_chunk(wstart + i * 128);
       }
     }
   };
@@ -274,7 +301,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   // that those, which the ring waits for all at once, see L2's latency: lane l asks for the l-th
   // 128-byte line of a run of chunks (4 lines each), one instruction for a round. First the
   // chunks after the ring's first loads, then, in the K loop, a round at a time.
-  const uint32_t* wline = wstart + lane * 28;  // the warp's stream, plus 128 bytes per lane
+  const uint32_t* wline = wchunk + lane * 32;  // the warp's stream, plus 128 bytes per lane
   if (!kSmemRing && geo.prefetch > 0) {
     for (int l0 = 0; l0 < geo.prefetch * kRing * 4; l0 += 32) {
       if (l0 + lane < geo.prefetch * kRing * 4 && kRing + (l0 + lane) / 4 < total) {
@@ -326,6 +353,28 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
       const uint4* src =
           reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + row * a.ldx);
       uint16_t* dst = xs + r * geo.ld;
+      if constexpr (kStepMajor) {
+        // Natural-K codes: each 16 values k0..k0 + 15 are staged so that lane t's four, k0 +
+        // 2 t + {0, 1} and k0 + 2 t + {8, 9}, lie together (the B fragment's one 8-byte load):
+        // pair words a0..a3 (k0..k0 + 7) and b0..b3 (k0 + 8..) as a0 b0 a1 b1 a2 b2 a3 b3.
+        // Pieces and real pieces are even (K a multiple of 16).
+        for (int q = tid; q < pieces / 2; q += kWarps * 32) {
+          uint4 v[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int piece = 2 * q + u;
+            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
+            if (check && (nonfinite16x8(v[u], kBf16))) {
+              atomicOr(a.error, 4);
+              atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
+            }
+          }
+          uint4* out = reinterpret_cast<uint4*>(dst + q * 16);
+          out[0] = make_uint4(v[0].x, v[1].x, v[0].y, v[1].y);
+          out[1] = make_uint4(v[0].z, v[1].z, v[0].w, v[1].w);
+        }
+        continue;
+      }
       for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
         uint4 v[2];
 #pragma unroll
@@ -448,9 +497,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
             af[j] = fp4_pair<kBf16>(word, jj, mult);
           } else if constexpr (kUsesWindows<kBits, kBf16>) {
             const int i = Windows<kBits, kBf16>::position_index(jj);
-            af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
-          } else {
-            af[j] = int8_pair_bf16(word, jj, (j & 1) ? z1 : z0);
+            af[j] = window_pair<kBits, kBf16, kStepMajor>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
+          } else {  // int8 with bf16 (step-major)
+            af[j] = int8_pair_bf16(word, jj, (j & 1) ? subs1[0] : subs0[0]);
           }
         }
         const uint2 bv = *reinterpret_cast<const uint2*>(xa + 16 * st);
@@ -509,13 +558,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
       // (its value already decoded) takes chunk j + kAhead. Whole turns of the ring whose copies
       // stay inside the stream run unrolled, slots at constant offsets and no tests; the rest
       // (fewer than two turns) with running pointers and a test per chunk.
-      const uint32_t* wnext = wstart + kAhead * 128;
+      const uint32_t* wnext = wcopy + kAhead * 128;
       int j = 0;
       for (; j + kSmemRingSlots + kAhead <= total; j += kSmemRingSlots) {
 #pragma unroll
         for (int i = 0; i < kSmemRingSlots; ++i) {
           cp_async_wait<kAhead - 1>();  // groups complete in order: chunk j + i's has
-          const uint4 wv = lds128(ring0 + i * kSlotBytes);
+          const uint4 wv = read_slot(ring0 + i * kSlotBytes);
           cp_async16(ring0 + ((i + kAhead) % kSmemRingSlots) * kSlotBytes, wnext + i * 128);
           cp_async_commit();
           step(wv);
@@ -526,7 +575,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
       uint32_t rd = ring0, wr = ring0 + kAhead * kSlotBytes;  // j is a whole number of turns
       for (; j < total; ++j) {
         cp_async_wait<kAhead - 1>();
-        const uint4 wv = lds128(rd);
+        const uint4 wv = read_slot(rd);
         if (j + kAhead < total) cp_async16(wr, wnext);
         cp_async_commit();
         wnext += 128;
@@ -551,7 +600,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 #pragma unroll
         for (int i = 0; i < kRing; ++i) {
           step(ring.v[i]);
-          ring.v[i] = load_stream(wnext + i * 128);
+          ring.v[i] = load_chunk(wnext + i * 128);
         }
         wnext += kRing * 128;
       }
@@ -560,7 +609,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
         for (int i = 0; i < kRing; ++i) {
           if (jb + i < total) {
             step(ring.v[i]);
-            if (jb + i + kRing < total) ring.v[i] = load_stream(wnext + i * 128);
+            if (jb + i + kRing < total) ring.v[i] = load_chunk(wnext + i * 128);
           }
         }
         wnext += kRing * 128;

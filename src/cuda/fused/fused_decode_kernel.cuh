@@ -338,6 +338,10 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
                                          float (&acc)[kCols][4]) {
   constexpr int kSteps = 16 / kBits;
   constexpr int kPairsPerWord = 16 / kBits;
+  // int4 and int8 chunks are step-major (mma_pack.h): K in its natural order, so lane t's B
+  // values are k + 2 t + {0, 1} and k + 2 t + {8, 9} (two 4-byte loads), its words a K step apart
+  // in the chunk, its codes' top bits flipped.
+  constexpr bool kStepMajor = mma_step_major(MmaCodes::kInt, kBits);
   constexpr int kChunkK = 16 * kSteps;
   const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, t4 = lane & 3;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -393,7 +397,7 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
   };
   const uint16_t* xa[kCols];
 #pragma unroll
-  for (int ch = 0; ch < kCols; ++ch) xa[ch] = x[ch] + 4 * t4;
+  for (int ch = 0; ch < kCols; ++ch) xa[ch] = x[ch] + (kStepMajor ? 2 : 4) * t4;
   int left = kSpb == 0 ? cpb - c0 % cpb : 0;  // chunks to the block's end
   int bl = 0;                                 // the current block (from c0's)
   load_scale(0);
@@ -424,15 +428,21 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
         const int jj = pair % kPairsPerWord;
         if constexpr (kUsesWindows<kBits, kBf16>) {
           const int i = Windows<kBits, kBf16>::position_index(jj);
-          af[j] = window_pair<kBits, kBf16>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
-        } else {
-          af[j] = int8_pair_bf16(word, jj, (j & 1) ? z1 : z0);
+          af[j] = window_pair<kBits, kBf16, kStepMajor>(word, jj, (j & 1) ? subs1[i] : subs0[i]);
+        } else {  // int8 with bf16 (step-major)
+          af[j] = int8_pair_bf16(word, jj, (j & 1) ? subs1[0] : subs0[0]);
         }
       }
 #pragma unroll
       for (int ch = 0; ch < kCols; ++ch) {
         if (ch < nch) {
-          const uint2 bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
+          uint2 bv;
+          if constexpr (kStepMajor) {
+            bv.x = *reinterpret_cast<const uint32_t*>(xa[ch] + 16 * st);
+            bv.y = *reinterpret_cast<const uint32_t*>(xa[ch] + 16 * st + 8);
+          } else {
+            bv = *reinterpret_cast<const uint2*>(xa[ch] + 16 * st);
+          }
           mma16816<kBf16>(blk[ch], af, bv.x, bv.y);
         }
       }
@@ -444,7 +454,13 @@ __device__ __forceinline__ void warp_dot(WarpRing& ring, ChunkFeed& feed,
   for (int j = 0; j < total; ++j) {
     const uint32_t k = static_cast<uint32_t>(ring.head);
     mbarrier_wait(ring.bars + kBarrierBytes * k, ring.phase);
-    const uint4 v = decode_detail::lds128(ring.slots + kChunkBytes * k + 16u * lane);
+    const uint32_t slot = ring.slots + kChunkBytes * k;
+    uint4 v;
+    if constexpr (kStepMajor) {
+      v = decode_detail::lds_step_major<kBits>(slot + (kBits / 4) * 4u * lane);
+    } else {
+      v = decode_detail::lds128(slot + 16u * lane);
+    }
     process(v, j == 0);
 #pragma unroll
     for (int ch = 0; ch < kCols; ++ch) xa[ch] += kChunkK;

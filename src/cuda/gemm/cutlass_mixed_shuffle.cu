@@ -43,8 +43,8 @@ __device__ AtomAt atom_at(int64_t n, int64_t k, int64_t bands) {
   a.r = tm * kShuffleRows + lane / 4;
   a.k0 = tk * kShuffleCols + 2 * (lane % 4);
   a.live = band < bands && tk < atoms_k;
-  // Atoms column-major over [n / 16, k / 16] per expert.
-  a.atom = a.e * bands_e * atoms_k + tm + bands_e * tk;
+  // Atoms along k first over [n / 16, k / 16] per expert (a band's atoms in a row).
+  a.atom = (a.e * bands_e + tm) * atoms_k + tk;
   return a;
 }
 

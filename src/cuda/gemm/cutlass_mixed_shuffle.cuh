@@ -15,9 +15,13 @@
 //   int8 (two words)  offset   0   1   2   3 | 4   5   6   7      from the low byte up
 //                     code    v0  v2  v1  v3 | v4  v6  v5  v7
 //
-// Atoms tile the [n, k] matrix column-major (down n first, then along k), each contiguous:
-//   offset(m, k) = atom(m % 16, k % 16) + 256 ((m / 16) + (n / 16) (k / 16))
-// so n must be a multiple of 16 and k of 16 (the kernel's K tile, 64, already is).
+// Atoms tile the [n, k] matrix along k first (a 16-row band's atoms in a row), each contiguous:
+//   offset(m, k) = atom(m % 16, k % 16) + 256 ((k / 16) + (k_total / 16) (m / 16))
+// so n must be a multiple of 16 and k of 16 (the kernel's K tile, 64, already is). Along k first
+// because the decode kernels read the same codes (mma_pack.h: int4 and int8 are this layout):
+// a decode chunk is four (int4) or two (int8) consecutive atoms of one band, 512 contiguous
+// bytes, and the layer keeps one copy of the codes for both paths. A K tile of the GEMM is then
+// 16 runs of 512 (int4) or 1024 (int8) bytes, one per band, which its TMA box takes as well.
 #pragma once
 
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
@@ -76,13 +80,16 @@ static_assert(decltype(cute::cosize(ShuffleAtom<4>{}))::value == kShuffleSize &&
 
 // The layout of one expert's [n, k] codes (with the unit batch mode the kernel's stride type
 // carries), as the kernel's A "stride" and as the shuffle kernel's destination.
+using ShuffleOrder = cute::Step<cute::_2, cute::_1, cute::_3>;  // atoms along k first
 template <typename StrideA, int kBits>
 using ShuffledLayoutA = decltype(cute::tile_to_shape(
-    ShuffleAtom<kBits>{}, cute::Layout<cute::Shape<int, int, cute::Int<1>>, StrideA>{}));
+    ShuffleAtom<kBits>{}, cute::Layout<cute::Shape<int, int, cute::Int<1>>, StrideA>{},
+    ShuffleOrder{}));
 
 template <int kBits>
 CUTE_HOST_DEVICE auto shuffled_layout(int n, int k) {
-  return cute::tile_to_shape(ShuffleAtom<kBits>{}, cute::make_shape(n, k, cute::Int<1>{}));
+  return cute::tile_to_shape(ShuffleAtom<kBits>{}, cute::make_shape(n, k, cute::Int<1>{}),
+                             ShuffleOrder{});
 }
 
 }  // namespace qmoe::cuda::cutlass_detail

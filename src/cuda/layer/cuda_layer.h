@@ -282,6 +282,9 @@ class CudaLayer final : public PreparedLayer {
   // glu: FC1's rows in the activation epilogue's order (cutlass_mixed.h's GluRows).
   Status prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
                        GluRows glu = GluRows::kNone);
+  // The decode path's codes of fc1_ or fc2_ where they are the mixed copy of kind c (rows in glu's
+  // order) word for word, else null (layer_prepare.cu).
+  const uint32_t* decode_copy_of(const DeviceFc* fc, MixedCodes c, GluRows glu) const;
   // MXFP4's copy (e4m3 codes, exact, or none); f: the FC's format as ORT gives it (its FP4
   // layout), scales: the staged e8m0 scales.
   Status prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, const uint8_t* scales,

@@ -195,6 +195,25 @@ GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
   return a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
 }
 
+// The decode path's packed codes of *fc where they are, word for word, the shuffled copy the
+// mixed-input GEMM of kind c reads with rows in `glu`'s order, else null. int4 and int8 pack
+// step-major (mma_pack.h), which is the shuffled order; they agree where the packing has no
+// padding (16-row tiles and whole chunks: n a multiple of 16, K of 64 or 32) and both order the
+// rows alike: FC2 and ungated FC1s as they are, a gated FC1 in bands of 8 gates and their 8
+// linear rows (the decode map and the activation epilogue's GluRows). Elsewhere (a gated FC1
+// without the epilogue, an FC3, zero-point kinds) each path keeps a copy of its own.
+const uint32_t* CudaLayer::decode_copy_of(const DeviceFc* fc, MixedCodes c, GluRows glu) const {
+  if (!decode_ready_ || !mixed_codes_shuffled(c) || (fc != &fc1_ && fc != &fc2_)) return nullptr;
+  const MmaPackShape& s = fc == &fc1_ ? pack1_ : pack2_;
+  const uint32_t* words = fc == &fc1_ ? packed1_ : packed2_;
+  if (!mma_step_major(s.codes, s.bits) || s.bits != mixed_code_bits(c)) return nullptr;
+  if (s.tiles * 16 != fc->n || s.chunks * 16 * s.steps_per_chunk != fc->k) return nullptr;
+  const bool rows_alike = (s.map == MmaRowMap::kIdentity && glu == GluRows::kNone) ||
+                          (s.map == MmaRowMap::kGatedInterleaved && glu == GluRows::kInterleaved) ||
+                          (s.map == MmaRowMap::kGatedConcatenated && glu == GluRows::kConcatenated);
+  return rows_alike ? words : nullptr;
+}
+
 // The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
 // (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
 // of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
@@ -222,7 +241,10 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
     uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
     const int64_t n = raw.n, k = raw.k;
     fc->weight = nullptr;
-    if (mixed_codes_shuffled(c)) {  // signed and shuffled in one pass, into a buffer of its own
+    if (const uint32_t* same = decode_copy_of(fc, c, glu)) {  // one copy for both paths
+      release(signed_codes);
+      signed_codes = reinterpret_cast<uint8_t*>(const_cast<uint32_t*>(same));
+    } else if (mixed_codes_shuffled(c)) {  // signed and shuffled in one pass, into its own buffer
       void* shuffled = nullptr;
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
       QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,

@@ -84,6 +84,24 @@ struct PackInt {
     const unsigned mid = 1u << (b - 1);
     const int64_t steps = s.k / 16;
     uint32_t w[4] = {0, 0, 0, 0};
+    if (mma_step_major(s.codes, b)) {  // natural K, top bits flipped, words a step apart
+      for (int st = 0; st < sc; ++st) {
+        const int64_t step = u.c * sc + st;
+        for (int pj = 0; pj < 4; ++pj) {  // pair 4 st + pj: row g + 8 (pj & 1), k + 8 (pj >> 1)
+          const uint8_t* row = u.rows[pj & 1];
+          const int pair = 4 * st + pj;
+          for (int h = 0; h < 2; ++h) {
+            const int64_t k = 16 * step + 2 * u.t + 8 * (pj >> 1) + h;
+            const unsigned q = row != nullptr && step < steps ? formats::read_bits(row, k, b) : mid;
+            w[pair / per_word] |= (q ^ mid) << (16 * h + b * (pair % per_word));
+          }
+        }
+      }
+      uint32_t* chunk = out + (i / 32) * 128;
+      const int lane = static_cast<int>(i % 32);
+      for (int j = 0; j < 4; ++j) chunk[mma_chunk_word(b, lane, j)] = w[j];
+      return;
+    }
     for (int st = 0; st < sc; ++st) {
       const int64_t step = u.c * sc + st;
       const int64_t k0 = 16 * step + 4 * u.t;
