@@ -5,15 +5,16 @@
 // chose it (calls of up to kDecodeMaxRoutes tokens, so up to that many routes per expert).
 //
 // A block owns one or several consecutive 16-row tiles of one expert (its 4 warps split K of one
-// tile, or each takes a share of the tiles). Each warp streams its part of the codes with one
-// 16-byte load per lane per chunk (mma_pack.h), turns them into exact (q - zp) bf16/f16 A fragments
-// with a shift, a mask, an OR with a float's exponent bits and one subtraction, and multiplies them
-// with the routes' activations (B, 8 routes per mma, staged in shared memory) on tensor cores,
-// accumulating in fp32. Scales are applied per block to the fp32 sums, so the weights are never
-// rounded to the activation dtype (summation order differs from the CPU backend: results are within
-// tolerance, not bitwise; the order is fixed, so a call is deterministic). Up to 16 routes run in
-// one pass; an expert with more runs several passes over its weights (the later ones mostly from
-// L2). The 4 warps' partial sums are added in a fixed order.
+// tile, or each takes a share of the tiles). Each warp streams its part of the codes, 16 bytes
+// per lane per chunk (one load, or four / two for int4 / int8's step-major chunks; mma_pack.h),
+// turns them into exact (q - zp) bf16/f16 A fragments with a shift, a mask, an OR with a float's
+// exponent bits and one subtraction, and multiplies them with the routes' activations (B, 8
+// routes per mma, staged in shared memory) on tensor cores, accumulating in fp32. Scales are
+// applied per block to the fp32 sums, so the weights are never rounded to the activation dtype
+// (summation order differs from the CPU backend: results are within tolerance, not bitwise; the
+// order is fixed, so a call is deterministic). Up to 16 routes run in one pass; an expert with
+// more runs several passes over its weights (the later ones mostly from L2). The 4 warps' partial
+// sums are added in a fixed order.
 //   FC1: the epilogue adds the bias, applies the activation (gated units come as (gate, linear)
 //        pairs in one thread, see MmaRowMap) and stores the activation in the dtype.
 //   FC2: stores fp32 results by route position; finalize sums them per token.
