@@ -159,65 +159,43 @@ void for_each_lane_step(const MmaPackShape& s, const uint8_t* raw, int64_t e, in
   }
 }
 
-// The step-major form (int4, int8; mma_pack.h): lane (g, t)'s pairs of a step hold k0 + {0, 1}
-// and k0 + {8, 9}, k0 = 16 step + 2 t, each code's top bit flipped, and the lane's words i sit at
-// mma_chunk_word(bits, lane, i) of the chunk.
-void pack_step_major_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  const int b = s.bits, sc = s.steps_per_chunk;
-  const int64_t row_bytes = formats::packed_bytes(s.k, b), steps = s.k / 16;
-  const unsigned mid = 1u << (b - 1);
-  for (int64_t m = 0; m < s.tiles; ++m) {
-    const uint8_t* rows[16];
-    for (int r = 0; r < 16; ++r) {
-      const int64_t lr = s.logical_row(16 * m + r);
-      rows[r] = lr < 0 ? nullptr : raw + (e * s.n + lr) * row_bytes;
-    }
-    for (int64_t c = 0; c < s.chunks; ++c) {
-      uint32_t* chunk = dst_e + (m * s.chunks + c) * 128;
-      for (int lane = 0; lane < 32; ++lane) {
-        uint32_t w[4] = {0, 0, 0, 0};
-        for (int st = 0; st < sc; ++st) {
-          const int64_t step = c * sc + st;
-          for (int pj = 0; pj < 4; ++pj) {  // pair 4 st + pj: row g + 8 (pj & 1), k + 8 (pj >> 1)
-            const uint8_t* row = rows[lane / 4 + 8 * (pj & 1)];
-            for (int h = 0; h < 2; ++h) {
-              const int64_t k = 16 * step + 2 * (lane % 4) + 8 * (pj >> 1) + h;
-              const unsigned q =
-                  row != nullptr && step < steps ? formats::read_bits(row, k, b) : mid;
-              const Slot sl = slot_of(b, 4 * st + pj, h);
-              w[sl.word] |= (q ^ mid) << sl.bit;
-            }
-          }
-        }
-        for (int i = 0; i < 4; ++i) chunk[mma_chunk_word(b, lane, i)] = w[i];
-      }
-    }
-  }
-}
-
 // Packs expert e into dst_e (words_per_expert() words, zeroed): each lane's codes of a step read at
-// once (a slot at a time, the prepare of a large layer spent seconds here).
+// once (a slot at a time, the prepare of a large layer spent seconds here). The step-major widths
+// (int4, int8; mma_pack.h) hold K in its natural order, lane t's codes of a step at 16 step + 2 t
+// + {0, 1} and + {8, 9} (k0 = 16 step + 4 t: k0 - 2 t), each top bit flipped; they are packed lane
+// by lane as the others, then each chunk's words move to their step-major places.
 void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t* dst_e) {
-  if (mma_step_major(s.codes, s.bits)) {
-    pack_step_major_expert(s, raw, e, dst_e);
-    return;
-  }
   const int b = s.bits, per_word = 16 / b;
-  const unsigned mask = (1u << b) - 1u;
-  const unsigned mid_quad = (1u << (b - 1)) * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
+  const unsigned mask = (1u << b) - 1u, mid = 1u << (b - 1);
+  const unsigned mid_quad = mid * (1u | 1u << b | 1u << (2 * b) | 1u << (3 * b));
+  const bool step_major = mma_step_major(s.codes, b);
   for_each_lane_step(
       s, raw, e, formats::packed_bytes(s.k, b), dst_e,
       [&](uint32_t* words, int st, int64_t k0, const uint8_t* ra, const uint8_t* rb) {
         for (int rr = 0; rr < 2; ++rr) {
           const uint8_t* row = rr ? rb : ra;
-          const unsigned quad = row != nullptr && k0 >= 0 ? formats::read_quad(row, k0, b) : mid_quad;
-          for (int q = 0; q < 4; ++q) {  // code k0 + q: pair rr + 2 (q / 2), half q % 2
+          const bool real = row != nullptr && k0 >= 0;
+          const unsigned quad = real && !step_major ? formats::read_quad(row, k0, b) : mid_quad;
+          for (int q = 0; q < 4; ++q) {  // code q: pair rr + 2 (q / 2), half q % 2
             const int pair = 4 * st + rr + 2 * (q >> 1);
-            const unsigned code = (quad >> (b * q)) & mask;
+            unsigned code = (quad >> (b * q)) & mask;  // k0 + q
+            if (step_major) {
+              const int64_t k = k0 - (k0 % 16) / 2 + 8 * (q >> 1) + (q & 1);
+              code = (real ? formats::read_bits(row, k, b) : mid) ^ mid;
+            }
             words[pair / per_word] |= code << (16 * (q & 1) + b * (pair % per_word));
           }
         }
       });
+  if (!step_major) return;
+  uint32_t lane_order[128];
+  for (int64_t c = 0; c < s.tiles * s.chunks; ++c) {
+    uint32_t* chunk = dst_e + c * 128;
+    std::copy(chunk, chunk + 128, lane_order);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < 4; ++i) chunk[mma_chunk_word(b, lane, i)] = lane_order[4 * lane + i];
+    }
+  }
 }
 
 // FP4: expert e's K-packed codes into dst_e in the FP4 bit layout (mma_fp4_bit); padding +0. A
