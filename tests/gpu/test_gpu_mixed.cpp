@@ -300,16 +300,28 @@ TEST(GpuMixedLayer, WorkspaceHasNoScratchAndIsMonotone) {
   EXPECT_NE(st.message().find("cutlass-dequant"), std::string::npos) << st.to_string();
 }
 
-// int4 and int8 layers keep one copy of their codes: the decode path packs them step-major
-// (mma_pack.h), which is the mixed-input GEMM's shuffled order, so prepare hands the GEMM the
-// decode path's words (decode_copy_of) and frees ORT's. The device memory a prepared layer holds
-// stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at b128,
-// and allocation rounding), and both paths still match the oracle on it.
+// int4 (with and without zero points) and int8 layers keep one copy of their codes: the decode
+// path packs them step-major (mma_pack.h), which is the mixed-input GEMM's shuffled order, so
+// prepare hands the GEMM the decode path's words (decode_copy_of) and frees ORT's; FC1 takes the
+// decode path's GluRows bands (the activation epilogue's on bf16 INT4 / INT8, the activation
+// kernel reading banded columns for zero points and f16). The device memory a prepared layer
+// holds stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at
+// b128, zero points' f32 zeros and bytes, and allocation rounding), and both paths still match
+// the oracle on it.
 TEST(GpuMixedLayer, IntegerLayersKeepOneCopyOfTheCodes) {
   QMOE_REQUIRE_GPU();
-  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
-    LayerSpec s = spec_of(w, DType::kBF16, 2048, 768, 32, 8, 128, DType::kF32);
-    SCOPED_TRACE(s.fc1.to_string());
+  struct Case {
+    WeightFormat w;
+    DType dt;
+    bool zp;
+  };
+  for (const Case c : {Case{WeightFormat::kInt4, DType::kBF16, false},
+                       Case{WeightFormat::kInt4, DType::kBF16, true},
+                       Case{WeightFormat::kInt4, DType::kF16, true},
+                       Case{WeightFormat::kInt8, DType::kBF16, false}}) {
+    const WeightFormat w = c.w;
+    LayerSpec s = spec_of(w, c.dt, 2048, 768, 32, 8, 128, DType::kF32, c.zp);
+    SCOPED_TRACE(s.fc1.to_string() + " act " + dtype_name(c.dt));
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);
@@ -356,8 +368,9 @@ TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
 
 // FC1's activation in the mixed-input GEMM's epilogue (PrepareOptions::epilogue_act, the default:
 // FC1's copy in GluRows order, the narrow tile activating in its epilogue, the other tiles running
-// the activation kernel on the banded columns) against the activation kernel on ORT's row order,
-// on the same layer and inputs: the outputs bitwise equal for every gated case (both FC1 layouts,
+// the activation kernel on the banded columns) against the activation kernel alone (FC1 still
+// banded where it shares the decode path's codes, fc1_band_rows; in ORT's order elsewhere), on
+// the same layer and inputs: the outputs bitwise equal for every gated case (both FC1 layouts,
 // the clamped SwiGLU variants, GeGLU) on bf16 INT4 and INT8, with the automatic tile at 7 (narrow),
 // 100 and 333 tokens (taller tiles) and each tile forced. The workspace gains exactly the
 // activated rows' term (A(cs R I)) where the layer takes the order; layers it must leave alone (an
@@ -466,18 +479,25 @@ TEST(GpuMixedLayer, Mxfp4ThroughItsE4m3Copy) {
 }
 
 // Which FCs the kernel takes, and as which kind (host-only, runs without a device).
-// The decode packing of int4 and int8 (mma_pack.h's step-major form) is, word for word, the
-// mixed-input GEMM's shuffled copy of the same rows (the host twin of the shuffle, over ORT's
-// codes with their top bits flipped): FC2's identity rows and FC1's bands of the activation
-// epilogue (GluRows::kInterleaved against MmaRowMap::kGatedInterleaved), so that prepare may hand
-// the GEMM the decode path's words (decode_copy_of). Host only.
+// The decode packing of int4 (with and without zero points) and int8 (mma_pack.h's step-major
+// form) is, word for word, the mixed-input GEMM's shuffled copy of the same rows (the host twin
+// of the shuffle, over ORT's codes with their top bits flipped): FC2's identity rows and FC1's
+// GluRows bands (GluRows::kInterleaved against MmaRowMap::kGatedInterleaved), so that prepare may
+// hand the GEMM the decode path's words (decode_copy_of). Host only.
 TEST(MixedPrepare, DecodePackingIsTheShuffledOrder) {
-  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+  struct Case {
+    WeightFormat w;
+    bool zp;
+  };
+  for (const Case c : {Case{WeightFormat::kInt4, false}, Case{WeightFormat::kInt4, true},
+                       Case{WeightFormat::kInt8, false}}) {
     for (bool gated : {false, true}) {
+      const WeightFormat w = c.w;
       const int64_t E = 3, inter = 24, n = 48, k = w == WeightFormat::kInt4 ? 192 : 96;
-      SCOPED_TRACE(std::string(format_info(w).name) + (gated ? " gated" : " identity"));
       FcFormat f = default_fc_format(w);
       f.block_size = 0;
+      f.zero_points = c.zp;
+      SCOPED_TRACE(f.to_string() + (gated ? " gated" : " identity"));
       QuantizedFc q;
       make_fc(f, E, n, k, fresh_seed(), &q);
       if (::testing::Test::HasFatalFailure()) return;
@@ -527,6 +547,10 @@ TEST(MixedPrepare, SupportedFormats) {
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 252, 512), MixedCodes::kNone);  // n % 8
   f.zero_points = true;
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4Zero);
+  // kInt4Zero is shuffled too: rows the 16-row atom does not tile go to the dequantize path.
+  why.clear();
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 248, 512, &why), MixedCodes::kNone);
+  EXPECT_NE(why.find("n = 248 not a multiple of 16"), std::string::npos) << why;
   FcFormat i8 = default_fc_format(WeightFormat::kInt8);
   EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 256, 512), MixedCodes::kInt8);
   // Rows the shuffle's 16-row atom does not tile: the unshuffled kind, zero point 128.

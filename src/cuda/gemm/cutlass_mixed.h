@@ -24,7 +24,7 @@
 //   kInt8      signed int8 q - 128 (ORT's        act dtype, none           (q - 128) * s, as kInt4
 //              q ^ 0x80, a prepared copy,                                  (int8 without zero
 //              shuffled)                                                   points)
-//   kInt4Zero  the same signed copy              f32 s, f32 -(zp - 8) s    q' s + z in f32
+//   kInt4Zero  the same signed copy (shuffled)   f32 s, f32 -(zp - 8) s    q' s + z in f32
 //   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (int8
 //                                                                          with zero points)
 //   kE4m3      ORT's e4m3 codes as they are      f32 s                     e4m3(q) s in f32: the
@@ -75,9 +75,11 @@ constexpr bool mixed_has_zeros(MixedCodes c) {
 }
 // Whether the kind reads its codes shuffled into the wgmma fragment order
 // (cutlass_mixed_shuffle.cuh) rather than K-contiguous: kInt4 and kInt8, whose conversion is the
-// kernel's main cost. Their n must then be a multiple of kMixedShuffleRows.
+// kernel's main cost, and kInt4Zero, whose signed codes are then word for word the decode path's
+// (CudaLayer::decode_copy_of: one copy for both paths; the f32 conversion follows the load, so
+// the order does not reach it). Their n must then be a multiple of kMixedShuffleRows.
 constexpr bool mixed_codes_shuffled(MixedCodes c) {
-  return c == MixedCodes::kInt4 || c == MixedCodes::kInt8;
+  return c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8;
 }
 constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 
@@ -210,8 +212,9 @@ size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups,
 // experts runs: the narrow tile two (cutlass_two_ctas.cuh: four consumer warps per scheduler
 // instead of two, each CTA with half the stages) where its tiles fill two CTAs on every SM, else
 // one. Measured (bench/results/2026-12-05-h200-narrow-two-ctas.md): two CTAs took 7-14% off
-// qwen3-30b-a3b INT4 / INT8, DeepSeek-V3 bf16 and qwen3.6-35b-a3b INT4 at 12-384 tokens, but Mixtral's
-// FC2 (16 tiles x 8 experts = 128 < 264) took 171 us against 103 with one CTA and half the stages.
+// qwen3-30b-a3b INT4 / INT8, DeepSeek-V3 bf16 and qwen3.6-35b-a3b INT4 at 12-384 tokens, but
+// Mixtral's FC2 (16 tiles x 8 experts = 128 < 264) took 171 us against 103 with one CTA and half
+// the stages.
 int mixed_ctas_per_sm(int tile_n, int64_t n, int64_t groups, int sm_count);
 
 // How many CTAs per SM of the instance of this kind, dtype, tile, epilogue and residency
