@@ -215,7 +215,7 @@ bool CudaLayer::act_epilogue_fits(MixedCodes fc1_kind) const {
 // padding (16-row tiles and whole chunks: n a multiple of 16, K of 64 or 32) and both order the
 // rows alike: FC2 and ungated FC1s as they are, a gated FC1 in bands of 8 gates and their 8
 // linear rows (the decode map and GluRows, fc1_band_rows). Elsewhere (FC1 in ORT's order, an
-// FC3, int8 with zero points) each path keeps a copy of its own.
+// FC3) each path keeps a copy of its own.
 const uint32_t* CudaLayer::decode_copy_of(const DeviceFc* fc, MixedCodes c, GluRows glu) const {
   if (!decode_ready_ || !mixed_codes_shuffled(c) || (fc != &fc1_ && fc != &fc2_)) return nullptr;
   const MmaPackShape& s = fc == &fc1_ ? pack1_ : pack2_;
@@ -231,7 +231,7 @@ const uint32_t* CudaLayer::decode_copy_of(const DeviceFc* fc, MixedCodes c, GluR
 // The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
 // (device_pack.h): transposed scales (and zeros) always; the shuffled kinds' signed codes in
 // place of ORT's (the decode path's words, or shuffled into a buffer of their own; ORT's freed);
-// u8 and e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
+// e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
 Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
                                 GluRows glu) {
   const DeviceFc& raw = *fc;
@@ -246,8 +246,8 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
   const uint8_t* scales = nullptr;
   QMOE_RETURN_IF_ERROR(stage(*uploader_, w.scales, raw.scales, &staged[0], &scales));
   if (f.format == WeightFormat::kMxFp4) return prepare_mixed_e4m3(f, w, scales, fc, out);
-  // The shuffled kinds' signed copy takes the place of ORT's codes (the u8 and e4m3 kinds read
-  // those as they are).
+  // The shuffled (integer) kinds' signed copy takes the place of ORT's codes (kE4m3 reads those
+  // as they are).
   const bool signed_copy = mixed_codes_shuffled(c);
   if (signed_copy && raw.weight != nullptr) {
     // run_fc never dequantizes an FC that has a mixed copy, and the decode path has packed its

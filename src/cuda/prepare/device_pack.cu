@@ -322,8 +322,8 @@ struct MixedScales {
               ? formats::read_bits(zp + e * formats::packed_bytes(n, bits), r, bits)
               : formats::read_bits(zp + (e * n + r) * formats::packed_bytes(kb, bits), b, bits);
     }
-    const int64_t shift = c == MixedCodes::kInt4Zero ? q - 8 : q;  // kInt4Zero's codes are q - 8
-    zeros_out[i] = -static_cast<float>(shift) * s;
+    const int64_t mid = int64_t{1} << (bits - 1);  // the signed codes are q - mid already
+    zeros_out[i] = -static_cast<float>(q - mid) * s;
   }
 };
 
