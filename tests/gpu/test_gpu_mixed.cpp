@@ -304,8 +304,8 @@ TEST(GpuMixedLayer, WorkspaceHasNoScratchAndIsMonotone) {
 // path packs them step-major (mma_pack.h), which is the mixed-input GEMM's shuffled order, so
 // prepare hands the GEMM the decode path's words (decode_copy_of) and frees ORT's; FC1 takes the
 // decode path's GluRows bands (the activation epilogue's on bf16 INT4 / INT8, the activation
-// kernel reading banded columns for zero points and f16). The device memory a prepared layer
-// holds stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at
+// kernel reading banded columns for zero points, f16 and an FC1 bias). The device memory a prepared
+// layer holds stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at
 // b128, zero points' f32 zeros and bytes, and allocation rounding), and both paths still match
 // the oracle on it.
 TEST(GpuMixedLayer, IntegerLayersKeepOneCopyOfTheCodes) {
@@ -313,17 +313,19 @@ TEST(GpuMixedLayer, IntegerLayersKeepOneCopyOfTheCodes) {
   struct Case {
     WeightFormat w;
     DType dt;
-    bool zp;
+    bool zp, bias;
   };
-  const Case cases[] = {{WeightFormat::kInt4, DType::kBF16, false},
-                        {WeightFormat::kInt4, DType::kBF16, true},
-                        {WeightFormat::kInt4, DType::kF16, true},
-                        {WeightFormat::kInt8, DType::kBF16, false},
-                        {WeightFormat::kInt8, DType::kBF16, true}};
+  const Case cases[] = {{WeightFormat::kInt4, DType::kBF16, false, false},
+                        {WeightFormat::kInt4, DType::kBF16, true, false},
+                        {WeightFormat::kInt4, DType::kF16, true, false},
+                        {WeightFormat::kInt4, DType::kBF16, false, true},
+                        {WeightFormat::kInt8, DType::kBF16, false, false},
+                        {WeightFormat::kInt8, DType::kBF16, true, false}};
   for (const Case& c : cases) {
     const WeightFormat w = c.w;
     LayerSpec s = spec_of(w, c.dt, 2048, 768, 32, 8, 128, DType::kF32, c.zp);
-    SCOPED_TRACE(s.fc1.to_string() + " act " + dtype_name(c.dt));
+    s.has_fc1_bias = c.bias;
+    SCOPED_TRACE(s.fc1.to_string() + " act " + dtype_name(c.dt) + (c.bias ? " FC1 bias" : ""));
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);

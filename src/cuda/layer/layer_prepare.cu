@@ -182,15 +182,14 @@ Status CudaLayer::init(const LayerWeights& w) {
 }
 
 // FC1's mixed-input copy takes the band order of GluRows (cutlass_mixed.h) where a reader needs
-// it and the activation kernel can read it (a gated activation of FC1's own rows, no FC1 bias,
-// no padded I): where the activation may run in FC1's epilogue (act_epilogue_fits), and where
-// the decode path's codes, banded alike, then serve as the copy (decode_copy_of: one copy for
-// both paths). Elsewhere FC1 keeps ORT's row order.
+// it and the activation kernel can read it (a gated activation of FC1's own rows, no padded I;
+// an FC1 bias keeps ORT's order, read by channel): where the activation may run in FC1's
+// epilogue (act_epilogue_fits), and where the decode path's codes, banded alike, then serve as
+// the copy (decode_copy_of: one copy for both paths). Elsewhere FC1 keeps ORT's row order.
 GluRows CudaLayer::fc1_band_rows(MixedCodes fc1_kind) const {
   const ActivationSpec& a = spec_.activation;
   if (fc1_kind == MixedCodes::kNone || !mixed_codes_shuffled(fc1_kind) || !a.gated() ||
-      a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() || fc1_.bias != nullptr ||
-      ip_ != spec_.inter) {
+      a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() || ip_ != spec_.inter) {
     return GluRows::kNone;
   }
   const GluRows g =
@@ -202,10 +201,11 @@ GluRows CudaLayer::fc1_band_rows(MixedCodes fc1_kind) const {
 
 // Whether FC1's activation may move into its mixed-input GEMM's epilogue (cutlass_act_epilogue.cuh)
 // on a banded FC1: the epilogue computes what the activation kernel would from FC1's rows alone
-// when the routing weight is applied after FC2, for a kind and dtype with the epilogue form (the
-// narrow tile's; calls on other tiles run the activation kernel on the banded columns).
+// (no FC1 bias) when the routing weight is applied after FC2, for a kind and dtype with the
+// epilogue form (the narrow tile's; calls on other tiles run the activation kernel on the banded
+// columns).
 bool CudaLayer::act_epilogue_fits(MixedCodes fc1_kind) const {
-  return epilogue_act_ && mixed_has_act_epilogue(fc1_kind, cdt_, 32) &&
+  return epilogue_act_ && mixed_has_act_epilogue(fc1_kind, cdt_, 32) && fc1_.bias == nullptr &&
          spec_.routing.combine != CombineMode::kScaleInput;
 }
 
