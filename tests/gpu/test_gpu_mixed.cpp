@@ -107,7 +107,7 @@ TEST(GpuMixedLayer, ZeroPointsAndInt8) {
         const LayerSpec s8 =
             spec_of(WeightFormat::kInt8, dt, 256, 128, 16, 4, block, DType::kF32, zp);
         ASSERT_EQ(kind_of(s8, s8.fc1, s8.fc1_rows(), s8.hidden),
-                  zp ? cuda::MixedCodes::kUint8 : cuda::MixedCodes::kInt8);
+                  zp ? cuda::MixedCodes::kInt8Zero : cuda::MixedCodes::kInt8);
         check_mixed_against_dequant(s8, 300);
       }
       const LayerSpec s4 =
@@ -150,14 +150,14 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   using cuda::MixedCodes;
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8, DType::kBF16));
-  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kUint8, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8Zero, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 256));
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 64));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kF16, 64));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 48));
-  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kUint8, DType::kF16, 128));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kF16, 128));
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
@@ -227,7 +227,7 @@ TEST(GpuMixedLayer, NarrowTileHoldsTwoCtasPerSm) {
                                 {MixedCodes::kE4m3, DType::kF16, 32, false, 1},
                                 {MixedCodes::kInt4, DType::kBF16, 64, false, 1},
                                 {MixedCodes::kInt4, DType::kBF16, 128, false, 1},
-                                {MixedCodes::kUint8, DType::kF16, 128, false, 1}};
+                                {MixedCodes::kInt8Zero, DType::kF16, 128, false, 1}};
   for (const Instance& in : instances) {
     SCOPED_TRACE(std::string(cuda::mixed_codes_name(in.c)) + " " + dtype_name(in.dtype) +
                  ", tile " + std::to_string(in.tile) + (in.act ? ", activation epilogue" : "") +
@@ -300,16 +300,32 @@ TEST(GpuMixedLayer, WorkspaceHasNoScratchAndIsMonotone) {
   EXPECT_NE(st.message().find("cutlass-dequant"), std::string::npos) << st.to_string();
 }
 
-// int4 and int8 layers keep one copy of their codes: the decode path packs them step-major
-// (mma_pack.h), which is the mixed-input GEMM's shuffled order, so prepare hands the GEMM the
-// decode path's words (decode_copy_of) and frees ORT's. The device memory a prepared layer holds
-// stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at b128,
-// and allocation rounding), and both paths still match the oracle on it.
+// int4 and int8 layers, with and without zero points, keep one copy of their codes: the decode
+// path packs them step-major (mma_pack.h), which is the mixed-input GEMM's shuffled order, so
+// prepare hands the GEMM the decode path's words (decode_copy_of) and frees ORT's; FC1 takes the
+// decode path's GluRows bands (the activation epilogue's on bf16 INT4 / INT8, the activation
+// kernel reading banded columns for zero points, f16 and an FC1 bias). The device memory a prepared
+// layer holds stays under 1.4x its codes (two copies were 2x and more; the rest is scales, 6-12% at
+// b128, zero points' f32 zeros and bytes, and allocation rounding), and both paths still match
+// the oracle on it.
 TEST(GpuMixedLayer, IntegerLayersKeepOneCopyOfTheCodes) {
   QMOE_REQUIRE_GPU();
-  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
-    LayerSpec s = spec_of(w, DType::kBF16, 2048, 768, 32, 8, 128, DType::kF32);
-    SCOPED_TRACE(s.fc1.to_string());
+  struct Case {
+    WeightFormat w;
+    DType dt;
+    bool zp, bias;
+  };
+  const Case cases[] = {{WeightFormat::kInt4, DType::kBF16, false, false},
+                        {WeightFormat::kInt4, DType::kBF16, true, false},
+                        {WeightFormat::kInt4, DType::kF16, true, false},
+                        {WeightFormat::kInt4, DType::kBF16, false, true},
+                        {WeightFormat::kInt8, DType::kBF16, false, false},
+                        {WeightFormat::kInt8, DType::kBF16, true, false}};
+  for (const Case& c : cases) {
+    const WeightFormat w = c.w;
+    LayerSpec s = spec_of(w, c.dt, 2048, 768, 32, 8, 128, DType::kF32, c.zp);
+    s.has_fc1_bias = c.bias;
+    SCOPED_TRACE(s.fc1.to_string() + " act " + dtype_name(c.dt) + (c.bias ? " FC1 bias" : ""));
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);
@@ -356,8 +372,9 @@ TEST(GpuMixedLayer, GraphReplayEqualsEagerAndPoisonDoesNotMatter) {
 
 // FC1's activation in the mixed-input GEMM's epilogue (PrepareOptions::epilogue_act, the default:
 // FC1's copy in GluRows order, the narrow tile activating in its epilogue, the other tiles running
-// the activation kernel on the banded columns) against the activation kernel on ORT's row order,
-// on the same layer and inputs: the outputs bitwise equal for every gated case (both FC1 layouts,
+// the activation kernel on the banded columns) against the activation kernel alone (FC1 still
+// banded where it shares the decode path's codes, fc1_band_rows; in ORT's order elsewhere), on
+// the same layer and inputs: the outputs bitwise equal for every gated case (both FC1 layouts,
 // the clamped SwiGLU variants, GeGLU) on bf16 INT4 and INT8, with the automatic tile at 7 (narrow),
 // 100 and 333 tokens (taller tiles) and each tile forced. The workspace gains exactly the
 // activated rows' term (A(cs R I)) where the layer takes the order; layers it must leave alone (an
@@ -466,18 +483,25 @@ TEST(GpuMixedLayer, Mxfp4ThroughItsE4m3Copy) {
 }
 
 // Which FCs the kernel takes, and as which kind (host-only, runs without a device).
-// The decode packing of int4 and int8 (mma_pack.h's step-major form) is, word for word, the
-// mixed-input GEMM's shuffled copy of the same rows (the host twin of the shuffle, over ORT's
-// codes with their top bits flipped): FC2's identity rows and FC1's bands of the activation
-// epilogue (GluRows::kInterleaved against MmaRowMap::kGatedInterleaved), so that prepare may hand
-// the GEMM the decode path's words (decode_copy_of). Host only.
+// The decode packing of int4 and int8, with and without zero points (mma_pack.h's step-major
+// form), is, word for word, the mixed-input GEMM's shuffled copy of the same rows (the host twin
+// of the shuffle, over ORT's codes with their top bits flipped): FC2's identity rows and FC1's
+// GluRows bands (GluRows::kInterleaved against MmaRowMap::kGatedInterleaved), so that prepare may
+// hand the GEMM the decode path's words (decode_copy_of). Host only.
 TEST(MixedPrepare, DecodePackingIsTheShuffledOrder) {
-  for (WeightFormat w : {WeightFormat::kInt4, WeightFormat::kInt8}) {
+  struct Case {
+    WeightFormat w;
+    bool zp;
+  };
+  for (const Case c : {Case{WeightFormat::kInt4, false}, Case{WeightFormat::kInt4, true},
+                       Case{WeightFormat::kInt8, false}, Case{WeightFormat::kInt8, true}}) {
     for (bool gated : {false, true}) {
+      const WeightFormat w = c.w;
       const int64_t E = 3, inter = 24, n = 48, k = w == WeightFormat::kInt4 ? 192 : 96;
-      SCOPED_TRACE(std::string(format_info(w).name) + (gated ? " gated" : " identity"));
       FcFormat f = default_fc_format(w);
       f.block_size = 0;
+      f.zero_points = c.zp;
+      SCOPED_TRACE(f.to_string() + (gated ? " gated" : " identity"));
       QuantizedFc q;
       make_fc(f, E, n, k, fresh_seed(), &q);
       if (::testing::Test::HasFatalFailure()) return;
@@ -527,12 +551,16 @@ TEST(MixedPrepare, SupportedFormats) {
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 252, 512), MixedCodes::kNone);  // n % 8
   f.zero_points = true;
   EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 256, 512), MixedCodes::kInt4Zero);
+  // kInt4Zero is shuffled too: rows the 16-row atom does not tile go to the dequantize path.
+  why.clear();
+  EXPECT_EQ(cuda::mixed_codes_for(f, DType::kBF16, 248, 512, &why), MixedCodes::kNone);
+  EXPECT_NE(why.find("n = 248 not a multiple of 16"), std::string::npos) << why;
   FcFormat i8 = default_fc_format(WeightFormat::kInt8);
   EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 256, 512), MixedCodes::kInt8);
-  // Rows the shuffle's 16-row atom does not tile: the unshuffled kind, zero point 128.
-  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 200, 512), MixedCodes::kUint8);
+  // Rows the shuffle's 16-row atom does not tile: the dequantize path.
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kBF16, 200, 512), MixedCodes::kNone);
   i8.zero_points = true;
-  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kF16, 256, 512), MixedCodes::kUint8);
+  EXPECT_EQ(cuda::mixed_codes_for(i8, DType::kF16, 256, 512), MixedCodes::kInt8Zero);
   EXPECT_EQ(cuda::mixed_codes_for(default_fc_format(WeightFormat::kFp8), DType::kBF16, 256, 512),
             MixedCodes::kE4m3);
   FcFormat fb = default_fc_format(WeightFormat::kFp8Block);
@@ -623,16 +651,17 @@ TEST(MixedPrepare, CopyDequantizesAsTheLibrary) {
               int qs = (row[i / 2] >> (4 * (i & 1))) & 15;
               if (qs >= 8) qs -= 16;
               x = static_cast<float>(qs);
-            } else if (kind == MixedCodes::kUint8) {
-              x = static_cast<float>(row[i]);
+            } else if (kind == MixedCodes::kInt8Zero) {
+              x = static_cast<float>(static_cast<int8_t>(row[i]));  // q - 128
             } else {
               x = num::e4m3_to_f32(row[i]);
             }
             const float prod = x * s;
             got = cuda::mixed_has_zeros(kind) ? prod + copy.zeros[at] : prod;
             if (kind == MixedCodes::kE4m3 || f.scale_dtype != DType::kF32) {
-              // Exact: e4m3 * s is the library's product; with 16-bit scales q * s and zp * s
-              // are exact in f32, so their difference is (q - zp) * s rounded once.
+              // Exact: e4m3 * s is the library's product; with 16-bit scales (q - mid) * s and
+              // (zp - mid) * s are exact in f32, so their difference is (q - zp) * s rounded
+              // once.
               ASSERT_EQ(got, ref[i]) << "e " << e << " r " << r << " k " << i;
             } else {
               ASSERT_LE(std::abs(got - ref[i]), std::abs(ref[i]) * 3e-7f + std::abs(prod) * 3e-7f)

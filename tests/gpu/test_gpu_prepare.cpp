@@ -291,22 +291,17 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
       up(q.scales, &sc);
       up(q.zero_points, &zp);
       up(q.global_scale, &gs);
+      // The signed copy as prepare builds it, flipped and shuffled in one pass (against the host
+      // twin's shuffle of the host copy); the other kinds read ORT's codes.
+      ASSERT_EQ(copy.codes.empty(), !cuda::mixed_codes_shuffled(kind));
       if (!copy.codes.empty()) {
-        // The signed copy as prepare builds it: flipped and shuffled in one pass for the shuffled
-        // kinds (against the host twin's shuffle of the host copy), flipped in place for kInt4Zero.
         out_buffer(copy.codes.size(), &oc);
-        if (cuda::mixed_codes_shuffled(kind)) {
-          const int bits = cuda::mixed_code_bits(kind);
-          ASSERT_OK(cuda::mixed_shuffle_codes(codes.as<uint8_t>(), oc.as<uint8_t>(), E, n, k, bits,
-                                              /*flip=*/true, 0));
-          std::vector<uint8_t> shuffled(copy.codes.size());
-          cuda::mixed_shuffle_codes_host(copy.codes.data(), shuffled.data(), E, n, k, bits);
-          EXPECT_TRUE(same(shuffled, oc)) << "codes";
-        } else {
-          ASSERT_OK(cuda::device_mixed_codes(
-              codes.as<uint8_t>(), static_cast<int64_t>(q.weight.size()), oc.as<uint8_t>(), 0));
-          EXPECT_TRUE(same(copy.codes, oc)) << "codes";
-        }
+        const int bits = cuda::mixed_code_bits(kind);
+        ASSERT_OK(cuda::mixed_shuffle_codes(codes.as<uint8_t>(), oc.as<uint8_t>(), E, n, k, bits,
+                                            /*flip=*/true, 0));
+        std::vector<uint8_t> shuffled(copy.codes.size());
+        cuda::mixed_shuffle_codes_host(copy.codes.data(), shuffled.data(), E, n, k, bits);
+        EXPECT_TRUE(same(shuffled, oc)) << "codes";
       }
       out_buffer(copy.scales.size(), &os);
       if (!copy.zeros.empty()) out_buffer(copy.zeros.size() * 4, &oz);
@@ -315,16 +310,18 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
                                           copy.zeros.empty() ? nullptr : oz.as<float>(), 0));
       EXPECT_TRUE(same(copy.scales, os)) << "scales";
       if (cuda::mixed_codes_shuffled(kind)) {
-        // FC1 in the activation epilogue's row order (glu_source_row, n = 2 I): the host copy's
-        // rows reordered, then shuffled by the host twin, against the device's shuffle and
-        // scales with the order.
+        // FC1 in GluRows order (glu_source_row, n = 2 I): the host copy's rows reordered, then
+        // shuffled by the host twin, against the device's shuffle, scales and zeros with the
+        // order.
         const int bits = cuda::mixed_code_bits(kind);
         const int64_t row_bytes = k * bits / 8;
-        const int64_t kb = static_cast<int64_t>(copy.scales.size()) / (E * n * 2);
+        const int64_t sb = cuda::mixed_scale_bytes(kind);
+        const int64_t kb = static_cast<int64_t>(copy.scales.size()) / (E * n * sb);
         for (cuda::GluRows glu : {cuda::GluRows::kConcatenated, cuda::GluRows::kInterleaved}) {
           SCOPED_TRACE("glu " + std::to_string(static_cast<int>(glu)));
           std::vector<uint8_t> rows(copy.codes.size()), want(copy.codes.size());
           std::vector<uint8_t> want_scales(copy.scales.size());
+          std::vector<uint32_t> want_zeros(copy.zeros.size());
           for (int64_t e = 0; e < E; ++e) {
             for (int64_t r = 0; r < n; ++r) {
               const int64_t from = cuda::glu_source_row(glu, n / 2, r);
@@ -332,22 +329,27 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
                           &copy.codes[static_cast<size_t>((e * n + from) * row_bytes)],
                           static_cast<size_t>(row_bytes));
               for (int64_t b = 0; b < kb; ++b) {
-                std::memcpy(&want_scales[static_cast<size_t>(((e * kb + b) * n + r) * 2)],
-                            &copy.scales[static_cast<size_t>(((e * kb + b) * n + from) * 2)], 2);
+                const size_t to = static_cast<size_t>((e * kb + b) * n + r);
+                const size_t at = static_cast<size_t>((e * kb + b) * n + from);
+                std::memcpy(&want_scales[to * sb], &copy.scales[at * sb], static_cast<size_t>(sb));
+                if (!copy.zeros.empty()) std::memcpy(&want_zeros[to], &copy.zeros[at], 4);
               }
             }
           }
           cuda::mixed_shuffle_codes_host(rows.data(), want.data(), E, n, k, bits);
-          GpuBuffer gc, gsc;
+          GpuBuffer gc, gsc, gz;
           out_buffer(want.size(), &gc);
           out_buffer(want_scales.size(), &gsc);
+          if (!want_zeros.empty()) out_buffer(want_zeros.size() * 4, &gz);
           ASSERT_OK(cuda::mixed_shuffle_codes(codes.as<uint8_t>(), gc.as<uint8_t>(), E, n, k, bits,
                                               /*flip=*/true, 0, glu, n / 2));
           EXPECT_TRUE(same(want, gc)) << "codes in GluRows order";
           ASSERT_OK(cuda::device_mixed_scales(kind, f, act, E, n, k, sc.as<uint8_t>(),
-                                              zp.as<uint8_t>(), gs.as<float>(), gsc.get(), nullptr,
-                                              0, glu, n / 2));
+                                              zp.as<uint8_t>(), gs.as<float>(), gsc.get(),
+                                              want_zeros.empty() ? nullptr : gz.as<float>(), 0,
+                                              glu, n / 2));
           EXPECT_TRUE(same(want_scales, gsc)) << "scales in GluRows order";
+          if (!want_zeros.empty()) EXPECT_TRUE(same(want_zeros, gz)) << "zeros in GluRows order";
           const Status bad = cuda::mixed_shuffle_codes(codes.as<uint8_t>(), gc.as<uint8_t>(), E, n,
                                                        k, bits, true, 0, glu, n / 2 + 8);
           EXPECT_NE(bad.message().find("glu: expected n = 2 inter"), std::string::npos)
@@ -363,15 +365,12 @@ TEST(DevicePack, MixedCopyOfEveryKind) {
   }
 }
 
-// kInt4's shuffle (cutlass_mixed_shuffle.cuh): the device kernel, with and without the flip,
-// against its host twin (CuTe's layout of the whole matrix), and the twin against the order drawn
-// there, recomputed here from the wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4)
-// + {0, 1, 8, 9}). Shapes with one atom, with several along n and k (k = 64 and 272: a block's
-// eight atoms past the row's end), and the 208 rows of a partial 128-row tile.
 // The shuffle of int4 and int8 codes (cutlass_mixed_shuffle.cuh): the host twin, which places
 // each code by CuTe's layout of the whole matrix, against the drawn order recomputed here from the
-// wgmma fragment (atoms along k first); the device kernel against the twin, with and without the
-// top-bit flip.
+// wgmma fragment (lane t holds rows t / 4 and + 8 at k = 2 (t % 4) + {0, 1, 8, 9}; atoms along k
+// first); the device kernel against the twin, with and without the top-bit flip. Shapes with one
+// atom, with several along n and k, the 208 rows of a partial 128-row tile, and k = 272 (not a
+// multiple of the 64-wide K tile).
 TEST(DevicePack, MixedShuffleOfInt4AndInt8) {
   QMOE_REQUIRE_GPU();
   struct Shape {

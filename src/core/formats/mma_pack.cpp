@@ -178,10 +178,12 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
           const unsigned quad = real && !step_major ? formats::read_quad(row, k0, b) : mid_quad;
           for (int q = 0; q < 4; ++q) {  // code q: pair rr + 2 (q / 2), half q % 2
             const int pair = 4 * st + rr + 2 * (q >> 1);
-            unsigned code = (quad >> (b * q)) & mask;  // k0 + q
-            if (step_major) {
+            unsigned code;
+            if (step_major) {  // K = 16 step + 2 t + 8 (q / 2) + q % 2, top bit flipped
               const int64_t k = k0 - (k0 % 16) / 2 + 8 * (q >> 1) + (q & 1);
               code = (real ? formats::read_bits(row, k, b) : mid) ^ mid;
+            } else {
+              code = (quad >> (b * q)) & mask;  // k0 + q
             }
             words[pair / per_word] |= code << (16 * (q & 1) + b * (pair % per_word));
           }

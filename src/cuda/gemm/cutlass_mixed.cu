@@ -63,8 +63,8 @@ const char* mixed_codes_name(MixedCodes c) {
       return "int4";
     case MixedCodes::kInt4Zero:
       return "int4+zero";
-    case MixedCodes::kUint8:
-      return "uint8+zero";
+    case MixedCodes::kInt8Zero:
+      return "int8+zero";
     case MixedCodes::kE4m3:
       return "e4m3";
     case MixedCodes::kInt8:
@@ -85,7 +85,7 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
       c = f.zero_points ? MixedCodes::kInt4Zero : MixedCodes::kInt4;
       break;
     case WeightFormat::kInt8:
-      c = f.zero_points ? MixedCodes::kUint8 : MixedCodes::kInt8;
+      c = f.zero_points ? MixedCodes::kInt8Zero : MixedCodes::kInt8;
       break;
     case WeightFormat::kFp8:
     case WeightFormat::kFp8Block:
@@ -111,9 +111,6 @@ MixedCodes mixed_codes_for(const FcFormat& f, DType act, int64_t n, int64_t k, s
     return none("block size " + std::to_string(f.block_size) + " (a multiple of " +
                 std::to_string(kMixedTileK) + " dividing k, or per channel)");
   }
-  // int8 without zero points on rows the shuffle's atom does not tile: the unshuffled kind, with
-  // ORT's implicit zero point 128 as its zero term.
-  if (c == MixedCodes::kInt8 && n % kMixedShuffleRows != 0) c = MixedCodes::kUint8;
   const int64_t rows = mixed_codes_shuffled(c) ? kMixedShuffleRows : 8;
   if (n <= 0 || n % rows != 0) {
     return none("n = " + std::to_string(n) + " not a multiple of " + std::to_string(rows));
@@ -160,11 +157,11 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
     return;
   }
   // Codes: int4's q in [0, 16) becomes the int4 two's complement of q - 8 (its top bit flipped,
-  // both nibbles of a byte at once), kInt8's q in [0, 256) the int8 of q - 128 (the same flip);
-  // u8 (with zero points) and e4m3 codes are read as ORT stores them.
+  // both nibbles of a byte at once), int8's q in [0, 256) the int8 of q - 128 (the same flip);
+  // e4m3 codes are read as ORT stores them.
   out->codes.clear();
-  if (c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8) {
-    const uint8_t flip = c == MixedCodes::kInt8 ? 0x80 : 0x88;
+  if (mixed_codes_shuffled(c)) {
+    const uint8_t flip = bits == 8 ? 0x80 : 0x88;
     out->codes.resize(static_cast<size_t>(experts * n * (k * bits / 8)));
     for (size_t i = 0; i < out->codes.size(); ++i) out->codes[i] = codes[i] ^ flip;
   }
@@ -201,9 +198,8 @@ void mixed_prepare(MixedCodes c, const FcFormat& f, DType act, int64_t experts, 
                    ? read_bits(zero_points + e * packed_bytes(n, bits), r, bits)
                    : read_bits(zero_points + (e * n + r) * packed_bytes(kb, bits), b, bits);
         }
-        // kInt4Zero's codes are q - 8 already; u8 codes are q.
-        const int64_t shift = c == MixedCodes::kInt4Zero ? zp - 8 : zp;
-        out->zeros[at] = -static_cast<float>(shift) * s;
+        // The signed codes are q - mid already.
+        out->zeros[at] = -static_cast<float>(zp - mid) * s;
       }
     }
   }
@@ -217,7 +213,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
     case MixedCodes::kInt4Zero:
       f.format = WeightFormat::kInt4;
       break;
-    case MixedCodes::kUint8:
+    case MixedCodes::kInt8Zero:
     case MixedCodes::kInt8:
       f.format = WeightFormat::kInt8;
       break;
@@ -227,7 +223,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
     default:
       return fail(why, "codes_kind: none");
   }
-  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero || a.codes_kind == MixedCodes::kUint8;
+  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero || a.codes_kind == MixedCodes::kInt8Zero;
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");

@@ -24,15 +24,14 @@
 //   kInt8      signed int8 q - 128 (ORT's        act dtype, none           (q - 128) * s, as kInt4
 //              q ^ 0x80, a prepared copy,                                  (int8 without zero
 //              shuffled)                                                   points)
-//   kInt4Zero  the same signed copy              f32 s, f32 -(zp - 8) s    q' s + z in f32
-//   kUint8     ORT's u8 codes as they are        f32 s, f32 -zp s          q s + z in f32 (int8
-//                                                                          with zero points)
+//   kInt4Zero  kInt4's signed copy (shuffled)    f32 s, f32 -(zp - 8) s    q' s + z in f32
+//   kInt8Zero  kInt8's signed copy (shuffled)    f32 s, f32 -(zp - 128) s  q' s + z in f32
 //   kE4m3      ORT's e4m3 codes as they are      f32 s                     e4m3(q) s in f32: the
 //              (fp8, fp8_block), or MXFP4's                                dequantize path's value
 //              exact e4m3 copy (fp4_e4m3.h)      (MXFP4: per 64 K)
 //
 // The f32 kinds convert each code to f32, scale (and shift) there and round once to the activation
-// dtype, as the dequantize path does; their only difference from it is -zp s, rounded once in f32
+// dtype, as the dequantize path does; their only difference from it is z, rounded once in f32
 // (exact whenever s has at most 16 significant bits, as f16/bf16 scales do). kInt4 and kInt8 keep
 // the activation-dtype scale: CUTLASS's shuffled int4 / int8 conversions are fastest there (the
 // codes are exact in bf16/f16, one multiply by the scale follows), and their error was measured
@@ -59,7 +58,7 @@ constexpr int64_t kMixedTileK = 64;
 constexpr int64_t kMixedNarrowTileM = 256;
 
 // The kernel instances by code type and scale form (table above). kNone: no instance takes the FC.
-enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kUint8, kE4m3, kInt8 };
+enum class MixedCodes : int { kNone = -1, kInt4 = 0, kInt4Zero, kInt8Zero, kE4m3, kInt8 };
 constexpr int kMixedCodesCount = 5;
 const char* mixed_codes_name(MixedCodes c);
 // Bits per code, bytes per scale (and zero) element, and whether the kind has a zero term (host
@@ -71,13 +70,17 @@ constexpr int64_t mixed_scale_bytes(MixedCodes c) {
   return c == MixedCodes::kInt4 || c == MixedCodes::kInt8 ? 2 : 4;
 }
 constexpr bool mixed_has_zeros(MixedCodes c) {
-  return c == MixedCodes::kInt4Zero || c == MixedCodes::kUint8;
+  return c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8Zero;
 }
 // Whether the kind reads its codes shuffled into the wgmma fragment order
-// (cutlass_mixed_shuffle.cuh) rather than K-contiguous: kInt4 and kInt8, whose conversion is the
-// kernel's main cost. Their n must then be a multiple of kMixedShuffleRows.
+// (cutlass_mixed_shuffle.cuh) rather than K-contiguous: the integer kinds. For kInt4 and kInt8
+// the order feeds the fast conversion, the kernel's main cost; for all four it makes the signed
+// codes word for word the decode path's (CudaLayer::decode_copy_of: one copy for both paths; the
+// zero kinds' f32 conversion follows the load, so the order does not reach it). Their n must
+// then be a multiple of kMixedShuffleRows.
 constexpr bool mixed_codes_shuffled(MixedCodes c) {
-  return c == MixedCodes::kInt4 || c == MixedCodes::kInt8;
+  return c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8 ||
+         c == MixedCodes::kInt8Zero;
 }
 constexpr int64_t kMixedShuffleRows = 16, kMixedShuffleCols = 16;
 
@@ -169,9 +172,9 @@ int64_t mixed_chunk(const FcFormat& f, int64_t k);
 // The prepared copy of one FC of E experts (host side), built from ORT's tensors (codes, scales,
 // zero points, fp8's global scale [E]) for mixed_codes_for(f, act, n, k) = c.
 struct MixedCopy {
-  std::vector<uint8_t> codes;   // kInt4 / kInt4Zero / kInt8: the signed copy (K-contiguous; the
-                                // shuffled kinds' is shuffled after, mixed_shuffle_codes); empty:
-                                // ORT's codes serve
+  std::vector<uint8_t> codes;   // the integer kinds: the signed copy (K-contiguous here; the
+                                // kernel reads it shuffled, mixed_shuffle_codes); MXFP4: the
+                                // e4m3 copy; empty: ORT's codes serve (fp8, fp8_block)
   std::vector<uint8_t> scales;  // [E, k / chunk, n], mixed_scale_bytes(c) each
   std::vector<float> zeros;     // [E, k / chunk, n]; empty without a zero term
   int64_t chunk = 0;            // the scale block along k
@@ -210,8 +213,9 @@ size_t mixed_gemm_workspace_bytes(MixedCodes c, DType dtype, int64_t max_groups,
 // experts runs: the narrow tile two (cutlass_two_ctas.cuh: four consumer warps per scheduler
 // instead of two, each CTA with half the stages) where its tiles fill two CTAs on every SM, else
 // one. Measured (bench/results/2026-12-05-h200-narrow-two-ctas.md): two CTAs took 7-14% off
-// qwen3-30b-a3b INT4 / INT8, DeepSeek-V3 bf16 and qwen3.6-35b-a3b INT4 at 12-384 tokens, but Mixtral's
-// FC2 (16 tiles x 8 experts = 128 < 264) took 171 us against 103 with one CTA and half the stages.
+// qwen3-30b-a3b INT4 / INT8, DeepSeek-V3 bf16 and qwen3.6-35b-a3b INT4 at 12-384 tokens, but
+// Mixtral's FC2 (16 tiles x 8 experts = 128 < 264) took 171 us against 103 with one CTA and half
+// the stages.
 int mixed_ctas_per_sm(int tile_n, int64_t n, int64_t groups, int sm_count);
 
 // How many CTAs per SM of the instance of this kind, dtype, tile, epilogue and residency

@@ -1,5 +1,5 @@
 // The mixed-input instances behind cutlass_mixed.h, defined by one translation unit per family of
-// code kinds (cutlass_mixed_int4.cu: kInt4, kInt4Zero; cutlass_mixed_int8.cu: kInt8, kUint8;
+// code kinds (cutlass_mixed_int4.cu: kInt4, kInt4Zero; cutlass_mixed_int8.cu: kInt8, kInt8Zero;
 // cutlass_mixed_e4m3.cu), the only ones that include CUTLASS; the three compile in parallel.
 // kBf16: bf16 activations, else f16; kTileN: the tile's rows.
 #pragma once
@@ -43,8 +43,8 @@ Status mixed_residency(int* resident);
   X(MixedCodes::kInt4, false, 128, false, 1)     \
   X(MixedCodes::kInt4Zero, true, 128, false, 1)  \
   X(MixedCodes::kInt4Zero, false, 128, false, 1) \
-  X(MixedCodes::kUint8, true, 128, false, 1)     \
-  X(MixedCodes::kUint8, false, 128, false, 1)    \
+  X(MixedCodes::kInt8Zero, true, 128, false, 1)  \
+  X(MixedCodes::kInt8Zero, false, 128, false, 1) \
   X(MixedCodes::kE4m3, true, 128, false, 1)      \
   X(MixedCodes::kE4m3, false, 128, false, 1)     \
   X(MixedCodes::kInt8, true, 128, false, 1)      \

@@ -9,9 +9,9 @@
 // mainloop loads the codes and a [128 x 1] scale (and zero) column per K tile by TMA, converts
 // the codes in registers (ConvertAndScale: q * s; ConvertAndScaleWithZero: q * s + z; in f32
 // where the scale is f32, then one rounding to the activation type), then issues wgmma with A
-// from registers. kInt4's and kInt8's codes are shuffled at prepare (cutlass_mixed_shuffle.cuh) so
-// that a thread's codes arrive in words in the order the fast conversion takes; the other kinds
-// read their codes K-contiguous.
+// from registers. The integer kinds' codes are shuffled at prepare (cutlass_mixed_shuffle.cuh) so
+// that a thread's codes arrive in words in the order the fast conversion takes (and the decode
+// path's codes serve); kE4m3 reads its codes K-contiguous.
 //
 // Workspace of one launch (max_groups = G; each part starts 256-byte aligned):
 //   shapes   G x Shape<int, int, int>        (n, rows of the group, k)
@@ -159,8 +159,8 @@ struct MixedOperand<MixedCodes::kInt4Zero, Element> {
   using Tuple = cute::tuple<cutlass::int4b_t, float, float>;
 };
 template <typename Element>
-struct MixedOperand<MixedCodes::kUint8, Element> {
-  using Tuple = cute::tuple<uint8_t, float, float>;
+struct MixedOperand<MixedCodes::kInt8Zero, Element> {
+  using Tuple = cute::tuple<int8_t, float, float>;
 };
 template <typename Element>
 struct MixedOperand<MixedCodes::kE4m3, Element> {

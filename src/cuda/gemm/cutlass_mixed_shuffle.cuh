@@ -1,9 +1,10 @@
-// The shuffled orders of int4 and int8 codes (MixedCodes::kInt4, kInt8) that the mixed-input GEMM
-// reads: each thread's eight codes of one wgmma A fragment lie in 32-bit words in the order the
-// fast int4 / int8 -> bf16/f16 conversions take (CUTLASS's mixed-input utilities convert such a
-// word with lop3 and one subtract per pair, where the plain K-contiguous order needs byte permutes
-// first). Included by the shuffled kinds' instances and by the shuffle kernel
-// (cutlass_mixed_shuffle.cu), so both use one layout.
+// The shuffled orders of int4 and int8 codes (MixedCodes::kInt4, kInt8 and their zero-point
+// kinds) that the mixed-input GEMM reads: each thread's eight codes of one wgmma A fragment lie in
+// 32-bit words in the order the fast int4 / int8 -> bf16/f16 conversions take (CUTLASS's
+// mixed-input utilities convert such a word with lop3 and one subtract per pair, where the plain
+// K-contiguous order needs byte permutes first; the zero-point kinds convert to f32 instead and
+// take the order for their one copy, below). Included by the shuffled kinds' instances and by the
+// shuffle kernel (cutlass_mixed_shuffle.cu), so both use one layout.
 //
 // The atom covers 16 rows (n) x 16 codes (k). A warp's m64n16k16 A fragment gives lane t the
 // codes of rows r = t / 4 and r + 8 at k = 2 (t % 4) + {0, 1, 8, 9}: values v0..v7 = (r, k0)

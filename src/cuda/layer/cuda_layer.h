@@ -271,7 +271,7 @@ class CudaLayer final : public PreparedLayer {
     return mx.on() ? mixed_out_dtype(cdt_) : DType::kF32;
   }
   // tile_n: the mixed-input GEMM's tile (mixed_tile_of; 0 for an FC without a mixed-input copy).
-  // act_out: FC1 with the activation in its epilogue (act_rows_ on a tile with that form), its
+  // act_out: FC1 with the activation in its epilogue (act_epilogue_ on a tile with that form), its
   // rows [R, ip_] in the activation dtype there, c unused. c's rows are fc_out_dtype(mx).
   Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
                 const RouteMapsView& maps, const void* a, int64_t lda, void* c, int64_t ldc,
@@ -289,9 +289,12 @@ class CudaLayer final : public PreparedLayer {
   // layout), scales: the staged e8m0 scales.
   Status prepare_mixed_e4m3(const FcFormat& f, const FcWeights& w, const uint8_t* scales,
                             DeviceFc* fc, MixedFc* out);
-  // The row order FC1's mixed-input copy takes for the activation epilogue, kNone where the
-  // layer keeps the activation kernel alone (PrepareOptions::epilogue_act).
-  GluRows act_epilogue_rows(MixedCodes fc1_kind) const;
+  // The row order FC1's mixed-input copy of kind fc1_kind takes: GluRows bands where the
+  // activation epilogue or the decode path's shared codes need them, else kNone (ORT's order).
+  GluRows fc1_band_rows(MixedCodes fc1_kind) const;
+  // Whether a banded FC1 of this kind may activate in its GEMM's epilogue
+  // (PrepareOptions::epilogue_act, the kind's narrow tile, the routing weight after FC2).
+  bool act_epilogue_fits(MixedCodes fc1_kind) const;
   // The mixed-input GEMM's tile (its N) for an FC of this copy in a call of `routes` routes:
   // `tile` where the call's dispatch choice names one, else PrepareOptions::mixed_tile, else
   // mixed_tile_for; the copy's 128-row tile where its kind lacks that one.
@@ -339,9 +342,10 @@ class CudaLayer final : public PreparedLayer {
   bool mixed_ = false;        // set_cutlass()
   int mixed_tile_ = 0;        // PrepareOptions::mixed_tile
   bool epilogue_act_ = true;  // PrepareOptions::epilogue_act
-  // FC1's mixed copy is in GluRows order: calls on the narrow tile activate in FC1's epilogue,
-  // the others run the activation kernel on FC1's banded columns.
+  // FC1's mixed copy is in GluRows order: the activation kernel reads FC1's banded columns, or
+  // (act_epilogue_) calls on a tile with the epilogue form activate in FC1's epilogue.
   bool act_rows_ = false;
+  bool act_epilogue_ = false;
   MixedFc mixed1_, mixed2_, mixed3_;
   bool act_fp8_ = false;  // PrepareOptions::act_quant == "fp8_e4m3"
   Fp8Fc fp8_1_, fp8_2_, fp8_3_;

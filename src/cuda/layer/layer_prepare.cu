@@ -163,10 +163,12 @@ Status CudaLayer::init(const LayerWeights& w) {
   if (act_fp8_) {  // every FC on the FP8 GEMM: no mixed-input copies
     QMOE_RETURN_IF_ERROR(prepare_fp8(w));
   } else {
-    const GluRows glu = act_epilogue_rows(mixed_ ? mixed_codes_for(spec_.fc1, cdt_, fc1_.n, fc1_.k)
-                                                 : MixedCodes::kNone);
+    const MixedCodes kind1 =
+        mixed_ ? mixed_codes_for(spec_.fc1, cdt_, fc1_.n, fc1_.k) : MixedCodes::kNone;
+    const GluRows glu = fc1_band_rows(kind1);
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc1, w.fc1, &fc1_, &mixed1_, glu));
     act_rows_ = glu != GluRows::kNone && mixed1_.on();
+    act_epilogue_ = act_rows_ && act_epilogue_fits(kind1);
     QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc2, w.fc2, &fc2_, &mixed2_));
     if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(prepare_mixed(spec_.fc3, w.fc3, &fc3_, &mixed3_));
   }
@@ -179,20 +181,32 @@ Status CudaLayer::init(const LayerWeights& w) {
   return Status::ok();
 }
 
-// FC1's activation moves into its mixed-input GEMM's epilogue (cutlass_act_epilogue.cuh) where
-// the epilogue computes what the activation kernel would from FC1's rows alone: a gated
-// activation of FC1's own rows (no FC3), no FC1 bias, the routing weight applied after FC2, and a
-// kind and dtype with the epilogue form (the narrow tile's; calls on other tiles run the
-// activation kernel on the banded columns).
-GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
+// FC1's mixed-input copy takes the band order of GluRows (cutlass_mixed.h) where a reader needs
+// it and the activation kernel can read it (a gated activation of FC1's own rows, no padded I;
+// an FC1 bias keeps ORT's order, read by channel): where the activation may run in FC1's
+// epilogue (act_epilogue_fits), and where the decode path's codes, banded alike, then serve as
+// the copy (decode_copy_of: one copy for both paths). Elsewhere FC1 keeps ORT's row order.
+GluRows CudaLayer::fc1_band_rows(MixedCodes fc1_kind) const {
   const ActivationSpec& a = spec_.activation;
-  if (!epilogue_act_ || fc1_kind == MixedCodes::kNone ||
-      !mixed_has_act_epilogue(fc1_kind, cdt_, 32) || !a.gated() ||
-      a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() || fc1_.bias != nullptr ||
-      spec_.routing.combine == CombineMode::kScaleInput || ip_ != spec_.inter) {
+  if (fc1_kind == MixedCodes::kNone || !mixed_codes_shuffled(fc1_kind) || !a.gated() ||
+      a.glu == GluLayout::kSeparateFc3 || spec_.has_fc3() || ip_ != spec_.inter) {
     return GluRows::kNone;
   }
-  return a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
+  const GluRows g =
+      a.glu == GluLayout::kInterleaved ? GluRows::kInterleaved : GluRows::kConcatenated;
+  return act_epilogue_fits(fc1_kind) || decode_copy_of(&fc1_, fc1_kind, g) != nullptr
+             ? g
+             : GluRows::kNone;
+}
+
+// Whether FC1's activation may move into its mixed-input GEMM's epilogue (cutlass_act_epilogue.cuh)
+// on a banded FC1: the epilogue computes what the activation kernel would from FC1's rows alone
+// (no FC1 bias) when the routing weight is applied after FC2, for a kind and dtype with the
+// epilogue form (the narrow tile's; calls on other tiles run the activation kernel on the banded
+// columns).
+bool CudaLayer::act_epilogue_fits(MixedCodes fc1_kind) const {
+  return epilogue_act_ && mixed_has_act_epilogue(fc1_kind, cdt_, 32) && fc1_.bias == nullptr &&
+         spec_.routing.combine != CombineMode::kScaleInput;
 }
 
 // The decode path's packed codes of *fc where they are, word for word, the shuffled copy the
@@ -200,8 +214,8 @@ GluRows CudaLayer::act_epilogue_rows(MixedCodes fc1_kind) const {
 // step-major (mma_pack.h), which is the shuffled order; they agree where the packing has no
 // padding (16-row tiles and whole chunks: n a multiple of 16, K of 64 or 32) and both order the
 // rows alike: FC2 and ungated FC1s as they are, a gated FC1 in bands of 8 gates and their 8
-// linear rows (the decode map and the activation epilogue's GluRows). Elsewhere (a gated FC1
-// without the epilogue, an FC3, zero-point kinds) each path keeps a copy of its own.
+// linear rows (the decode map and GluRows, fc1_band_rows). Elsewhere (FC1 in ORT's order, an
+// FC3) each path keeps a copy of its own.
 const uint32_t* CudaLayer::decode_copy_of(const DeviceFc* fc, MixedCodes c, GluRows glu) const {
   if (!decode_ready_ || !mixed_codes_shuffled(c) || (fc != &fc1_ && fc != &fc2_)) return nullptr;
   const MmaPackShape& s = fc == &fc1_ ? pack1_ : pack2_;
@@ -215,8 +229,8 @@ const uint32_t* CudaLayer::decode_copy_of(const DeviceFc* fc, MixedCodes c, GluR
 }
 
 // The mixed-input GEMM's copy of one FC (cutlass_mixed.h), built on the device from ORT's tensors
-// (device_pack.h): transposed scales (and zeros) always; int4's and kInt8's signed codes in place
-// of ORT's (the shuffled kinds' shuffled into a buffer of their own, and ORT's freed); u8 and
+// (device_pack.h): transposed scales (and zeros) always; the shuffled kinds' signed codes in
+// place of ORT's (the decode path's words, or shuffled into a buffer of their own; ORT's freed);
 // e4m3 codes are ORT's own, those of the raw copy (init uploads every one of them).
 Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc* fc, MixedFc* out,
                                 GluRows glu) {
@@ -232,32 +246,26 @@ Status CudaLayer::prepare_mixed(const FcFormat& f, const FcWeights& w, DeviceFc*
   const uint8_t* scales = nullptr;
   QMOE_RETURN_IF_ERROR(stage(*uploader_, w.scales, raw.scales, &staged[0], &scales));
   if (f.format == WeightFormat::kMxFp4) return prepare_mixed_e4m3(f, w, scales, fc, out);
-  const bool signed_copy =
-      c == MixedCodes::kInt4 || c == MixedCodes::kInt4Zero || c == MixedCodes::kInt8;
+  // The shuffled (integer) kinds' signed copy takes the place of ORT's codes (kE4m3 reads those
+  // as they are).
+  const bool signed_copy = mixed_codes_shuffled(c);
   if (signed_copy && raw.weight != nullptr) {
     // run_fc never dequantizes an FC that has a mixed copy, and the decode path has packed its
-    // own (pack_for_decode ran first): the raw upload, the layer's own buffer, becomes the signed
-    // copy, and the FC no longer has ORT's codes.
-    uint8_t* signed_codes = const_cast<uint8_t*>(raw.weight);
-    const int64_t n = raw.n, k = raw.k;
+    // own (pack_for_decode ran first): ORT's codes go, and the FC no longer has them.
+    const uint8_t* ort_codes = raw.weight;
     fc->weight = nullptr;
     if (const uint32_t* same = decode_copy_of(fc, c, glu)) {  // one copy for both paths
-      release(signed_codes);
-      signed_codes = reinterpret_cast<uint8_t*>(const_cast<uint32_t*>(same));
-    } else if (mixed_codes_shuffled(c)) {  // signed and shuffled in one pass, into its own buffer
+      out->codes = reinterpret_cast<const uint8_t*>(same);
+    } else {  // signed and shuffled in one pass, into its own buffer
       void* shuffled = nullptr;
       QMOE_RETURN_IF_ERROR(keep(w.weight.bytes(), &shuffled));
-      QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(signed_codes, static_cast<uint8_t*>(shuffled), E, n,
-                                               k, mixed_code_bits(c), /*flip=*/true, kPrepareStream,
-                                               glu, spec_.inter));
+      QMOE_RETURN_IF_ERROR(mixed_shuffle_codes(ort_codes, static_cast<uint8_t*>(shuffled), E, raw.n,
+                                               raw.k, mixed_code_bits(c), /*flip=*/true,
+                                               kPrepareStream, glu, spec_.inter));
       QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
-      release(signed_codes);
-      signed_codes = static_cast<uint8_t*>(shuffled);
-    } else {
-      QMOE_RETURN_IF_ERROR(device_mixed_codes(signed_codes, static_cast<int64_t>(w.weight.bytes()),
-                                              signed_codes, kPrepareStream));
+      out->codes = static_cast<const uint8_t*>(shuffled);
     }
-    out->codes = signed_codes;
+    release(ort_codes);
   } else if (!signed_copy && raw.weight != nullptr) {
     out->codes = raw.weight;
   } else {

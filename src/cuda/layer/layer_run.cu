@@ -474,13 +474,13 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                      maps.permuted_route, slots, routes, xa, hp_,
                                      error_.as<int32_t>(), stream, pdl_));
-  // FC1's copy in GluRows order on a tile with the epilogue form: FC1's GEMM activates into ya,
-  // FC2 reads it there.
   // Each FC's tile (0 without a mixed-input copy): the choice's, or the layer's.
   const int tile1 = mixed1_.on() ? mixed_tile_of(mixed1_, routes, tile) : 0;
   const int tile2 = mixed2_.on() ? mixed_tile_of(mixed2_, routes, tile) : 0;
   const int tile3 = mixed3_.on() ? mixed_tile_of(mixed3_, routes, tile) : 0;
-  if (act_rows_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, tile1)) {
+  // FC1's banded copy on a tile with the epilogue form: FC1's GEMM activates into ya, FC2 reads
+  // it there.
+  if (act_epilogue_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, tile1)) {
     void* ya = ws + l.ya;
     QMOE_RETURN_IF_ERROR(
         run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, tile1, ya));

@@ -19,7 +19,7 @@ namespace qmoe::cuda {
 //                                                     128, else 0)
 //   act_scales  A(4 R Q / 128)                        the FP8 rows' scales (act_quant only)
 //   ya          A(cs R Ip)                            FC1's activated rows where its GEMM's
-//                                                     epilogue may activate (act_rows_: every
+//                                                     epilogue may activate (act_epilogue_: every
 //                                                     call, so the total stays monotone in T),
 //                                                     else 0
 //   hy          A(max(hs R (N1p + [Ip with FC3]),     FC1 (+FC3) outputs in f32 (hs = 4), in bf16
@@ -70,7 +70,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->xa = take(std::max<int64_t>(cs_ * r * std::max(hp_, ip_), r * q_cols));
   l->act_scales = take(4 * r * q_cols / kActQuantGroup);
   const int64_t h_cols = n1p_ + (spec_.has_fc3() ? ip_ : 0);
-  l->ya = take(act_rows_ ? cs_ * r * ip_ : 0);
+  l->ya = take(act_epilogue_ ? cs_ * r * ip_ : 0);
   const int64_t hs = act_fp8_ ? 2 : 4;  // the FP8 GEMM's rows are bf16 (cutlass_fp8.h)
   // hy also holds the FP8 path's per-token rows (tokens <= r) before FC1 writes it.
   const int64_t token_rows = act_fp8_ ? r * (hq_ + 4 * hq_ / kActQuantGroup) : 0;

@@ -222,7 +222,7 @@ __device__ __forceinline__ void load4_pairs(const void* b, DType t, int64_t i, f
 
 // The gate and linear biases of outputs i0..i0+3 of held expert e: the rows activation_output
 // reads, four at a time (bg, bl stay 0 where the layer has no such bias). Gated layouts only;
-// the banded order has no FC1 bias (ActivationArgs::banded).
+// the biases keep ORT's order also where FC1's columns are banded (ActivationArgs::banded).
 __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64_t e, int64_t i0,
                                                   float (&bg)[4], float (&bl)[4]) {
   const int64_t I = a.inter;

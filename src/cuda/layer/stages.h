@@ -40,9 +40,10 @@ struct ActivationArgs {
   // h's element: kF32, or kBF16 (the rows of the FP8 GEMM, cutlass_fp8.h, and of the bf16
   // mixed-input GEMM, cutlass_mixed.h: mixed_out_dtype).
   DType h_dtype = DType::kF32;
-  // FC1's columns in GluRows order (cutlass_mixed.h: the mixed-input copy of a layer whose narrow
-  // tile activates in FC1's epilogue): channel i's gate at column 16 (i / 8) + i % 8, its linear
-  // eight columns on. Gated layouts of FC1's own rows without an FC1 bias only.
+  // FC1's columns in GluRows order (cutlass_mixed.h: a banded mixed-input copy, for the
+  // activation epilogue or the decode path's shared codes): channel i's gate at column 16 (i / 8) +
+  // i % 8, its linear eight columns on. Gated layouts of FC1's own rows only (an FC1 bias stays in
+  // ORT's order).
   bool banded = false;
   const void* h3 = nullptr;  // FC3 output [R, ldh3] (separate gated layout), else nullptr
   int64_t ldh3 = 0;

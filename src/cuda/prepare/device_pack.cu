@@ -270,12 +270,6 @@ struct Fp4KPacked {
   }
 };
 
-struct FlipInt4 {
-  const uint8_t* src;
-  uint8_t* out;
-  __device__ void operator()(int64_t i) const { out[i] = src[i] ^ 0x88; }
-};
-
 __device__ float scale_f32(const uint8_t* p, DType dt) {
   switch (dt) {
     case DType::kF16:
@@ -328,8 +322,8 @@ struct MixedScales {
               ? formats::read_bits(zp + e * formats::packed_bytes(n, bits), r, bits)
               : formats::read_bits(zp + (e * n + r) * formats::packed_bytes(kb, bits), b, bits);
     }
-    const int64_t shift = c == MixedCodes::kInt4Zero ? q - 8 : q;  // kInt4Zero's codes are q - 8
-    zeros_out[i] = -static_cast<float>(shift) * s;
+    const int64_t mid = int64_t{1} << (bits - 1);  // the signed codes are q - mid already
+    zeros_out[i] = -static_cast<float>(q - mid) * s;
   }
 };
 
@@ -419,10 +413,6 @@ Status device_fp4_k_packed(const uint8_t* n_packed, int64_t experts, int64_t n, 
                            uint8_t* out, cudaStream_t stream) {
   return launch_each(experts * n * (k / 2), Fp4KPacked{n_packed, n, k, out}, stream,
                      "device_fp4_k_packed");
-}
-
-Status device_mixed_codes(const uint8_t* codes, int64_t bytes, uint8_t* out, cudaStream_t stream) {
-  return launch_each(bytes, FlipInt4{codes, out}, stream, "device_mixed_codes");
 }
 
 Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,

@@ -12,7 +12,7 @@
 //   device_pack_zero_points         mma_pack_zero_points
 //   device_gated_row_scales         mma_gated_row_scales
 //   device_fp4_k_packed             fp4_repack(Fp4Layout::kNPacked, ...)
-//   device_mixed_codes / _scales    mixed_prepare (its codes; its scales and zeros)
+//   device_mixed_scales             mixed_prepare (its scales and zeros)
 //   device_mxfp4_e4m3               mixed_prepare of MXFP4 (its e4m3 codes and scales)
 //   device_mxfp4_e4m3_rows          formats::mxfp4_chunk_to_e4m3<128> over every chunk
 //
@@ -56,13 +56,11 @@ Status device_gated_row_scales(const MmaPackShape& s, const uint8_t* gate, const
 Status device_fp4_k_packed(const uint8_t* n_packed, int64_t experts, int64_t n, int64_t k,
                            uint8_t* out, cudaStream_t stream);
 
-// The mixed-input copy of an FC for mixed_codes_for(f, act, n, k) = c (mixed_prepare's result):
-// int4's signed codes (kInt4Zero; experts * n * k / 2 bytes; the shuffled kinds' signed copy
-// comes from mixed_shuffle_codes with its flip), and the scales [E, k /
-// chunk, n] of mixed_scale_bytes(c) each with the zeros beside them (zeros_out null for kinds
-// without a zero term). chunk is mixed_prepare's (block_size, or k per channel). `glu` (with
-// `inter`) orders the rows as the codes' shuffle does (glu_source_row, cutlass_mixed.h).
-Status device_mixed_codes(const uint8_t* codes, int64_t bytes, uint8_t* out, cudaStream_t stream);
+// The scales of the mixed-input copy of an FC for mixed_codes_for(f, act, n, k) = c
+// (mixed_prepare's result; the signed kinds' codes come from mixed_shuffle_codes with its flip):
+// [E, k / chunk, n] of mixed_scale_bytes(c) each, with the zeros beside them (zeros_out null for
+// kinds without a zero term). chunk is mixed_prepare's (block_size, or k per channel). `glu`
+// (with `inter`) orders the rows as the codes' shuffle does (glu_source_row, cutlass_mixed.h).
 Status device_mixed_scales(MixedCodes c, const FcFormat& f, DType act, int64_t experts, int64_t n,
                            int64_t k, const uint8_t* scales, const uint8_t* zero_points,
                            const float* global_scale, void* scales_out, float* zeros_out,
