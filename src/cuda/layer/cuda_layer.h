@@ -293,7 +293,8 @@ class CudaLayer final : public PreparedLayer {
   // activation epilogue or the decode path's shared codes need them, else kNone (ORT's order).
   GluRows fc1_band_rows(MixedCodes fc1_kind) const;
   // Whether a banded FC1 of this kind may activate in its GEMM's epilogue
-  // (PrepareOptions::epilogue_act, the kind's narrow tile, the routing weight after FC2).
+  // (PrepareOptions::epilogue_act, the kind's narrow tile, no FC1 bias, the routing weight after
+  // FC2).
   bool act_epilogue_fits(MixedCodes fc1_kind) const;
   // The mixed-input GEMM's tile (its N) for an FC of this copy in a call of `routes` routes:
   // `tile` where the call's dispatch choice names one, else PrepareOptions::mixed_tile, else
