@@ -85,6 +85,16 @@ TEST(Dispatch, AnalyticDefault) {
   EXPECT_EQ(chosen(narrow8, 17), "generic");
   EXPECT_EQ(chosen(narrow8, 32), "generic");
   EXPECT_EQ(chosen(narrow8, 64), "generic");
+  // The same with zero points: 7 routes per expert for 4-bit codes (112 tokens), 4 for 8-bit
+  // ones (64 tokens).
+  const DispatchTable zero4(true, 8, 128, GenericKind::kZero4);
+  EXPECT_EQ(chosen(zero4, 1), "decode/1");
+  EXPECT_EQ(chosen(zero4, 112), "decode/1");
+  EXPECT_EQ(chosen(zero4, 113), "generic");
+  const DispatchTable zero8(true, 8, 128, GenericKind::kZero8);
+  EXPECT_EQ(chosen(zero8, 64), "decode/1");
+  EXPECT_EQ(chosen(zero8, 65), "generic");
+  EXPECT_EQ(chosen(zero8, 128), "generic");
   // MXFP4 through its e4m3 copy on the narrow tile: 6 routes per expert for small experts
   // (qwen3.6-35b-a3b, 1.7 MB: 192 tokens), 3 from 8 MiB on (gpt-oss-20b, 13.2 MB: 24 tokens).
   const DispatchTable e4m3_small(true, 8, 256, GenericKind::kE4m3Copy, 0, 1750000);

@@ -140,7 +140,8 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
 }
 
 // The narrow (32-row), middle (64-row) and 128-row tile, each forced, on the kinds that have them
-// (bf16), and the automatic choice on each side of its thresholds; f16 has only the 128-row tile,
+// (bf16; the zero kinds too: int4 b128 and int8 per channel with zero points), and the automatic
+// choice on each side of its thresholds; f16 has only the 128-row tile,
 // which a forced choice of another falls back to. 100 tokens x 4 routes over 16 experts average
 // 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows; the automatic choice
 // takes the narrow tile at 60 tokens (15 rows on average), the middle one (the 128-row one where
@@ -150,7 +151,11 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   using cuda::MixedCodes;
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kBF16));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8, DType::kBF16));
-  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8Zero, DType::kBF16));
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4Zero, DType::kBF16));
+  EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8Zero, DType::kBF16));
+  EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt8Zero, DType::kF16));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt4Zero, DType::kBF16, 64));
+  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kBF16, 64));
   EXPECT_TRUE(cuda::mixed_has_narrow_tile(MixedCodes::kE4m3, DType::kBF16));
   EXPECT_FALSE(cuda::mixed_has_narrow_tile(MixedCodes::kInt4, DType::kF16));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 256));
@@ -162,7 +167,9 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
       spec_of(WeightFormat::kFp8Block, DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
-      int4_spec(DType::kF16, 256, 128, 16, 4, 128, DType::kF32)};
+      int4_spec(DType::kF16, 256, 128, 16, 4, 128, DType::kF32),
+      spec_of(WeightFormat::kInt4, DType::kBF16, 256, 128, 16, 4, 128, DType::kF16, true),
+      spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 0, DType::kF32, true)};
   for (const LayerSpec& s : specs) {
     for (int tile : {32, 64, 128}) {
       check_mixed_against_dequant(s, 100, tile);
@@ -179,7 +186,8 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
       int4_spec(DType::kBF16, 2048, 256, 64, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 2048, 256, 64, 4, 64, DType::kF32),
       spec_of(WeightFormat::kFp8Block, DType::kBF16, 2048, 256, 64, 4, 128, DType::kF32),
-      spec_of(WeightFormat::kFp8Block, DType::kF16, 2048, 256, 64, 4, 128, DType::kF32)};
+      spec_of(WeightFormat::kFp8Block, DType::kF16, 2048, 256, 64, 4, 128, DType::kF32),
+      spec_of(WeightFormat::kInt4, DType::kBF16, 2048, 256, 64, 4, 128, DType::kF32, true)};
   EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 2048, 64, 132), 2);
   EXPECT_EQ(cuda::mixed_ctas_per_sm(32, 512, 64, 132), 1);
   for (const LayerSpec& s : wide) {
@@ -222,6 +230,8 @@ TEST(GpuMixedLayer, NarrowTileHoldsTwoCtasPerSm) {
                                 {MixedCodes::kInt8, DType::kBF16, 32, true, 2},
                                 {MixedCodes::kE4m3, DType::kBF16, 32, false, 2},
                                 {MixedCodes::kE4m3, DType::kF16, 32, false, 2},
+                                {MixedCodes::kInt4Zero, DType::kBF16, 32, false, 2},
+                                {MixedCodes::kInt8Zero, DType::kBF16, 32, false, 2},
                                 {MixedCodes::kInt4, DType::kBF16, 32, false, 1},
                                 {MixedCodes::kInt4, DType::kBF16, 32, true, 1},
                                 {MixedCodes::kE4m3, DType::kF16, 32, false, 1},

@@ -175,7 +175,8 @@ void pack_expert(const MmaPackShape& s, const uint8_t* raw, int64_t e, uint32_t*
         for (int rr = 0; rr < 2; ++rr) {
           const uint8_t* row = rr ? rb : ra;
           const bool real = row != nullptr && k0 >= 0;
-          const unsigned quad = real && !step_major ? formats::read_quad(row, k0, b) : mid_quad;
+          unsigned quad = 0;  // the other widths' codes k0..k0 + 3
+          if (!step_major) quad = real ? formats::read_quad(row, k0, b) : mid_quad;
           for (int q = 0; q < 4; ++q) {  // code q: pair rr + 2 (q / 2), half q % 2
             const int pair = 4 * st + rr + 2 * (q >> 1);
             unsigned code;

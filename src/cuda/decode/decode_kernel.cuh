@@ -373,24 +373,24 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
           out[0] = make_uint4(v[0].x, v[1].x, v[0].y, v[1].y);
           out[1] = make_uint4(v[0].z, v[1].z, v[0].w, v[1].w);
         }
-        continue;
-      }
-      for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
-        uint4 v[2];
+      } else {
+        for (int p0c = tid; p0c < pieces; p0c += 2 * kWarps * 32) {
+          uint4 v[2];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int piece = p0c + u * kWarps * 32;
-          v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int piece = p0c + u * kWarps * 32;
-          if (piece >= pieces) continue;
-          if (check && nonfinite16x8(v[u], kBf16)) {  // the error word names the first such token
-            atomicOr(a.error, 4);
-            atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
+          for (int u = 0; u < 2; ++u) {
+            const int piece = p0c + u * kWarps * 32;
+            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
           }
-          *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int piece = p0c + u * kWarps * 32;
+            if (piece >= pieces) continue;
+            if (check && nonfinite16x8(v[u], kBf16)) {  // the error word names the first such token
+              atomicOr(a.error, 4);
+              atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
+            }
+            *reinterpret_cast<uint4*>(dst + piece * 8) = v[u];
+          }
         }
       }
     }

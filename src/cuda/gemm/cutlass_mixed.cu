@@ -223,7 +223,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
     default:
       return fail(why, "codes_kind: none");
   }
-  f.zero_points = a.codes_kind == MixedCodes::kInt4Zero || a.codes_kind == MixedCodes::kInt8Zero;
+  f.zero_points = mixed_has_zeros(a.codes_kind);
   f.block_size = a.chunk == a.k ? 0 : static_cast<int>(a.chunk);
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");

@@ -27,10 +27,10 @@ Status mixed_residency(int* resident);
 
 // The instance list: each entry is defined (explicitly specialized) by its translation unit and
 // declared here before any use; the host dispatch in cutlass_mixed.cu walks the same list. The
-// narrow tile (32 rows) exists for bf16 and the kinds of the common checkpoints only, and for
-// f16 kE4m3 (MXFP4's copy: gpt-oss ships f16 too) (each instance adds compile time,
-// docs/cuda-backend.md); the others (int8 with zero points among them) run the 128-row tile at
-// every size. The middle (64 rows) tile exists for bf16 kInt4 and for kE4m3.
+// narrow tile (32 rows) exists for bf16 (every kind) and for f16 kE4m3 (MXFP4's copy: gpt-oss
+// ships f16 too) (each instance adds compile time, docs/cuda-backend.md); f16 layers of the
+// other kinds run the 128-row tile at every size. The middle (64 rows) tile exists for bf16
+// kInt4 and kInt4Zero and for kE4m3.
 // kAct: FC1 with the gated activation in its epilogue (cutlass_act_epilogue.cuh), on the narrow
 // tile of bf16 kInt4 and kInt8 only: on the taller tiles the epilogue's activation and stores,
 // run by the consumer warps that bound the kernel, cost more than the activation kernel they
@@ -52,7 +52,10 @@ Status mixed_residency(int* resident);
   X(MixedCodes::kInt4, true, 32, false, 1)       \
   X(MixedCodes::kInt8, true, 32, false, 1)       \
   X(MixedCodes::kE4m3, true, 32, false, 1)       \
+  X(MixedCodes::kInt4Zero, true, 32, false, 1)   \
+  X(MixedCodes::kInt8Zero, true, 32, false, 1)   \
   X(MixedCodes::kInt4, true, 64, false, 1)       \
+  X(MixedCodes::kInt4Zero, true, 64, false, 1)   \
   X(MixedCodes::kE4m3, true, 64, false, 1)       \
   X(MixedCodes::kE4m3, false, 64, false, 1)      \
   X(MixedCodes::kE4m3, false, 32, false, 1)      \
@@ -63,6 +66,8 @@ Status mixed_residency(int* resident);
   X(MixedCodes::kInt8, true, 32, false, 2)       \
   X(MixedCodes::kInt8, true, 32, true, 2)        \
   X(MixedCodes::kE4m3, true, 32, false, 2)       \
+  X(MixedCodes::kInt4Zero, true, 32, false, 2)   \
+  X(MixedCodes::kInt8Zero, true, 32, false, 2)   \
   X(MixedCodes::kE4m3, false, 32, false, 2)
 
 #define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct, kCtas)                                     \

@@ -108,6 +108,12 @@ DispatchChoice DispatchTable::analytic(int64_t tokens) const {
     case GenericKind::kNarrow8:
       mean_cap = kDecodeMaxMeanRoutesNarrow8, floor = false;
       break;
+    case GenericKind::kZero4:
+      mean_cap = kDecodeMaxMeanRoutesZero4, floor = false;
+      break;
+    case GenericKind::kZero8:
+      mean_cap = kDecodeMaxMeanRoutesZero8, floor = false;
+      break;
     case GenericKind::kE4m3Copy:
     case GenericKind::kE4m3Fp8: {
       const int64_t small = generic_ == GenericKind::kE4m3Copy ? kDecodeMaxMeanRoutesE4m3Copy

@@ -73,6 +73,15 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // INT4 157.9 / 178.9 at 80 (5), 187.9 / 180.5 at 96. So the decode kernel keeps such layers up
 // to kDecodeMaxMeanRoutesNarrow4 routes per expert for codes of up to 4 bits,
 // kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
+// The zero-point kinds have the narrow tile too (bench/results/2026-12-05-h200-zero-tiles.md,
+// run 2, decode/1 / generic, us): qwen3-30b-a3b INT4 with zero points 149.3 / 230.8 at 48 tokens
+// (3 routes per expert), 162.2 / 231.7 at 64, 178.4 / 229.4 at 80, 208.6 / 229.2 at 96, 244.8 /
+// 230.7 at 128 (8), 275.9 / 234.7 at 160; INT8 with zero points 91.5 / 128.1 at 8 tokens, 128.6 /
+// 169.3 at 16, 182.2 / 209.5 at 24, 177.4 / 217.9 at 32, 221.0 / 230.0 at 48, 211.7 / 233.8 at
+// 64 (4), and 322.4 us at 128 where the generic path takes about 243 at 256 (run 1). Their
+// decode kernels cost more per route than the symmetric kinds' and their GEMMs convert in f32,
+// so the crossings lie later: about 7 routes per expert (INT4, interpolated 7.1) and 5 (INT8,
+// 4.9), kDecodeMaxMeanRoutesZero4 and kDecodeMaxMeanRoutesZero8.
 // MXFP4 layers whose every FC runs the narrow tile on its exact e4m3 copy (the copy holds twice
 // the decode path's bytes, but the MXFP4 decode kernel is bound by its conversion) cross over by
 // expert size (bench/results/2026-12-04-h200-mxfp4-e4m3.md, runs 1, 2 and 6, decode/1 against
@@ -96,6 +105,8 @@ constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 1;
+constexpr int64_t kDecodeMaxMeanRoutesZero4 = 7;
+constexpr int64_t kDecodeMaxMeanRoutesZero8 = 4;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3Copy = 6;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3CopyLarge = 3;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3Fp8 = 4;
@@ -188,6 +199,8 @@ enum class GenericKind : uint8_t {
   kNarrow4,     // the mixed-input GEMM with its narrow tile on every FC, kInt4 codes:
                 // kDecodeMaxMeanRoutesNarrow4, no token floor
   kNarrow8,     // the same with kInt8 codes: kDecodeMaxMeanRoutesNarrow8
+  kZero4,       // the narrow tile on every FC, some with zero points (kInt4Zero, kInt8Zero), codes
+  kZero8,       // of up to 4 or of 8 bits: kDecodeMaxMeanRoutesZero4 / Zero8, no token floor
   kE4m3Copy,    // the narrow tile on every FC through MXFP4's e4m3 copy:
                 // kDecodeMaxMeanRoutesE4m3Copy(Large), no token floor
   kE4m3Fp8,     // MXFP4 with FP8 activations (the FP8 GEMM on its 128-wide e4m3 copy):

@@ -600,8 +600,8 @@ GenericKind CudaLayer::generic_kind() const {
   if (act_fp8_) return mxfp4 ? GenericKind::kE4m3Fp8 : GenericKind::kReadsCodes;
   if (!all_mixed()) return GenericKind::kDequantize;
   // The narrow tile only where the automatic choice (or a forced 32) can take it on every FC,
-  // and for the kinds whose window was measured against it (kInt4, kInt8, MXFP4's e4m3 copy;
-  // fp8's kE4m3 keeps the window of kReadsCodes).
+  // and for the kinds whose window was measured against it (kInt4, kInt8, their zero-point
+  // kinds, MXFP4's e4m3 copy; fp8's kE4m3 keeps the window of kReadsCodes).
   const bool narrow_allowed = mixed_tile_ == 0 || mixed_tile_ == 32;
   if (mxfp4) {
     return narrow_allowed && mixed_has_narrow_tile(MixedCodes::kE4m3, cdt_)
@@ -609,14 +609,18 @@ GenericKind CudaLayer::generic_kind() const {
                : GenericKind::kReadsCodes;
   }
   int bits = 0;
+  bool zero = false;  // some FC with zero points: their window (dispatch.h)
   for (const MixedFc* m : {&mixed1_, &mixed2_, spec_.has_fc3() ? &mixed3_ : nullptr}) {
     if (m == nullptr) continue;
-    const bool measured = m->kind == MixedCodes::kInt4 || m->kind == MixedCodes::kInt8;
+    const bool measured = m->kind == MixedCodes::kInt4 || m->kind == MixedCodes::kInt8 ||
+                          m->kind == MixedCodes::kInt4Zero || m->kind == MixedCodes::kInt8Zero;
     if (!narrow_allowed || !measured || !mixed_has_narrow_tile(m->kind, cdt_)) {
       return GenericKind::kReadsCodes;
     }
     bits = std::max(bits, mixed_code_bits(m->kind));
+    zero = zero || mixed_has_zeros(m->kind);
   }
+  if (zero) return bits <= 4 ? GenericKind::kZero4 : GenericKind::kZero8;
   return bits <= 4 ? GenericKind::kNarrow4 : GenericKind::kNarrow8;
 }
 
