@@ -553,7 +553,7 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
   std::mt19937_64 rng(seed);
   constexpr int kTileM = 128;
   for (int64_t experts : {8, 128, 512}) {
-    for (int64_t t : {1, 7, 64}) {
+    for (int64_t t : {1, 3, 7, 64}) {
       const LayerSpec s =
           valid_spec(RoutingMethod::kSoftmaxTopK, experts, 8, 0, TieBreak::kLowerIndex, true, rng);
       const Problem p = make_problem(s, t, DType::kF32, false, Values::kGaussian, rng());

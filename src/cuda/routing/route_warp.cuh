@@ -236,14 +236,56 @@ __device__ __forceinline__ bool warp_owns_best(uint64_t key) {
   return at_top && lo == best_lo;
 }
 
+// Up to kItems items a lane (n <= 32 kItems): the lane sorts its keys once, best first, in
+// registers, so every pick is one reduction and a ballot, and the lane that wins shifts its
+// list by one; no rescans. A single warp routing one token spends most of its time in dependent
+// instruction latency (about 6 cycles an instruction, Nsight Compute), and the rescanning form
+// took about 90 instructions a pick at E = 128.
+__device__ __forceinline__ void order_pair(uint64_t& a, uint64_t& b) {  // a >= b after
+  const bool swap = b > a;
+  const uint64_t hi = swap ? b : a;
+  b = swap ? a : b;
+  a = hi;
+}
+
+template <int kItems, typename Value>
+__device__ __forceinline__ uint64_t warp_select_sorted(const Value& value, int n, int k,
+                                                       bool higher_first, int lane, int32_t* ids) {
+  uint64_t q[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int e = lane + i * kWarpSize;  // only the lane's own items: see lane_top2()
+    q[i] = e < n ? rank_key(value(e), e, higher_first) : 0ull;
+  }
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {  // odd-even transposition: kItems rounds sort kItems keys
+#pragma unroll
+    for (int j = i % 2; j + 1 < kItems; j += 2) order_pair(q[j], q[j + 1]);
+  }
+  uint64_t bound = ~0ull;
+  QMOE_NO_UNROLL
+  for (int j = 0; j < k; ++j) {
+    if (warp_owns_best(q[0])) {
+      if (ids != nullptr) ids[j] = rank_key_index(q[0], higher_first);
+      bound = q[0];
+#pragma unroll
+      for (int i = 0; i + 1 < kItems; ++i) q[i] = q[i + 1];
+      q[kItems - 1] = 0ull;
+    }
+  }
+  return bound;
+}
+
 // The k best of value(0, n) in rank order (k <= n), like select_top_k(): the lane owning pick j
-// stores its index to ids[j] when ids is set. Each lane keeps its two best unpicked keys and
-// rescans its share only after both are picked, so a pick mostly costs one reduction and a ballot.
-// Returns the key of the lane's last pick (~0 when it made none): the lane's picked items are
-// exactly those of its items whose keys are >= that.
+// stores its index to ids[j] when ids is set. Up to 256 items, warp_select_sorted(); beyond, each
+// lane keeps its two best unpicked keys and rescans its share only after both are picked, so a
+// pick mostly costs one reduction and a ballot. Returns the key of the lane's last pick (~0 when
+// it made none): the lane's picked items are exactly those of its items whose keys are >= that.
 template <typename Value>
 __device__ __forceinline__ uint64_t warp_select(const Value& value, int n, int k, bool higher_first,
                                                 int lane, int32_t* ids) {
+  if (n <= 4 * kWarpSize) return warp_select_sorted<4>(value, n, k, higher_first, lane, ids);
+  if (n <= 8 * kWarpSize) return warp_select_sorted<8>(value, n, k, higher_first, lane, ids);
   uint64_t bound = ~0ull;          // the lane's last pick; its items ranked after it are unpicked
   uint64_t first = 0, second = 0;  // its best and second best unpicked keys
   bool rescan = true;              // both must be found again below bound
