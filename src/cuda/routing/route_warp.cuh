@@ -236,11 +236,6 @@ __device__ __forceinline__ bool warp_owns_best(uint64_t key) {
   return at_top && lo == best_lo;
 }
 
-// Up to kItems items a lane (n <= 32 kItems): the lane sorts its keys once, best first, in
-// registers, so every pick is one reduction and a ballot, and the lane that wins shifts its
-// list by one; no rescans. A single warp routing one token spends most of its time in dependent
-// instruction latency (about 6 cycles an instruction, Nsight Compute), and the rescanning form
-// took about 90 instructions a pick at E = 128.
 __device__ __forceinline__ void order_pair(uint64_t& a, uint64_t& b) {  // a >= b after
   const bool swap = b > a;
   const uint64_t hi = swap ? b : a;
@@ -248,6 +243,11 @@ __device__ __forceinline__ void order_pair(uint64_t& a, uint64_t& b) {  // a >= 
   a = hi;
 }
 
+// Up to kItems items a lane (n <= 32 kItems): the lane sorts its keys once, best first, in
+// registers, so every pick is one reduction and a ballot, and the lane that wins shifts its
+// list by one; no rescans. A single warp routing one token spends most of its time in dependent
+// instruction latency (about 6 cycles an instruction, Nsight Compute), and the rescanning form
+// took about 90 instructions a pick at E = 128.
 template <int kItems, typename Value>
 __device__ __forceinline__ uint64_t warp_select_sorted(const Value& value, int n, int k,
                                                        bool higher_first, int lane, int32_t* ids) {
