@@ -60,17 +60,23 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // (1024 pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB
 // tiles; 104.3 -> 101.6 us), and lost for INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 2.5 KB
 // tiles; 33.5 -> 36.5 us; bench/results/2026-12-01-h200-decode-c7ff17d.md).
-// Two tiles per block, each split over two warps, where one tile per block would take more than
-// a wave of blocks (6 blocks on each of 132 SMs: 792) and four tiles too few loads in flight:
-// qwen3-30b-a3b's FC2 at one token (1024 pairs). The bound is a constant, not the device's wave,
+// Two tiles per block, two warps splitting each tile's K: one route per expert where one tile per
+// block would take more than a wave of blocks (6 on each of 132 SMs: 792) and two tiles fit one,
+// if each warp's half of a tile is at least 4 chunks. qwen3-30b-a3b's FC2 at one token (1024
+// pairs of 12 chunks): the layer 29.1 -> 27.4 us on an H100, qwen3.6-35b-a3b's 27.4 -> 25.6;
+// INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 5 chunks) lost 35.5 -> 39.9 against 4 tiles
+// (bench/results/2026-12-06-h100-split-two.md). The bounds are constants, not the device's wave,
 // so that the partial sums' order (hence the bits) never depends on the device.
 constexpr int64_t kDecodeOneWave = 800;
 
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
   const int64_t tile_bytes = 2 * a.shape.k * a.shape.bits;  // 16 rows of K codes
-  if (max_routes == 1 && tile_bytes >= 16 * 1024) return 1;
-  if (max_routes == 1 && items <= 2 * 1024) return items <= kDecodeOneWave ? 1 : 2;
+  if (max_routes == 1) {
+    if (tile_bytes >= 16 * 1024) return 1;
+    if (items > kDecodeOneWave && items <= 2 * kDecodeOneWave && a.shape.chunks >= 8) return 2;
+    if (items <= 1024) return 1;
+  }
   if (items <= 1000) return 1;
   return items <= 8192 ? 4 : 8;
 }

@@ -241,10 +241,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   // The warp's stream: tiles [t0, t1) of the block, chunks [c0, c1) of each; consecutive in
   // memory either way (split K: one tile, its part `part` of wpt).
   const bool split_k = decode_split_k(geo.tpb);
-  const int wpt = split_k ? kWarps / geo.tpb : 1;  // warps per tile
-  const int part = warp % wpt;
   int c0 = 0, c1 = chunks, t0 = 0, t1 = ntl;
   if (split_k) {
+    const int wpt = kWarps / geo.tpb, part = warp % wpt;  // warps per tile, the warp's part
     c0 = chunks * part / wpt;
     c1 = chunks * (part + 1) / wpt;
     t0 = min(warp / wpt, ntl);  // the block's last tile may be missing: an empty stream
@@ -635,6 +634,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 
     // 5. Split K: a tile's partial sums, added in part order by its first warp, then the
     //    epilogue (the order depends on tiles_per_block only, never on the grid).
+    const int wpt = kWarps / geo.tpb, part = warp % wpt;
     if (part > 0) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
