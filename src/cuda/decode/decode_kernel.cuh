@@ -239,14 +239,18 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   const int ntl = min(geo.tpb, static_cast<int>(s.tiles) - m0);
 
   // The warp's stream: tiles [t0, t1) of the block, chunks [c0, c1) of each; consecutive in
-  // memory either way (split K: one tile, its part `part` of wpt).
+  // memory either way (split K: one tile, the warp's part of its K).
   const bool split_k = decode_split_k(geo.tpb);
   int c0 = 0, c1 = chunks, t0 = 0, t1 = ntl;
+  // Split K: 2^wsh warps a tile (shifts, not divisions by a runtime count: this prologue runs
+  // once per warp, and the one-token calls are little else).
+  static_assert(kWarps == 4, "split K: 4 warps on one tile or 2 on each of two");
+  const int wsh = geo.tpb == 1 ? 2 : 1;
   if (split_k) {
-    const int wpt = kWarps / geo.tpb, part = warp % wpt;  // warps per tile, the warp's part
-    c0 = chunks * part / wpt;
-    c1 = chunks * (part + 1) / wpt;
-    t0 = min(warp / wpt, ntl);  // the block's last tile may be missing: an empty stream
+    const int part = warp & ((1 << wsh) - 1);
+    c0 = (chunks * part) >> wsh;
+    c1 = (chunks * (part + 1)) >> wsh;
+    t0 = min(warp >> wsh, ntl);  // the block's last tile may be missing: an empty stream
     t1 = min(t0 + 1, ntl);
   } else {
     const int q = geo.tpb / kWarps;
@@ -634,7 +638,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 
     // 5. Split K: a tile's partial sums, added in part order by its first warp, then the
     //    epilogue (the order depends on tiles_per_block only, never on the grid).
-    const int wpt = kWarps / geo.tpb, part = warp % wpt;
+    const int part = warp & ((1 << wsh) - 1);
     if (part > 0) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
@@ -647,7 +651,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float sum = acc[i];
-        for (int w = 1; w < wpt; ++w) sum = sum + red[warp + w][i][lane];
+        for (int w = 1; w < (1 << wsh); ++w) sum = sum + red[warp + w][i][lane];
         v[i] = sum;
       }
       epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
