@@ -282,9 +282,9 @@ __device__ __forceinline__ uint64_t warp_select_sorted(const Value& value, int n
 // only after both are picked, so a pick mostly costs one reduction and a ballot. Returns the key
 // of the lane's last pick (~0 when it made none): the lane's picked items are exactly those of
 // its items whose keys are >= that. The grouped top-k and the sparse mixer take kSortedMax 4:
-// with 8 keys a lane their routing kernels spilled at the fused kernel's 64 registers a thread
-// (16 and 24 bytes of stack), and DeepSeek-V3's layer at one token took 188.5 us against 173.1
-// (bench/results/2026-12-06-h100-split-two.md).
+// with 8 keys a lane their fused routing kernels spilled at its 64 registers a thread (16 and 24
+// bytes of stack; none with 4), and DeepSeek-V3's layer at one token took 188.5 us against 173.1
+// without the sorted form (bench/results/2026-12-06-h100-split-two.md).
 template <int kSortedMax = 8, typename Value>
 __device__ __forceinline__ uint64_t warp_select(const Value& value, int n, int k, bool higher_first,
                                                 int lane, int32_t* ids) {
