@@ -227,6 +227,29 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
+// The launcher's own choice at one token: two tiles per block where one route per expert gives
+// 800 to 1600 (expert, tile) pairs of tiles of at least 8 chunks (both FCs here: 16 x 64 pairs
+// of 16 and 8 chunks), bit for bit the forced choice, within the budget.
+TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 32, 16);
+  s.fc1.block_size = s.fc2.block_size = 128;
+  s.act_dtype = DType::kBF16;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  TestInputs ti;
+  make_inputs(tl.spec, 1, seed + 1, false, &ti);
+  PrepareOptions o;
+  o.dispatch = "decode/1";  // the decode kernel, whatever the dispatch's own choice
+  GpuRun chosen, two;
+  gpu_run(tl, ti, &chosen, with_tiles(0, o));
+  gpu_run(tl, ti, &two, with_tiles(2, o));
+  EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
+  EXPECT_EQ(chosen.out, two.out);
+}
+
 // Rows per pass (DecodeOptions::rows): a cap spreads an expert's routes over more passes, but each
 // route's sums are its own mma column over the same K order, so every cap gives the uncapped
 // bits. At 64 tokens on E = 8, k = 4 an expert has about 32 routes: up to 32 passes.
