@@ -186,6 +186,29 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
   }
 }
 
+// Tiles per block: 1 and 2 split each tile's K, multiples of 4 give each warp tiles; 3 and 6 are
+// neither.
+TEST_F(PrepareOptionsTest, TilesPerBlockTakesOneTwoAndMultiplesOfFour) {
+  for (int tpb : {1, 2, 4, 8, 16}) {
+    PrepareOptions in, out;
+    in.decode.tiles_per_block = tpb;
+    ASSERT_TRUE(resolve(in, &out).is_ok()) << tpb;
+    EXPECT_EQ(out.decode.tiles_per_block, tpb);
+  }
+  for (int tpb : {3, 5, 6}) {
+    PrepareOptions in, out;
+    in.decode.tiles_per_block = tpb;
+    const Status st = resolve(in, &out);
+    ASSERT_FALSE(st.is_ok()) << tpb;
+    EXPECT_NE(st.message().find("1, 2 or a positive multiple of 4"), std::string::npos)
+        << st.message();
+  }
+  EnvOverride v("QMOE_DECODE_TPB", "2");
+  PrepareOptions out;
+  ASSERT_TRUE(resolve({}, &out).is_ok());
+  EXPECT_EQ(out.decode.tiles_per_block, 2);
+}
+
 TEST_F(PrepareOptionsTest, BadFieldsAreNamed) {
   struct Case {
     void (*set)(PrepareOptions*);

@@ -27,8 +27,9 @@ struct DecodeOptions {
   // per expert, 2 to 16), 0 as many as the call's tokens and shared memory allow, n > 0 at most n.
   // QMOE_DECODE_ROWS.
   int rows = -1;
-  // 16-row tiles per block: 0 the launcher chooses, 1, or a multiple of 4 (a request the launcher
-  // cannot honour falls back to fewer). QMOE_DECODE_TPB.
+  // 16-row tiles per block: 0 the launcher chooses, 1 or 2 (the block's warps split each tile's
+  // K), or a multiple of 4 (a warp per tile; a request the launcher cannot honour falls back to
+  // fewer). QMOE_DECODE_TPB.
   int tiles_per_block = 0;
   // Where the weight ring lives: 0 the launcher chooses, 1 registers, 2 shared memory.
   // QMOE_DECODE_RING.

@@ -25,13 +25,13 @@ struct IntSetting {
   const char* env;
   const char* field;
   int lo, hi;
-  const char* expected;  // for the error: "0 (automatic), 1 or a multiple of 4"
-  bool multiple_of_4_above_1 = false;
+  const char* expected;  // for the error: "0 (automatic), 1, 2 or a multiple of 4"
+  bool multiple_of_4_above_2 = false;
 };
 
 bool in_range(const IntSetting& s, long v) {
   if (v < s.lo || v > s.hi) return false;
-  return !s.multiple_of_4_above_1 || v <= 1 || v % 4 == 0;
+  return !s.multiple_of_4_above_2 || v <= 2 || v % 4 == 0;
 }
 
 // The variable applies where *field holds its default; its text must be a whole integer in range.
@@ -105,7 +105,7 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
                                   "-1 (automatic), 0 (every token) or a positive row count"},
                                  def.rows, &d.rows));
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_DECODE_TPB", "decode.tiles_per_block", 0, INT_MAX,
-                                  "0 (automatic), 1 or a positive multiple of 4", true},
+                                  "0 (automatic), 1, 2 or a positive multiple of 4", true},
                                  def.tiles_per_block, &d.tiles_per_block));
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_DECODE_RING", "decode.ring", 0, 2,
                                   "0 (automatic), 1 (registers) or 2 (shared memory)"},

@@ -185,11 +185,11 @@ TEST(GpuDecode, DependentLaunchKeepsTheBits) {
   }
 }
 
-// Tiles per block: one (the warps split K) or several (a warp per tile over all of K, its load
-// ring running across tile ends). Every choice matches the oracle, including partial last blocks
-// (tiles not a multiple of the choice), passes of more than 8 routes, scale blocks shorter than a
-// chunk, zero points and int3; a warp-per-tile layout sums in the same order whatever the tiles
-// per block, so those choices agree bit for bit.
+// Tiles per block: one or two (the warps split each tile's K) or several (a warp per tile over
+// all of K, its load ring running across tile ends). Every choice matches the oracle, including
+// partial last blocks (tiles not a multiple of the choice: FC2 of H 1040 has 65), passes of more
+// than 8 routes, scale blocks shorter than a chunk, zero points and int3; a warp-per-tile layout
+// sums in the same order whatever the tiles per block, so those choices agree bit for bit.
 TEST(GpuDecode, TilesPerBlockChoices) {
   QMOE_REQUIRE_GPU();
   struct Case {
@@ -201,7 +201,8 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   for (const Case& c : {Case{WeightFormat::kInt4, 128, true, 1024, 640, 16, 4},
                         Case{WeightFormat::kInt8, 0, false, 512, 384, 8, 2},
                         Case{WeightFormat::kInt2, 32, true, 1024, 768, 16, 4},
-                        Case{WeightFormat::kInt3, 64, false, 832, 448, 8, 8}}) {
+                        Case{WeightFormat::kInt3, 64, false, 832, 448, 8, 8},
+                        Case{WeightFormat::kInt4, 16, false, 1040, 400, 8, 2}}) {
     LayerSpec s = small_spec(c.f, c.h, c.i, c.e, c.k);
     s.fc1.block_size = s.fc2.block_size = c.block;
     s.fc1.zero_points = s.fc2.zero_points = c.zp;
@@ -215,7 +216,7 @@ TEST(GpuDecode, TilesPerBlockChoices) {
       TestInputs ti;
       make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
       std::vector<uint8_t> first;
-      for (int tpb : {1, 4, 8, 16}) {
+      for (int tpb : {1, 2, 4, 8, 16}) {
         GpuRun r;
         gpu_run(tl, ti, &r, with_tiles(tpb));
         EXPECT_LE(r.error, gpu_budget(s.act_dtype)) << tpb << " tiles per block";
@@ -224,6 +225,29 @@ TEST(GpuDecode, TilesPerBlockChoices) {
       }
     }
   }
+}
+
+// The launcher's own choice at one token: two tiles per block where one route per expert gives
+// 800 to 1600 (expert, tile) pairs of tiles of at least 8 chunks (both FCs here: 16 x 64 pairs
+// of 16 and 8 chunks), bit for bit the forced choice, within the budget.
+TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 32, 16);
+  s.fc1.block_size = s.fc2.block_size = 128;
+  s.act_dtype = DType::kBF16;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  TestInputs ti;
+  make_inputs(tl.spec, 1, seed + 1, false, &ti);
+  PrepareOptions o;
+  o.dispatch = "decode/1";  // the decode kernel, whatever the dispatch's own choice
+  GpuRun chosen, two;
+  gpu_run(tl, ti, &chosen, with_tiles(0, o));
+  gpu_run(tl, ti, &two, with_tiles(2, o));
+  EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
+  EXPECT_EQ(chosen.out, two.out);
 }
 
 // Rows per pass (DecodeOptions::rows): a cap spreads an expert's routes over more passes, but each
@@ -305,7 +329,7 @@ TEST(GpuDecode, RingKindsKeepTheBits) {
     s.act_dtype = c.dt;
     s.fc1.block_size = s.fc2.block_size = c.block;
     s.fc1.zero_points = s.fc2.zero_points = c.zp;
-    for_tokens_and_tiles(s, {1, 4, 8},
+    for_tokens_and_tiles(s, {1, 2, 4, 8},
                          [&](const TestLayer& tl, const TestInputs& ti, const PrepareOptions& o) {
                            GpuRun regs, smem;
                            gpu_run(tl, ti, &regs, with_ring(1, o));
@@ -325,7 +349,7 @@ TEST(GpuDecode, PrefetchKeepsTheBits) {
     LayerSpec s = small_spec(f, 1024, 768, 8, 4);
     s.fc1.block_size = s.fc2.block_size = f == WeightFormat::kInt2 ? 64 : 128;
     for_tokens_and_tiles(
-        s, {1, 4},
+        s, {1, 2, 4},
         [&](const TestLayer& tl, const TestInputs& ti, const PrepareOptions& o) {
           GpuRun off, one, far;
           PrepareOptions p = o;

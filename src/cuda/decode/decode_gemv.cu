@@ -60,10 +60,23 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // (1024 pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB
 // tiles; 104.3 -> 101.6 us), and lost for INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 2.5 KB
 // tiles; 33.5 -> 36.5 us; bench/results/2026-12-01-h200-decode-c7ff17d.md).
+// Two tiles per block, two warps splitting each tile's K: one route per expert where one tile per
+// block would take more than a wave of blocks (6 on each of 132 SMs: 792) and two tiles fit one,
+// if each warp's half of a tile is at least 4 chunks. qwen3-30b-a3b's FC2 at one token (1024
+// pairs of 12 chunks): the layer 29.1 -> 27.4 us on an H100, qwen3.6-35b-a3b's 27.4 -> 25.6;
+// INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 5 chunks) lost 35.5 -> 39.9 against 4 tiles
+// (bench/results/2026-12-06-h100-split-two.md). The bounds are constants, not the device's wave,
+// so that the partial sums' order (hence the bits) never depends on the device.
+constexpr int64_t kDecodeOneWave = 800;
+
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
   const int64_t tile_bytes = 2 * a.shape.k * a.shape.bits;  // 16 rows of K codes
-  if (max_routes == 1 && (items <= 1024 || tile_bytes >= 16 * 1024)) return 1;
+  if (max_routes == 1) {
+    if (tile_bytes >= 16 * 1024) return 1;
+    if (items > kDecodeOneWave && items <= 2 * kDecodeOneWave && a.shape.chunks >= 8) return 2;
+    if (items <= 1024) return 1;
+  }
   if (items <= 1000) return 1;
   return items <= 8192 ? 4 : 8;
 }
@@ -94,7 +107,9 @@ int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
 // So: geo with the weight ring in shared memory where this rule or a.ring (2) asks for it, its
 // rows per pass cut to fit; geo as it is otherwise.
 DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, bool zero_points) {
-  const int64_t stream = geo.tpb == 1 ? (a.shape.chunks + 3) / 4 : (geo.tpb / 4) * a.shape.chunks;
+  const int64_t stream = decode_split_k(geo.tpb)
+                             ? (a.shape.chunks * geo.tpb + kDecodeWarps - 1) / kDecodeWarps
+                             : (geo.tpb / kDecodeWarps) * a.shape.chunks;
   if (a.ring == 1 || (a.ring == 0 && stream < kSmemRingMinChunks)) return geo;
   DecodeGeometry with = geo;
   with.smem_ring = true;
@@ -116,8 +131,8 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int tpb) {
   // the tiles' scales must leave room for a pass of 8 rows; otherwise one tile.
   const int ring = decode_ring(a.shape.bits);
   tpb = static_cast<int>(std::min<int64_t>(tpb, (a.shape.tiles + 3) / 4 * 4));
-  if (a.shape.chunks < ring) tpb = 1;
-  while (tpb > 1) {
+  if (a.shape.chunks < ring && !decode_split_k(tpb)) tpb = 1;
+  while (!decode_split_k(tpb)) {
     geo.tpb = tpb;
     geo.rows_cap = std::min(max_routes, 8);
     if (decode_smem_bytes(geo, zp) <= static_cast<size_t>(kMaxDynamicSmem)) break;
@@ -242,9 +257,9 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
                            ", got " + std::to_string(max_routes));
   }
-  if (tiles_per_block < 0 || (tiles_per_block > 1 && tiles_per_block % 4 != 0)) {
+  if (tiles_per_block < 0 || (tiles_per_block > 2 && tiles_per_block % 4 != 0)) {
     return Status::invalid(
-        "decode: tiles_per_block must be 0 (automatic), 1 or a multiple of 4, got " +
+        "decode: tiles_per_block must be 0 (automatic), 1, 2 or a multiple of 4, got " +
         std::to_string(tiles_per_block));
   }
   const bool zp = a.zero_points != nullptr;

@@ -34,7 +34,7 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = kDecodeWarps;
 
 // The register ring's chunks (decode_fc_kernel); none where the ring is in shared memory.
 template <int kN>
@@ -156,7 +156,9 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 //
 // A block owns tiles_per_block consecutive 16-row tiles of one expert. With one tile its 4 warps
 // split K and add their partial sums in warp order (the most loads in flight per byte: one-token
-// calls, where the whole layer is a few thousand tiles' worth of latency). With 4 or more, each
+// calls, where the whole layer is a few thousand tiles' worth of latency); with two, warps 0-1
+// split the first tile's K and warps 2-3 the second's (half the blocks, where one tile per block
+// takes a second wave of blocks). With 4 or more, each
 // warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
   // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
-  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (geo.tpb > 1 ? geo.tpb * 128 : 0));
+  uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (decode_split_k(geo.tpb) ? 0 : geo.tpb * 128));
   uint16_t* zrow = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
@@ -237,12 +239,19 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   const int ntl = min(geo.tpb, static_cast<int>(s.tiles) - m0);
 
   // The warp's stream: tiles [t0, t1) of the block, chunks [c0, c1) of each; consecutive in
-  // memory either way (split K: one tile).
-  const bool split_k = geo.tpb == 1;
+  // memory either way (split K: one tile, the warp's part of its K).
+  const bool split_k = decode_split_k(geo.tpb);
   int c0 = 0, c1 = chunks, t0 = 0, t1 = ntl;
+  // Split K: 2^wsh warps a tile (shifts, not divisions by a runtime count: this prologue runs
+  // once per warp, and the one-token calls are little else).
+  static_assert(kWarps == 4, "split K: 4 warps on one tile or 2 on each of two");
+  const int wsh = geo.tpb == 1 ? 2 : 1;
   if (split_k) {
-    c0 = chunks * warp / kWarps;
-    c1 = chunks * (warp + 1) / kWarps;
+    const int part = warp & ((1 << wsh) - 1);
+    c0 = (chunks * part) >> wsh;
+    c1 = (chunks * (part + 1)) >> wsh;
+    t0 = min(warp >> wsh, ntl);  // the block's last tile may be missing: an empty stream
+    t1 = min(t0 + 1, ntl);
   } else {
     const int q = geo.tpb / kWarps;
     t0 = min(warp * q, ntl);
@@ -627,23 +636,25 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     }
     flush();
 
-    // 5. Split K: the warps' partial sums, added in warp order by warp 0, then the epilogue.
-    if (warp > 0) {
+    // 5. Split K: a tile's partial sums, added in part order by its first warp, then the
+    //    epilogue (the order depends on tiles_per_block only, never on the grid).
+    const int part = warp & ((1 << wsh) - 1);
+    if (part > 0) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
     }
     __syncthreads();
-    if (warp == 0) {
-      const int64_t lr0 = s.logical_row(16 * m0 + g), lr1 = s.logical_row(16 * m0 + g + 8);
+    if (part == 0 && t0 < t1) {
+      const int m = m0 + t0;
+      const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
       float v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float sum = acc[i];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) sum = sum + red[w][i][lane];
+        for (int w = 1; w < (1 << wsh); ++w) sum = sum + red[warp + w][i][lane];
         v[i] = sum;
       }
-      epilogue(a, e, m0, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
+      epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
     }
   }
 }

@@ -25,17 +25,20 @@ namespace qmoe::cuda::decode_detail {
 // several tiles per block only when a warp's stream is at least a ring.
 constexpr int decode_ring(int bits) { return bits == 2 ? 2 : bits == 3 ? 3 : 4; }
 constexpr int kDecodeMinBlocks = 6;
+constexpr int kDecodeWarps = 4;  // warps per block
 
 // The shared-memory ring: kSmemRingSlots 16-byte slots per lane, all but one in flight while the
 // lane decodes the oldest, each tracked on its own (cp.async groups), so that a warp waits only
 // for the chunk it needs next and the ring's length costs no registers.
 constexpr int kSmemRingSlots = 8;
-constexpr int kRingSlotBytes = 4 * 32 * 16;  // one 16-byte slot for each of a block's 128 lanes
+constexpr int kRingSlotBytes = kDecodeWarps * 32 * 16;  // 16 bytes for each lane of a block
 // The shortest stream of chunks per warp that takes the shared-memory ring (decode_gemv.cu).
 constexpr int kSmemRingMinChunks = 48;
 
 struct DecodeGeometry {
-  int tpb = 1;       // tiles per block: 1 (the warps split K) or a multiple of 4 (a warp per tile)
+  // Tiles per block: 1 or 2 (the warps split each tile's K: 4 or 2 warps a tile), or a multiple
+  // of 4 (a warp per tile).
+  int tpb = 1;
   int rows_cap = 8;  // activation rows staged per pass
   int nblk_pad = 1;  // scale blocks over the padded K (the extra ones hold scale 0)
   int shift = 30;    // log2(block_size); 30 per channel (every K in block 0)
@@ -55,10 +58,14 @@ struct DecodeGeometry {
   int prefetch = 0;        // register ring: rounds prefetched into L2 ahead of the loads
 };
 
+// Whether a block's warps split each of its tiles' K (fewer tiles per block than warps) rather
+// than each owning whole tiles.
+constexpr bool decode_split_k(int tpb) { return tpb < kDecodeWarps; }
+
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
-// points), their parked sums, NVFP4's multipliers, a zero row, rows_cap rows.
+// points), their parked sums (a warp per tile), NVFP4's multipliers, a zero row, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
-  const size_t sums = g.tpb > 1 ? static_cast<size_t>(g.tpb) * 128 * 4 : 0;
+  const size_t sums = decode_split_k(g.tpb) ? 0 : static_cast<size_t>(g.tpb) * 128 * 4;
   const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
   const size_t mult = static_cast<size_t>(32) * g.tpb * g.mblk;
   return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +

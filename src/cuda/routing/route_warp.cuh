@@ -277,15 +277,22 @@ __device__ __forceinline__ uint64_t warp_select_sorted(const Value& value, int n
 }
 
 // The k best of value(0, n) in rank order (k <= n), like select_top_k(): the lane owning pick j
-// stores its index to ids[j] when ids is set. Up to 256 items, warp_select_sorted(); beyond, each
-// lane keeps its two best unpicked keys and rescans its share only after both are picked, so a
-// pick mostly costs one reduction and a ballot. Returns the key of the lane's last pick (~0 when
-// it made none): the lane's picked items are exactly those of its items whose keys are >= that.
-template <typename Value>
+// stores its index to ids[j] when ids is set. Up to 32 kSortedMax items (4 or 8 a lane),
+// warp_select_sorted(); beyond, each lane keeps its two best unpicked keys and rescans its share
+// only after both are picked, so a pick mostly costs one reduction and a ballot. Returns the key
+// of the lane's last pick (~0 when it made none): the lane's picked items are exactly those of
+// its items whose keys are >= that. The grouped top-k and the sparse mixer take kSortedMax 4:
+// with 8 keys a lane their fused routing kernels spilled at its 64 registers a thread (16 and 24
+// bytes of stack; none with 4), and DeepSeek-V3's layer at one token took 188.5 us against 173.1
+// without the sorted form (bench/results/2026-12-06-h100-split-two.md).
+template <int kSortedMax = 8, typename Value>
 __device__ __forceinline__ uint64_t warp_select(const Value& value, int n, int k, bool higher_first,
                                                 int lane, int32_t* ids) {
+  static_assert(kSortedMax == 4 || kSortedMax == 8, "4 or 8 sorted keys a lane");
   if (n <= 4 * kWarpSize) return warp_select_sorted<4>(value, n, k, higher_first, lane, ids);
-  if (n <= 8 * kWarpSize) return warp_select_sorted<8>(value, n, k, higher_first, lane, ids);
+  if constexpr (kSortedMax == 8) {
+    if (n <= 8 * kWarpSize) return warp_select_sorted<8>(value, n, k, higher_first, lane, ids);
+  }
   uint64_t bound = ~0ull;          // the lane's last pick; its items ranked after it are unpicked
   uint64_t first = 0, second = 0;  // its best and second best unpicked keys
   bool rescan = true;              // both must be found again below bound
@@ -362,7 +369,7 @@ __device__ __forceinline__ const float* sparse_mixer_warp(const RoutingSpec& r, 
                                                           const float* x, float* work, int32_t* ids,
                                                           int lane) {
   const float two_eps = 2.0f * r.sparse_mixer_eps;
-  warp_select(RowValues{x}, n, 2, r.ties == TieBreak::kHigherIndex, lane, ids);
+  warp_select<4>(RowValues{x}, n, 2, r.ties == TieBreak::kHigherIndex, lane, ids);
   __syncwarp();
   const int first = ids[0];
   QMOE_NO_UNROLL
@@ -400,7 +407,7 @@ __device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r,
   __syncwarp();
   const int size = n / r.n_group;
   const GroupScores score{c, size};
-  const uint64_t kept_from = warp_select(score, r.n_group, r.topk_group, higher, lane, nullptr);
+  const uint64_t kept_from = warp_select<4>(score, r.n_group, r.topk_group, higher, lane, nullptr);
   for (int g = lane; g < r.n_group; g += kWarpSize) {
     // With at most 32 groups a lane owns one: it is kept iff the lane picked.
     const bool kept = kept_from != ~0ull &&
@@ -409,7 +416,7 @@ __device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r,
     for (int e = g * size; e < (g + 1) * size; ++e) c[e] = num::bits_f32(0xFF800000u);  // -inf
   }
   __syncwarp();
-  warp_select(RowValues{c}, n, r.top_k, higher, lane, ids);
+  warp_select<4>(RowValues{c}, n, r.top_k, higher, lane, ids);
   return s;
 }
 
