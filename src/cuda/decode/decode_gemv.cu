@@ -107,9 +107,9 @@ int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
 // So: geo with the weight ring in shared memory where this rule or a.ring (2) asks for it, its
 // rows per pass cut to fit; geo as it is otherwise.
 DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, bool zero_points) {
-  const int64_t stream = decode_split_k(geo.tpb)
-                             ? (a.shape.chunks * geo.tpb + kDecodeWarps - 1) / kDecodeWarps
-                             : (geo.tpb / kDecodeWarps) * a.shape.chunks;
+  const int sh = decode_split_shift(geo.tpb);  // split K: a warp streams its part of one tile
+  const int64_t stream = decode_split_k(geo.tpb) ? (a.shape.chunks + (1 << sh) - 1) >> sh
+                                                 : (geo.tpb / kDecodeWarps) * a.shape.chunks;
   if (a.ring == 1 || (a.ring == 0 && stream < kSmemRingMinChunks)) return geo;
   DecodeGeometry with = geo;
   with.smem_ring = true;

@@ -244,8 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   int c0 = 0, c1 = chunks, t0 = 0, t1 = ntl;
   // Split K: 2^wsh warps a tile (shifts, not divisions by a runtime count: this prologue runs
   // once per warp, and the one-token calls are little else).
-  static_assert(kWarps == 4, "split K: 4 warps on one tile or 2 on each of two");
-  const int wsh = geo.tpb == 1 ? 2 : 1;
+  const int wsh = decode_split_shift(geo.tpb);
   if (split_k) {
     const int part = warp & ((1 << wsh) - 1);
     c0 = (chunks * part) >> wsh;
@@ -638,7 +637,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 
     // 5. Split K: a tile's partial sums, added in part order by its first warp, then the
     //    epilogue (the order depends on tiles_per_block only, never on the grid).
-    const int part = warp & ((1 << wsh) - 1);
+    const int part = warp & ((1 << wsh) - 1);  // again, not kept live through the K loop
     if (part > 0) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];

@@ -61,6 +61,10 @@ struct DecodeGeometry {
 // Whether a block's warps split each of its tiles' K (fewer tiles per block than warps) rather
 // than each owning whole tiles.
 constexpr bool decode_split_k(int tpb) { return tpb < kDecodeWarps; }
+// Split K: log2 of the warps on each tile (4 on one tile, 2 on each of two), so that the kernel
+// finds a warp's part and tile by shifts and the launcher sizes a warp's stream alike.
+static_assert(kDecodeWarps == 4, "split K: 4 warps on one tile or 2 on each of two");
+constexpr int decode_split_shift(int tpb) { return tpb == 1 ? 2 : 1; }
 
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
 // points), their parked sums (a warp per tile), NVFP4's multipliers, a zero row, rows_cap rows.
