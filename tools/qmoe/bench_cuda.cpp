@@ -15,6 +15,11 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "device_call.h"
+#if defined(QMOE_STAMPS)
+#include <cstdio>
+
+#include "cuda/common/stamps.h"
+#endif
 
 namespace qmoe::cli {
 
@@ -113,6 +118,54 @@ Status l2_bytes(int* bytes) {
   QMOE_CUDA_TRY(cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device));
   return Status::ok();
 }
+
+#if defined(QMOE_STAMPS)
+// The decode chain's timeline (a measurement build, stamps.cuh), on stderr: per kernel, us from
+// the routing kernel's first block past its wait to the kernel's first block entering, its first
+// and last blocks past their waits, and its last block's end; medians over the calls since the
+// last take (each kernel ran once per call, or its line is left out).
+using StampRows = std::vector<std::vector<unsigned long long>>;
+bool take_stamps(StampRows* routing, StampRows* decode, StampRows* finalize) {
+  return cuda::stamps_take_routing(routing) && cuda::stamps_take_decode4(decode) &&
+         cuda::stamps_take_finalize(finalize);
+}
+void print_stamps() {
+  StampRows routing, decode, finalize;
+  if (!take_stamps(&routing, &decode, &finalize)) {
+    std::fprintf(stderr, "stamps: CUDA error reading them\n");
+    return;
+  }
+  constexpr int kF = 4;  // stamps.cuh's fields
+  const size_t calls = routing[0].size() / kF;
+  if (calls == 0) return;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::string line =
+      "stamps (us from the routing's wait, median of " + std::to_string(calls) + " calls):";
+  struct Row {
+    const char* name;
+    const std::vector<unsigned long long>* v;
+  };
+  for (const Row& r : {Row{"routing", &routing[0]}, Row{"fc1", &decode[0]}, Row{"fc2", &decode[1]},
+                       Row{"finalize", &finalize[0]}}) {
+    if (r.v->size() != calls * kF) continue;
+    std::vector<double> f[kF];
+    for (size_t c = 0; c < calls; ++c) {
+      const double t0 = static_cast<double>(routing[0][c * kF + 1]);
+      for (int i = 0; i < kF; ++i) {
+        f[i].push_back(1e-3 * (static_cast<double>((*r.v)[c * kF + i]) - t0));
+      }
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), " | %s entry %.2f waited %.2f-%.2f end %.2f", r.name,
+                  median(f[0]), median(f[1]), median(f[2]), median(f[3]));
+    line += buf;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+#endif
 
 }  // namespace
 
@@ -215,6 +268,13 @@ Status time_cuda_case(const std::vector<PreparedLayer*>& layers, const RunInputs
 
   EventPairs events;
   QMOE_RETURN_IF_ERROR(events.create(timing.repeat));
+#if defined(QMOE_STAMPS)
+  {  // the warm-up calls' records go
+    QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+    StampRows r, d, f;
+    take_stamps(&r, &d, &f);
+  }
+#endif
   for (int r = 0; r < timing.repeat; ++r) {
     if (read_flush) {
 #ifdef QMOE_BENCH_READ_KERNEL
@@ -230,6 +290,9 @@ Status time_cuda_case(const std::vector<PreparedLayer*>& layers, const RunInputs
     QMOE_CUDA_TRY(cudaEventRecord(events.stop(r), s));
   }
   QMOE_CUDA_TRY(cudaStreamSynchronize(s));
+#if defined(QMOE_STAMPS)
+  print_stamps();
+#endif
   for (size_t c = 0; c < copies; ++c) QMOE_RETURN_IF_ERROR(layers[c]->take_deferred_error());
   QMOE_RETURN_IF_ERROR(events.elapsed_us(timing.repeat, us));
   QMOE_CUDA_TRY(cudaMemcpy(out.data, y.get(), out.bytes(), cudaMemcpyDeviceToHost));

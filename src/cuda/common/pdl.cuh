@@ -2,6 +2,12 @@
 // kernel on the stream is still running; it must call pdl_wait() before it reads that kernel's
 // results, and calls pdl_trigger() once its own dependents may start. Without the launch
 // attribute both are no-ops, so a kernel runs correctly either way.
+//
+// Read what the previous kernel wrote with coherent loads (plain ones, or __ldcg), never with
+// __ldg / ld.global.nc: the compiler takes a non-coherent load for one of memory that nothing
+// writes while the kernel runs, and may issue it before griddepcontrol.wait, whose memory clobber
+// orders only ordinary loads (a decode kernel's __ldg of the routing's output was issued before
+// its wait: bench/results/2026-12-06-h100-expert-runs.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -8,3 +8,10 @@ template Status launch_decode_kind<4, kIntCodes>(const DecodeFcArgs&, const Deco
 template Status prepare_decode_kind<4, kIntCodes>();
 
 }  // namespace qmoe::cuda::decode_detail
+
+#if defined(QMOE_STAMPS)
+#include "cuda/common/stamps.h"
+namespace qmoe::cuda {
+QMOE_STAMPS_EXPORT(stamps_take_decode4)
+}  // namespace qmoe::cuda
+#endif

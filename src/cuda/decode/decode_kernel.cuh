@@ -28,6 +28,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/stamps.cuh"
 #include "cuda/decode/decode_common.cuh"
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/decode/decode_launch.h"
@@ -222,9 +223,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   uint16_t* xs = zrow + geo.ld;
   const int tid = static_cast<int>(threadIdx.x);
 
+  QMOE_STAMP_SCOPE(a.fc1 ? 0 : 1);
   if (a.fc1) {  // the touched list and the maps come from the routing just before
     pdl_wait();
     pdl_trigger();
+    QMOE_STAMP_WAITED(0);
   }
   // Entries past the touched experts hold -1 (stages.h): one dependent load, not two, before
   // the weights' addresses are known.
@@ -338,6 +341,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   if (!a.fc1) {  // FC2's activations are FC1's output
     pdl_wait();
     pdl_trigger();
+    QMOE_STAMP_WAITED(1);
   }
 
   const float mid = static_cast<float>(1 << (kBits - 1));

@@ -8,6 +8,8 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/stamps.cuh"
+#include "cuda/common/stamps.h"
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/activation.cuh"
 #include "cuda/layer/combine.cuh"
@@ -385,6 +387,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   int32_t* s_pos = slot_info;
   int32_t* s_expert = slot_info + a.slots;
   float* s_weight = reinterpret_cast<float*>(slot_info + 2 * a.slots);
+  QMOE_STAMP_SCOPE(0);
   for (int j = threadIdx.x; j < a.slots; j += blockDim.x) {
     const int64_t r = t * a.slots + j;
     s_pos[j] = a.route_position[r];
@@ -392,6 +395,7 @@ __global__ void finalize_kernel(FinalizeArgs a) {
     s_weight[j] = a.weights[r];
   }
   pdl_wait();  // FC2's outputs
+  QMOE_STAMP_WAITED(0);
   __syncthreads();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
   if (c >= a.hidden) return;
@@ -402,6 +406,10 @@ __global__ void finalize_kernel(FinalizeArgs a) {
 }
 
 }  // namespace
+
+#if defined(QMOE_STAMPS)
+QMOE_STAMPS_EXPORT(stamps_take_finalize)
+#endif
 
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
                    int32_t* tile_start, cudaStream_t stream, bool pdl) {

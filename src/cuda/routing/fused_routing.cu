@@ -12,6 +12,8 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/sm90.h"
+#include "cuda/common/stamps.cuh"
+#include "cuda/common/stamps.h"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -82,8 +84,10 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int lane = tid % kWarpSize;
   const int num_e = a.experts;
   const int slots = a.slots;
+  QMOE_STAMP_SCOPE(0);
   pdl_wait();     // the logits, and the workspace the previous call's kernels may still read
   pdl_trigger();  // FC1 may launch: it waits for this kernel's end before reading the maps
+  QMOE_STAMP_WAITED(0);
   if (tid < num_e) s_mask[tid] = 0ull;
   __syncthreads();
 
@@ -148,6 +152,14 @@ __global__ void __launch_bounds__(kFusedThreads)
 }
 
 }  // namespace
+
+#if defined(QMOE_STAMPS)
+}  // namespace qmoe::cuda::routing_detail
+namespace qmoe::cuda {
+QMOE_STAMPS_EXPORT(stamps_take_routing)
+}  // namespace qmoe::cuda
+namespace qmoe::cuda::routing_detail {
+#endif
 
 Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) {
   const int tokens = static_cast<int>(args.tokens);

@@ -1,0 +1,20 @@
+// The decode chain's timeline tables (stamps.cuh), a measurement build only (-DQMOE_STAMPS=ON):
+// each reader returns its kernels' records of the calls since its last read, [slot][call *
+// kStampFields + field] oldest call first (stamps.cuh's fields), and resets them; false on a CUDA
+// error. Slots: routing 0 (the fused routing kernel), decode4 0 FC1 and 1 FC2 (the int4 decode
+// kernel), finalize 0.
+#pragma once
+
+#if defined(QMOE_STAMPS)
+
+#include <vector>
+
+namespace qmoe::cuda {
+
+bool stamps_take_routing(std::vector<std::vector<unsigned long long>>* out);
+bool stamps_take_decode4(std::vector<std::vector<unsigned long long>>* out);
+bool stamps_take_finalize(std::vector<std::vector<unsigned long long>>* out);
+
+}  // namespace qmoe::cuda
+
+#endif
