@@ -85,8 +85,10 @@ inline bool take_table(const void* symbol, std::vector<std::vector<unsigned long
   return cudaMemcpyToSymbol(symbol, &host, sizeof(StampTable)) == cudaSuccess;
 }
 
-// Entry and end of a block: constructed first in a kernel, its destructor runs at every return
-// (each block returns as a whole: the end waits for all its threads).
+// Entry and end of a block: constructed first in a kernel, its destructor runs at every return.
+// The end waits for all the block's threads at one barrier, so an instrumented kernel's threads
+// must leave it together (the decode kernel's blocks return as a whole; the finalize kernel has
+// one exit).
 struct StampScope {
   int s;
   __device__ explicit StampScope(int slot) : s(slot) {

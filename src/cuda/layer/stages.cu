@@ -398,11 +398,12 @@ __global__ void finalize_kernel(FinalizeArgs a) {
   QMOE_STAMP_WAITED(0);
   __syncthreads();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
-  if (c >= a.hidden) return;
-  float v[kCols];
-  combine_columns<kCols, Y>(a, s_pos, s_expert, s_weight, c, v);
+  if (c < a.hidden) {  // one exit for the whole block (the stamps' end waits for all threads)
+    float v[kCols];
+    combine_columns<kCols, Y>(a, s_pos, s_expert, s_weight, c, v);
 #pragma unroll
-  for (int u = 0; u < kCols; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, v[u]);
+    for (int u = 0; u < kCols; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, v[u]);
+  }
 }
 
 }  // namespace

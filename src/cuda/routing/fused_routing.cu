@@ -153,14 +153,6 @@ __global__ void __launch_bounds__(kFusedThreads)
 
 }  // namespace
 
-#if defined(QMOE_STAMPS)
-}  // namespace qmoe::cuda::routing_detail
-namespace qmoe::cuda {
-QMOE_STAMPS_EXPORT(stamps_take_routing)
-}  // namespace qmoe::cuda
-namespace qmoe::cuda::routing_detail {
-#endif
-
 Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) {
   const int tokens = static_cast<int>(args.tokens);
   const int slots = args.routing.top_k + args.routing.num_shared;
@@ -193,3 +185,9 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
 }
 
 }  // namespace qmoe::cuda::routing_detail
+
+#if defined(QMOE_STAMPS)
+namespace qmoe::cuda {
+QMOE_STAMPS_EXPORT(stamps_take_routing)
+}  // namespace qmoe::cuda
+#endif
