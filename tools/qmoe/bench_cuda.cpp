@@ -135,13 +135,10 @@ void print_stamps() {
     std::fprintf(stderr, "stamps: CUDA error reading them\n");
     return;
   }
-  constexpr int kF = 4;  // stamps.cuh's fields
+  constexpr int kF = cuda::stamps::kStampFields;
   const size_t calls = routing[0].size() / kF;
   if (calls == 0) return;
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
+  auto median = [](const std::vector<double>& v) { return percentile(v, 0.5); };
   std::string line =
       "stamps (us from the routing's wait, median of " + std::to_string(calls) + " calls):";
   struct Row {
@@ -153,7 +150,7 @@ void print_stamps() {
     if (r.v->size() != calls * kF) continue;
     std::vector<double> f[kF];
     for (size_t c = 0; c < calls; ++c) {
-      const double t0 = static_cast<double>(routing[0][c * kF + 1]);
+      const double t0 = static_cast<double>(routing[0][c * kF + cuda::stamps::kWaitedFirst]);
       for (int i = 0; i < kF; ++i) {
         f[i].push_back(1e-3 * (static_cast<double>((*r.v)[c * kF + i]) - t0));
       }

@@ -12,6 +12,17 @@
 // (QMOE_STAMPS_EXPORT) reads and resets; stamps.h gathers them.
 #pragma once
 
+namespace qmoe::cuda {
+
+// The device's %globaltimer, ns (every build: the fused decode kernel's RunProfile reads it too).
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace qmoe::cuda
+
 #if defined(QMOE_STAMPS)
 
 #include <cuda_runtime.h>
@@ -19,11 +30,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/common/stamps.h"
+
 namespace qmoe::cuda::stamps {
 
 constexpr int kStampCalls = 512;
 constexpr int kStampSlots = 2;
-enum StampField : int { kEntryFirst = 0, kWaitedFirst, kWaitedLast, kEndLast, kStampFields };
 
 struct StampTable {
   unsigned long long rec[kStampSlots][kStampCalls][kStampFields];
@@ -34,11 +46,7 @@ struct StampTable {
 // This translation unit's table (internal linkage: one per unit).
 static __device__ StampTable g_stamp_table;
 
-__device__ __forceinline__ unsigned long long stamp_now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ __forceinline__ unsigned long long stamp_now() { return globaltimer_ns(); }
 
 // The record of this call of slot s (thread 0 of each block reads it once, at entry).
 __device__ __forceinline__ unsigned long long* stamp_record(int s) {

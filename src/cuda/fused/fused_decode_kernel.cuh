@@ -32,6 +32,7 @@
 #include "cuda/common/bulk_copy.cuh"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
+#include "cuda/common/stamps.cuh"
 #include "cuda/decode/decode_common.cuh"
 #include "cuda/fused/fused_decode.h"
 #include "cuda/fused/fused_launch.h"
@@ -634,11 +635,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                ? a.stamps + static_cast<size_t>(blockIdx.x) * kFusedStamps
                                : nullptr;
   unsigned long long mark = 0;
-  auto now = []() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-  };
+  auto now = []() { return globaltimer_ns(); };
   auto at = [&](int i) {
     if (st != nullptr) st[i] = mark = now();
   };
