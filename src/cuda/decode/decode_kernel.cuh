@@ -9,7 +9,7 @@
 //   - the tile's scales, zero points and the routes' activations are fetched in batches while
 //     the first chunks are in flight, and staged in shared memory;
 //   - the K loop has no bounds checks: the staged rows are zero past K up to whole chunks, and an
-//     absent route's B fragment comes from a zero row;
+//     absent route's B fragment is route 0's (its mma column is never stored);
 //   - where scale blocks start is known at compile time (kSpb) for every width but int3; where
 //     blocks span chunks, and at tile ends, the loop counts chunks down (one test per chunk) and
 //     keeps running addresses, so a chunk's bookkeeping is a few instructions next to its decode;
@@ -152,8 +152,8 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
   }
 }
 
-// Shared memory: scales [tiles_per_block * 16][nblk_pad] and zero points (same shape) as fp32, a
-// zero row [ld], the staged activations [rows_cap][ld].
+// Shared memory: scales [tiles_per_block * 16][nblk_pad] and zero points (same shape) as fp32, the
+// staged activations [rows_cap][ld].
 //
 // A block owns tiles_per_block consecutive 16-row tiles of one expert. With one tile its 4 warps
 // split K and add their partial sums in warp order (the most loads in flight per byte: one-token
@@ -219,8 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
   // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
   uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (decode_split_k(geo.tpb) ? 0 : geo.tpb * 128));
-  uint16_t* zrow = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
-  uint16_t* xs = zrow + geo.ld;
+  uint16_t* xs = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   const int tid = static_cast<int>(threadIdx.x);
 
   QMOE_STAMP_SCOPE(a.fc1 ? 0 : 1);
@@ -321,10 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     }
   }
 
-  // 2. The zero row, and the block's tiles' scales and zero points.
-  for (int i = tid; i < geo.ld / 8; i += kWarps * 32) {
-    reinterpret_cast<uint4*>(zrow)[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
+  // 2. The block's tiles' scales and zero points.
   if constexpr (kFp8) {
     if (a.scales == nullptr) {  // fp8: the expert's global scale on every row
       const float g = a.global[e];
@@ -454,8 +450,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
         set_subs();
       }
     };
-    // The lane's B fragment at the chunk's start: lane g reads route g's row (an mma column).
-    const uint16_t* xa = (g < rows ? xs + g * geo.ld : zrow) + 4 * t + kChunkK * c0;
+    // The lane's B fragment at the chunk's start: lane g reads route g's row (an mma column). A
+    // column past the pass's routes reads route 0's row (a broadcast of lane t's read): its sums
+    // are never stored (epilogue() skips it), so it needs no row of zeros in shared memory, which
+    // at one route and long K was half the block's staging (Mixtral-8x7B's FC2: 2 blocks per SM).
+    const uint16_t* xa = xs + (g < rows ? g : 0) * geo.ld + 4 * t + kChunkK * c0;
     // kSpb == 0: chunks to the current scale block's end; its row-g entry (sp - srow counts the
     // tile's blocks: nbp of them, chunks / cpb).
     int left = geo.cpb - c0 % geo.cpb;

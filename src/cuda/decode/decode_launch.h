@@ -67,13 +67,13 @@ static_assert(kDecodeWarps == 4, "split K: 4 warps on one tile or 2 on each of t
 constexpr int decode_split_shift(int tpb) { return tpb == 1 ? 2 : 1; }
 
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
-// points), their parked sums (a warp per tile), NVFP4's multipliers, a zero row, rows_cap rows.
+// points), their parked sums (a warp per tile), NVFP4's multipliers, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
   const size_t sums = decode_split_k(g.tpb) ? 0 : static_cast<size_t>(g.tpb) * 128 * 4;
   const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
   const size_t mult = static_cast<size_t>(32) * g.tpb * g.mblk;
   return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
-         mult + static_cast<size_t>(g.rows_cap + 1) * g.ld * 2;
+         mult + static_cast<size_t>(g.rows_cap) * g.ld * 2;
 }
 
 // The opt-in shared memory of sm_90 less room for the kernel's static reduction buffer (2 KiB;
