@@ -250,6 +250,31 @@ TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
   EXPECT_EQ(chosen.out, two.out);
 }
 
+// With one route per expert, a warp's stream of 16 chunks takes the shared-memory ring
+// (kSmemRingMinChunksOneRoute): H 4096 int4 gives FC1 tiles of 64 chunks, 16 for each of the 4
+// warps splitting one. The launcher's choice gives the register ring's bits, within the budget.
+TEST(GpuDecode, LauncherTakesTheSharedRingForOneRouteStreams) {
+  QMOE_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFp8Block}) {
+    LayerSpec s = small_spec(f, 4096, 256, 8, 2);
+    s.fc1.block_size = s.fc2.block_size = 128;
+    s.act_dtype = DType::kBF16;
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(std::string(format_info(f).name) + " seed " + std::to_string(seed));
+    TestLayer tl;
+    make_layer(s, seed, &tl);
+    TestInputs ti;
+    make_inputs(tl.spec, 1, seed + 1, false, &ti);
+    PrepareOptions o;
+    o.dispatch = "decode/1";
+    GpuRun chosen, regs;
+    gpu_run(tl, ti, &chosen, o);
+    gpu_run(tl, ti, &regs, with_ring(1, o));
+    EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
+    EXPECT_EQ(chosen.out, regs.out);
+  }
+}
+
 // Rows per pass (DecodeOptions::rows): a cap spreads an expert's routes over more passes, but each
 // route's sums are its own mma column over the same K order, so every cap gives the uncapped
 // bits. At 64 tokens on E = 8, k = 4 an expert has about 32 routes: up to 32 passes.

@@ -104,13 +104,20 @@ int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
 //   Mixtral at 1 token, FC2 (one tile per block, 3 -> 2 blocks per SM): 100.6 against 91.3 for
 //     the layer;
 //   INT2 (16-chunk tiles) loses at every token count: 42.8 against 52.1 at 4 tokens.
+// With one route per expert, streams of 16 chunks take it too (kSmemRingMinChunksOneRoute; H100,
+// QMOE_DECODE_RING=2 against the rule at 48, bench/results/2026-12-06-h100-ring-one-route.md):
+// DeepSeek-V3's FC2 at one token (K 2048 fp8, 4 warps on a tile: 16 chunks each), the layer
+// 172.7 -> 163.8 us; Mixtral-8x7B's FC1 (K 4096 int4, 16 chunks each) 86.4 -> 84.4. The
+// one-token streams of 8 chunks (qwen3-30b-a3b's FC1) keep the register ring (26.3 against 29.3).
 // So: geo with the weight ring in shared memory where this rule or a.ring (2) asks for it, its
 // rows per pass cut to fit; geo as it is otherwise.
-DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, bool zero_points) {
+DecodeGeometry choose_ring(const DecodeFcArgs& a, const DecodeGeometry& geo, bool zero_points,
+                           int max_routes) {
   const int sh = decode_split_shift(geo.tpb);  // split K: a warp streams its part of one tile
   const int64_t stream = decode_split_k(geo.tpb) ? (a.shape.chunks + (1 << sh) - 1) >> sh
                                                  : (geo.tpb / kDecodeWarps) * a.shape.chunks;
-  if (a.ring == 1 || (a.ring == 0 && stream < kSmemRingMinChunks)) return geo;
+  const int64_t min_stream = max_routes == 1 ? kSmemRingMinChunksOneRoute : kSmemRingMinChunks;
+  if (a.ring == 1 || (a.ring == 0 && stream < min_stream)) return geo;
   DecodeGeometry with = geo;
   with.smem_ring = true;
   const size_t cap = static_cast<size_t>(kMaxDynamicSmem);
@@ -144,7 +151,7 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int tpb) {
   const int fit = 1 + static_cast<int>((kMaxDynamicSmem - fixed) / (geo.ld * 2));
   geo.rows_cap = std::min({max_routes, 8, fit});
   if (a.max_rows > 0) geo.rows_cap = std::min(geo.rows_cap, a.max_rows);
-  geo = choose_ring(a, geo, zp);
+  geo = choose_ring(a, geo, zp, max_routes);
   // The L2 prefetch where streams are long (several tiles per warp): a round ahead.
   geo.prefetch = a.prefetch >= 0 ? a.prefetch : (geo.tpb >= 8 && !geo.smem_ring ? 1 : 0);
   return geo;

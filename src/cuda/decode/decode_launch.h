@@ -32,8 +32,10 @@ constexpr int kDecodeWarps = 4;  // warps per block
 // for the chunk it needs next and the ring's length costs no registers.
 constexpr int kSmemRingSlots = 8;
 constexpr int kRingSlotBytes = kDecodeWarps * 32 * 16;  // 16 bytes for each lane of a block
-// The shortest stream of chunks per warp that takes the shared-memory ring (decode_gemv.cu).
+// The shortest stream of chunks per warp that takes the shared-memory ring (decode_gemv.cu); with
+// one route per expert, where a block's staging is a single row, kSmemRingMinChunksOneRoute.
 constexpr int kSmemRingMinChunks = 48;
+constexpr int kSmemRingMinChunksOneRoute = 16;
 
 struct DecodeGeometry {
   // Tiles per block: 1 or 2 (the warps split each tile's K: 4 or 2 warps a tile), or a multiple
