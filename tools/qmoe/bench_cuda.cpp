@@ -9,6 +9,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.h"
@@ -123,11 +124,17 @@ Status l2_bytes(int* bytes) {
 // The decode chain's timeline (a measurement build, stamps.cuh), on stderr: per kernel, us from
 // the routing kernel's first block past its wait to the kernel's first block entering, its first
 // and last blocks past their waits, and its last block's end; medians over the calls since the
-// last take (each kernel ran once per call, or its line is left out).
+// last take (each kernel ran once per call, or its line is left out). The FC lines are the int4
+// decode kernel's where it ran, else the FP8 one's.
 using StampRows = std::vector<std::vector<unsigned long long>>;
 bool take_stamps(StampRows* routing, StampRows* decode, StampRows* finalize) {
-  return cuda::stamps_take_routing(routing) && cuda::stamps_take_decode4(decode) &&
-         cuda::stamps_take_finalize(finalize);
+  StampRows fp8;
+  if (!cuda::stamps_take_routing(routing) || !cuda::stamps_take_decode4(decode) ||
+      !cuda::stamps_take_decode_fp8(&fp8) || !cuda::stamps_take_finalize(finalize)) {
+    return false;
+  }
+  if (decode->empty() || (*decode)[0].empty()) *decode = std::move(fp8);
+  return true;
 }
 void print_stamps() {
   StampRows routing, decode, finalize;

@@ -10,3 +10,10 @@ template Status launch_decode_kind<8, kFp8Codes>(const DecodeFcArgs&, const Deco
 template Status prepare_decode_kind<8, kFp8Codes>();
 
 }  // namespace qmoe::cuda::decode_detail
+
+#if defined(QMOE_STAMPS)
+#include "cuda/common/stamps.h"
+namespace qmoe::cuda {
+QMOE_STAMPS_EXPORT(stamps_take_decode_fp8)
+}  // namespace qmoe::cuda
+#endif
