@@ -20,7 +20,7 @@ const char* const kVariables[] = {
     "QMOE_CUDA_PATH",         "QMOE_PDL",         "QMOE_DECODE_ROWS",
     "QMOE_DECODE_TPB",        "QMOE_DECODE_RING", "QMOE_DECODE_PREFETCH",
     "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE",
-    "QMOE_ACT_QUANT",         "QMOE_EPILOGUE_ACT"};
+    "QMOE_ACT_QUANT",         "QMOE_EPILOGUE_ACT", "QMOE_DECODE_COMBINE"};
 
 // Each test starts from an environment without them (restored afterwards).
 class PrepareOptionsTest : public ::testing::Test {
@@ -39,7 +39,8 @@ Status resolve(const PrepareOptions& in, PrepareOptions* out) {
 }
 
 void expect_decode(const DecodeOptions& d, int rows, int tiles_per_block, int ring, int prefetch,
-                   int min_blocks) {
+                   int min_blocks, int combine = -1) {
+  EXPECT_EQ(d.combine, combine);
   EXPECT_EQ(d.rows, rows);
   EXPECT_EQ(d.tiles_per_block, tiles_per_block);
   EXPECT_EQ(d.ring, ring);
@@ -88,7 +89,7 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   mine.gemm = "cutlass";
   mine.dispatch = "generic";
   mine.pdl = false;
-  mine.decode = DecodeOptions{5, 4, 1, 2, 2};  // rows, tiles, ring, prefetch, min blocks
+  mine.decode = DecodeOptions{5, 4, 1, 2, 2, 3};  // rows, tiles, ring, prefetch, min blocks, combine
   mine.fused_grid_ctas = 3;
   mine.mixed_tile = 128;
   ASSERT_TRUE(resolve(mine, &out).is_ok());
@@ -97,7 +98,7 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   EXPECT_EQ(out.gemm, "cutlass");
   EXPECT_EQ(out.dispatch, "generic");
   EXPECT_FALSE(out.pdl);
-  expect_decode(out.decode, 5, 4, 1, 2, 2);
+  expect_decode(out.decode, 5, 4, 1, 2, 2, 3);
   EXPECT_EQ(out.fused_grid_ctas, 3);
 }
 
@@ -107,7 +108,7 @@ TEST_F(PrepareOptionsTest, ResolvingTwiceChangesNothing) {
   EnvOverride a("QMOE_GEMM", "cutlass-dequant"), b("QMOE_DISPATCH", "generic"),
       c("QMOE_PDL", "0"), d("QMOE_DECODE_ROWS", "3"), e("QMOE_DECODE_TPB", "8"),
       f("QMOE_MIXED_TILE", "64"), g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7"),
-      i("QMOE_EPILOGUE_ACT", "0");
+      i("QMOE_EPILOGUE_ACT", "0"), j("QMOE_DECODE_COMBINE", "0");
   PrepareOptions once, twice;
   ASSERT_TRUE(resolve({}, &once).is_ok());
   ASSERT_TRUE(resolve(once, &twice).is_ok());
@@ -119,7 +120,8 @@ TEST_F(PrepareOptionsTest, ResolvingTwiceChangesNothing) {
   EXPECT_EQ(twice.act_quant, "fp8_e4m3");
   EXPECT_EQ(twice.fused_grid_ctas, 7);
   expect_decode(twice.decode, once.decode.rows, once.decode.tiles_per_block, once.decode.ring,
-                once.decode.prefetch, once.decode.min_blocks);
+                once.decode.prefetch, once.decode.min_blocks, once.decode.combine);
+  EXPECT_EQ(twice.decode.combine, 0);
   EXPECT_EQ(twice.decode.rows, 3);
   EXPECT_EQ(twice.decode.tiles_per_block, 8);
 }
@@ -165,6 +167,7 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_TPB", "99999999999999999999", "multiple of 4"},
         Case{"QMOE_DECODE_RING", "3", "shared memory"}, Case{"QMOE_DECODE_PREFETCH", "17", "0..16"},
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
+        Case{"QMOE_DECODE_COMBINE", "65", "1..64 tokens"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
         Case{"QMOE_DISPATCH", "decode/3", "fused, generic/32, generic/64 or generic/128"},
         Case{"QMOE_DISPATCH", "decode/2", "decode/1"},  // the deleted two-group form
@@ -222,6 +225,7 @@ TEST_F(PrepareOptionsTest, BadFieldsAreNamed) {
            Case{[](PrepareOptions* o) { o->decode.ring = -1; }, "decode.ring"},
            Case{[](PrepareOptions* o) { o->decode.prefetch = 100; }, "decode.prefetch"},
            Case{[](PrepareOptions* o) { o->decode.min_blocks = 33; }, "decode.min_blocks"},
+           Case{[](PrepareOptions* o) { o->decode.combine = -2; }, "decode.combine"},
            Case{[](PrepareOptions* o) { o->gemm = "fast"; }, "gemm"},
            Case{[](PrepareOptions* o) { o->dispatch = "decode"; }, "dispatch"},
            Case{[](PrepareOptions* o) { o->fused_grid_ctas = -2; }, "fused_grid_ctas"},
@@ -236,7 +240,7 @@ TEST_F(PrepareOptionsTest, BadFieldsAreNamed) {
   }
   // The edges that are valid.
   PrepareOptions in, out;
-  in.decode = DecodeOptions{0, 1, 2, 16, 32};
+  in.decode = DecodeOptions{0, 1, 2, 16, 32, 64};
   EXPECT_TRUE(resolve(in, &out).is_ok());
   in.decode.tiles_per_block = 64;
   EXPECT_TRUE(resolve(in, &out).is_ok());

@@ -19,9 +19,9 @@ enum class BackendKind : uint8_t { kCpu, kCuda };
 const char* backend_name(BackendKind b);
 bool backend_available(BackendKind b);  // kCuda: built with CUDA and a device is present
 
-// CUDA: the decode kernel's settings, for A/B runs. Every value gives the same bits; the defaults
-// are the measured choices (docs/cuda-backend.md). Each field's environment variable, when set,
-// applies where the field holds its default (resolve_prepare_options).
+// CUDA: the decode kernel's settings, for A/B runs. Every value gives the same bits (but see
+// combine); the defaults are the measured choices (docs/cuda-backend.md). Each field's environment
+// variable, when set, applies where the field holds its default (resolve_prepare_options).
 struct DecodeOptions {
   // Activation rows one pass stages: -1 decode_rows_per_pass() (about four times the mean routes
   // per expert, 2 to 16), 0 as many as the call's tokens and shared memory allow, n > 0 at most n.
@@ -40,6 +40,12 @@ struct DecodeOptions {
   // Blocks per multiprocessor the launcher keeps room for in shared memory (trading rows per pass
   // and its own choice of tiles per block): 0 no such trade, 1..32. QMOE_DECODE_MIN_BLOCKS.
   int min_blocks = 4;
+  // Decode calls of up to this many tokens run FC2 and the combine in one kernel (FC2's blocks of
+  // a token's routes in a thread-block cluster whose first block adds them; no finalize kernel):
+  // -1 the measured default (two tokens), 0 never, 1..64. The same bits as FC2 with the same
+  // tiles per block and the finalize kernel; the launcher's own tile choice may differ past one
+  // token (FC2 then counts an expert's routes). QMOE_DECODE_COMBINE.
+  int combine = -1;
 };
 
 struct PrepareOptions {
@@ -109,6 +115,7 @@ constexpr double kFp8ActErrorBudget = 6e-2;
 //   QMOE_DISPATCH  -> dispatch          QMOE_DECODE_RING       -> decode.ring
 //   (QMOE_CUDA_PATH=generic, older)     QMOE_DECODE_PREFETCH   -> decode.prefetch
 //   QMOE_PDL       -> pdl (0 or 1)      QMOE_DECODE_MIN_BLOCKS -> decode.min_blocks
+//                                       QMOE_DECODE_COMBINE    -> decode.combine
 //   QMOE_FUSED_GRID -> fused_grid_ctas  QMOE_MIXED_TILE        -> mixed_tile
 //   QMOE_ACT_QUANT -> act_quant         QMOE_EPILOGUE_ACT      -> epilogue_act (0 or 1)
 Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* out);
@@ -118,7 +125,8 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
 // come from its in-kernel stamps and combine_us is its grid barrier's wait and combine.
 struct RunProfile {
   double route_us = 0, fc1_us = 0, fc2_us = 0, combine_us = 0;
-  bool combine_fused = false;  // the fused kernel did the combine (no finalize kernel ran)
+  // The fused kernel, or FC2 with the combine, did the combine (no finalize kernel ran).
+  bool combine_fused = false;
   double total_us() const { return route_us + fc1_us + fc2_us + combine_us; }
 };
 

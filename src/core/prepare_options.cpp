@@ -116,6 +116,9 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_DECODE_MIN_BLOCKS", "decode.min_blocks", 0, 32,
                                   "0 (none) or 1..32 blocks per multiprocessor"},
                                  def.min_blocks, &d.min_blocks));
+  QMOE_RETURN_IF_ERROR(apply_int({"QMOE_DECODE_COMBINE", "decode.combine", -1, 64,
+                                  "-1 (automatic), 0 (never) or 1..64 tokens"},
+                                 def.combine, &d.combine));
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_FUSED_GRID", "fused_grid_ctas", 0, INT_MAX,
                                   "0 (as many as the device holds) or a CTA count"},
                                  0, &o.fused_grid_ctas));

@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "cuda/common/device_numeric.cuh"
 #include "cuda/decode/decode_gemv.h"
+#include "cuda/decode/decode_launch.h"
 #include "cuda/layer/activation.cuh"
 
 namespace qmoe::cuda::decode_detail {
@@ -333,6 +334,74 @@ __device__ __forceinline__ void epilogue(const DecodeFcArgs& a, int64_t e, int m
       }
     }
   }
+}
+
+// FC2 with the combine (DecodeFcArgs::combine): block blockIdx.y's route (token t, slot j =
+// blockIdx.y % slots), its expert as a local index (0 where another shard's: then not held) and
+// its position. Slot 0's block also keeps every slot's expert (-1 where another shard's) and
+// weight in cs_e / cs_w for combine_store.
+struct CombineRoute {
+  int64_t e = 0;
+  int off = 0;
+  bool held = false;
+};
+__device__ __forceinline__ CombineRoute combine_route(const DecodeFcArgs& a, int32_t* cs_e,
+                                                      float* cs_w, int tid) {
+  const int64_t r = blockIdx.y;
+  const int ge = a.expert_ids[r];
+  CombineRoute out;
+  out.held = ge >= a.expert_begin && ge < a.expert_end;
+  out.e = out.held ? ge - a.expert_begin : 0;
+  out.off = a.route_position[r];
+  if (r % a.slots == 0 && tid < a.slots) {
+    const int gk = a.expert_ids[r + tid];
+    cs_e[tid] = gk >= a.expert_begin && gk < a.expert_end ? gk - a.expert_begin : -1;
+    cs_w[tid] = a.weights[r + tid];
+  }
+  return out;
+}
+
+// FC2 with the combine (DecodeFcArgs::combine): a finished tile's sums v (the m16n8 fragment of
+// lane (g, t)) into the cluster's first block, at [slot][tile][16 rows]. The block has one route,
+// whose row every mma column read, so column 0 (lanes t 0: rows g and g + 8) holds it.
+__device__ __forceinline__ void hand_to_first(float* gathered, int tile, int g, int t,
+                                              const float v[4], int tpb) {
+  if (t != 0) return;
+  uint32_t rank, dst;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const uint32_t mine = smem_u32(gathered + (rank * tpb + tile) * 16 + g);
+  asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(dst) : "r"(mine));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dst), "f"(v[0]) : "memory");
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dst + 32), "f"(v[2]) : "memory");
+}
+
+// Every thread of the cluster: its shared-memory stores (hand_to_first's) before, every other
+// block's visible after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+
+// In the cluster's first block after the cluster's barrier: output row 16 (m0 + i / 16) + i % 16
+// of the token, the sum over its held slots j, in slot order, of w_j * (y_j + b2[e_j]) (without
+// w_j for kScaleInput), y_j the slot's gathered sums: the finalize kernel's terms and order
+// (combine.cuh) on the rows FC2 would have stored, so its bits. No held slot: +0, as there.
+__device__ __forceinline__ void combine_store(const DecodeFcArgs& a, int m0, int i,
+                                              const float* gathered, const int32_t* cs_e,
+                                              const float* cs_w, int tpb) {
+  const int tl = i >> 4, r = i & 15;
+  const int64_t lr = a.shape.logical_row(16 * (m0 + tl) + r);
+  if (lr < 0) return;
+  float acc = 0.0f;
+  for (int j = 0; j < a.slots; ++j) {
+    if (cs_e[j] < 0) continue;  // another shard's
+    float x = gathered[(j * tpb + tl) * 16 + r];
+    if (a.bias) {
+      x = x + load_scalar(a.bias, a.bias_dtype, static_cast<int64_t>(cs_e[j]) * a.shape.n + lr);
+    }
+    acc = a.scale_input ? acc + x : acc + cs_w[j] * x;
+  }
+  store_float(a.out, a.out_dtype, static_cast<int64_t>(blockIdx.y / a.slots) * a.ldo + lr, acc);
 }
 
 }  // namespace qmoe::cuda::decode_detail

@@ -157,6 +157,66 @@ DecodeGeometry plan_geometry(const DecodeFcArgs& a, int max_routes, int tpb) {
   return geo;
 }
 
+// The launch of the kind of codes the FC has, on geometry geo.
+Status launch_geometry(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
+                       cudaStream_t stream) {
+  switch (a.shape.codes) {  // the runtime kind and width to the kernel's template arguments
+    case MmaCodes::kFp8:
+      return launch_decode_kind<8, kFp8Codes>(a, geo, smem, stream);
+    case MmaCodes::kNvFp4:
+      return launch_decode_kind<4, kNvFp4Codes>(a, geo, smem, stream);
+    case MmaCodes::kMxFp4:
+      return launch_decode_kind<4, kMxFp4Codes>(a, geo, smem, stream);
+    default:
+      break;
+  }
+  switch (a.shape.bits) {
+    case 2:
+      return launch_decode_kind<2, kIntCodes>(a, geo, smem, stream);
+    case 3:
+      return launch_decode_kind<3, kIntCodes>(a, geo, smem, stream);
+    case 4:
+      return launch_decode_kind<4, kIntCodes>(a, geo, smem, stream);
+    case 8:
+      return launch_decode_kind<8, kIntCodes>(a, geo, smem, stream);
+    default:
+      return Status::invalid("decode: bits must be 2, 3, 4 or 8, got " +
+                             std::to_string(a.shape.bits));
+  }
+}
+
+// FC2 with the combine: the geometry of one route per block (tpb tiles, the ring the rule
+// chooses), the cluster's gathered sums with it; a tile per block where that does not fit.
+DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
+  DecodeGeometry g = plan_geometry(a, 1, tpb);
+  g.combine = a.slots;
+  if (decode_smem_bytes(g, a.zero_points != nullptr) > static_cast<size_t>(kMaxDynamicSmem) &&
+      g.tpb > 1) {
+    g = plan_geometry(a, 1, 1);
+    g.combine = a.slots;
+  }
+  return g;
+}
+
+Status check_combine_args(const DecodeFcArgs& a) {
+  if (a.fc1 || a.slots < 1 || a.slots > kCombineMaxSlots || a.tokens < 1 || a.tokens > 65535) {
+    return Status::invalid("decode combine: FC2 only, slots 1.." +
+                           std::to_string(kCombineMaxSlots) + " and tokens 1..65535, got slots " +
+                           std::to_string(a.slots) + ", tokens " + std::to_string(a.tokens));
+  }
+  if (a.route_position == nullptr || a.expert_ids == nullptr || a.weights == nullptr) {
+    return Status::invalid("decode combine: null route position, expert or weight map");
+  }
+  if (a.out_dtype != DType::kF32 && a.out_dtype != DType::kBF16 && a.out_dtype != DType::kF16) {
+    return Status::invalid(std::string("decode combine: out_dtype must be f32, bf16 or f16, got ") +
+                           dtype_name(a.out_dtype));
+  }
+  if (a.ldo < a.shape.n) {
+    return Status::invalid("decode combine: ldo must be at least the FC's rows (H)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 // The bound alone (the token count) sizes a pass for an expert that takes every token, which
@@ -247,6 +307,14 @@ bool decode_fits(const MmaPackShape& s, bool zero_points) {
   return decode_smem_bytes(geometry(s), zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
 }
 
+bool decode_combine_fits(const MmaPackShape& s, bool zero_points, int slots) {
+  if (slots < 1 || slots > kCombineMaxSlots) return false;
+  DecodeGeometry g = geometry(s);  // one tile, one row, the ring in shared memory
+  g.combine = slots;
+  g.smem_ring = true;
+  return decode_smem_bytes(g, zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
+}
+
 Status prepare_decode_kernels() {
   QMOE_RETURN_IF_ERROR((prepare_decode_kind<2, kIntCodes>()));
   QMOE_RETURN_IF_ERROR((prepare_decode_kind<3, kIntCodes>()));
@@ -274,6 +342,20 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
     return Status::invalid("decode: K = " + std::to_string(a.shape.k) +
                            " too large to stage one activation row in shared memory");
   }
+  if (a.combine) {
+    QMOE_RETURN_IF_ERROR(check_combine_args(a));
+    if (!decode_combine_fits(a.shape, zp, a.slots)) {
+      return Status::invalid("decode combine: K = " + std::to_string(a.shape.k) + " with " +
+                             std::to_string(a.slots) +
+                             " route slots does not fit shared memory (decode_combine_fits)");
+    }
+    // The pairs of the launcher's rule: every route a block.
+    DecodeFcArgs pairs = a;
+    pairs.max_groups = a.tokens * a.slots;
+    const DecodeGeometry cg =
+        combine_geometry(a, tiles_per_block ? tiles_per_block : auto_tiles_per_block(pairs, 1));
+    return launch_geometry(a, cg, decode_smem_bytes(cg, zp), stream);
+  }
   const int tpb = tiles_per_block ? tiles_per_block : auto_tiles_per_block(a, max_routes);
   DecodeGeometry geo = plan_geometry(a, max_routes, tpb);
   // Shared memory may hold fewer blocks per multiprocessor than the kernel's registers allow
@@ -294,30 +376,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
       geo = plan_geometry(a, std::min(max_routes, rows), 4);
     }
   }
-  const size_t smem = decode_smem_bytes(geo, zp);
-  switch (a.shape.codes) {  // the runtime kind and width to the kernel's template arguments
-    case MmaCodes::kFp8:
-      return launch_decode_kind<8, kFp8Codes>(a, geo, smem, stream);
-    case MmaCodes::kNvFp4:
-      return launch_decode_kind<4, kNvFp4Codes>(a, geo, smem, stream);
-    case MmaCodes::kMxFp4:
-      return launch_decode_kind<4, kMxFp4Codes>(a, geo, smem, stream);
-    default:
-      break;
-  }
-  switch (a.shape.bits) {
-    case 2:
-      return launch_decode_kind<2, kIntCodes>(a, geo, smem, stream);
-    case 3:
-      return launch_decode_kind<3, kIntCodes>(a, geo, smem, stream);
-    case 4:
-      return launch_decode_kind<4, kIntCodes>(a, geo, smem, stream);
-    case 8:
-      return launch_decode_kind<8, kIntCodes>(a, geo, smem, stream);
-    default:
-      return Status::invalid("decode: bits must be 2, 3, 4 or 8, got " +
-                             std::to_string(a.shape.bits));
-  }
+  return launch_geometry(a, geo, decode_smem_bytes(geo, zp), stream);
 }
 
 }  // namespace qmoe::cuda

@@ -17,7 +17,9 @@
 // sums are added in a fixed order.
 //   FC1: the epilogue adds the bias, applies the activation (gated units come as (gate, linear)
 //        pairs in one thread, see MmaRowMap) and stores the activation in the dtype.
-//   FC2: stores fp32 results by route position; finalize sums them per token.
+//   FC2: stores fp32 results by route position; finalize sums them per token. Or, on calls of
+//        a token or two (DecodeFcArgs::combine), a cluster of blocks holds a token's routes and
+//        its first block does the finalize kernel's sum itself.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -93,14 +95,46 @@ struct DecodeFcArgs {
   // (down to half of max_rows) and its own choice of 8 tiles per block (decode_gemv.cu); 0: no
   // such trade. Every choice gives the same bits.
   int min_blocks = 4;
+
+  // FC2 with the combine (fc1 false): a block per route (token t, slot j; another shard's
+  // route computes nothing) for the launcher's tiles, as one route per expert would have it,
+  // and a cluster of `slots` blocks per token and tiles. Each block hands its tiles' sums to the
+  // cluster's first block (distributed shared memory), which adds the token's slots in slot
+  // order as the finalize kernel does (stages.h: w_j * (y_j + b2[e_j]), or without w_j for
+  // kScaleInput) and stores the output rows: no FC2 rows in memory, no finalize kernel, the same
+  // bits as FC2 with the same tiles per block and the finalize kernel. `out` is the layer's
+  // [tokens, ldo] output in out_dtype, `bias` FC2's bias [L, H], `weights` the routing weights by
+  // route id; slots at most kCombineMaxSlots (decode_launch.h).
+  bool combine = false;
+  int tokens = 0;                           // grid: `slots` rows of blocks per token
+  const int32_t* route_position = nullptr;  // by route id t * slots + j (RouteMapsView)
+  const int32_t* expert_ids = nullptr;      // by route id, the global expert
+  // Local experts: slots whose expert lies outside [expert_begin, expert_end) add nothing; the
+  // weights and the bias hold the range's experts (index e - expert_begin).
+  int32_t expert_begin = 0, expert_end = INT32_MAX;
+  DType out_dtype = DType::kBF16;
 };
+
+// Decode calls of up to this many tokens take FC2 with the combine by default
+// (DecodeOptions::combine). On an H100 (graph replays, cold L2, bench/results/
+// 2026-12-06-h100-combine.md) against FC2 and the finalize kernel, one token: qwen3-30b-a3b INT4
+// 26.7 -> 25.6 us, gpt-oss-20b 45.6 -> 43.9, INT2 on H 2560, E 512, k 10 35.3 -> 34.0,
+// qwen3.6-35b-a3b 24.5 -> 23.9, Mixtral-8x7B and DeepSeek-V3 within 0.5%; two tokens qwen3 34.4
+// -> 33.3, gpt-oss 69.6 -> 64.6, INT2 level; four tokens qwen3 47.7 -> 48.8 and INT2 53.0 -> 57.1
+// (gpt-oss 123.5 -> 121.6).
+constexpr int kDecodeCombineTokens = 2;
 
 // The checks the launcher makes before any launch.
 Status check_decode_args(const DecodeFcArgs& args);
 
-// Whether an FC of this packed shape fits the kernel's shared memory: one activation row, a zero
-// row, one tile's scales and zero points.
+// Whether an FC of this packed shape fits the kernel's shared memory: one activation row, one
+// tile's scales and zero points.
 bool decode_fits(const MmaPackShape& shape, bool zero_points);
+
+// Whether FC2 of this packed shape can run with the combine for `slots` route slots: at most
+// kCombineMaxSlots, and a block of one tile (its row, scales and the cluster's gathered sums)
+// in shared memory.
+bool decode_combine_fits(const MmaPackShape& shape, bool zero_points, int slots);
 
 // The activation rows per pass (DecodeFcArgs::max_rows) for a call of `tokens` on a layer of
 // `experts` experts, top_k of them routed and num_shared shared: about four times the mean routes

@@ -163,7 +163,12 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
-// kSmemRing: the weight ring in shared memory, else in registers (the launcher chooses).
+// kForm (decode_launch.h): the weight ring in registers or in shared memory (the launcher
+// chooses), or FC2 with the combine (DecodeFcArgs::combine): blockIdx.y is then a route id
+// (token t, slot j), the block's expert that route's, and a cluster of `slots` blocks holds one
+// token's routes for the same tiles; each block hands its tiles' sums to the cluster's first
+// block through distributed shared memory, which adds them as the finalize kernel does
+// (combine_store). A slot of another shard's expert computes nothing and is skipped.
 // One mma column group: 8 routes per pass (lane g reads route g's row). A second group (16 routes
 // per pass, dispatch choice decode/2) lost to one at every count measured and was deleted
 // (docs/cuda-backend.md).
@@ -176,9 +181,11 @@ __device__ __forceinline__ void copy_fp4_scales(const DecodeFcArgs& a, int64_t e
 // row (or, FC1 and a separate FC3 packed as one, per-row fp32 scales), fp8_block's its block
 // scales per row (tile order, blocks of whole chunks, the last one of a tile possibly shorter:
 // geo.cpb_last).
-template <int kBits, bool kBf16, int kSpb, bool kSmemRing, int kCode>
+template <int kBits, bool kBf16, int kSpb, int kForm, int kCode>
 __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     decode_fc_kernel(DecodeFcArgs a, DecodeGeometry geo) {
+  constexpr bool kSmemRing = (kForm & kFormSharedRing) != 0;
+  constexpr bool kCombine = (kForm & kFormCombine) != 0;
   constexpr bool kFp8 = kCode == static_cast<int>(MmaCodes::kFp8);
   constexpr bool kFp4 = kCode != static_cast<int>(MmaCodes::kInt) && !kFp8;
   constexpr bool kNvFp4 = kCode == static_cast<int>(MmaCodes::kNvFp4);
@@ -217,8 +224,19 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   // Several tiles: each finished tile's sums wait here, [tile][4][32], for the epilogues
   // after the warp's stream (run inside it, with the load ring live, they made the kernel spill).
   float* sums = zs + (has_zp ? geo.tpb * 16 * nbp : 0);
+  // The combine: the cluster's sums, [slot][tile][16 rows] (the first block's are read), and the
+  // token's slots' experts (local, -1 for another shard's) and weights.
+  float* gathered = nullptr;
+  int32_t* cs_e = nullptr;
+  float* cs_w = nullptr;
   // NVFP4's multipliers, [tiles_per_block * 16][mblk] 16-bit values.
   uint16_t* msm = reinterpret_cast<uint16_t*>(sums + (decode_split_k(geo.tpb) ? 0 : geo.tpb * 128));
+  if constexpr (kCombine) {
+    gathered = reinterpret_cast<float*>(msm);
+    cs_e = reinterpret_cast<int32_t*>(gathered + geo.combine * geo.tpb * 16);
+    cs_w = reinterpret_cast<float*>(cs_e + kCombineMaxSlots);
+    msm = reinterpret_cast<uint16_t*>(cs_w + kCombineMaxSlots);
+  }
   uint16_t* xs = msm + (kNvFp4 ? geo.tpb * 16 * geo.mblk : 0);
   const int tid = static_cast<int>(threadIdx.x);
 
@@ -228,17 +246,22 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     pdl_trigger();
     QMOE_STAMP_WAITED(0);
   }
-  // Entries past the touched experts hold -1 (stages.h): one dependent load, not two, before
-  // the weights' addresses are known.
-  const int64_t e = a.touched[blockIdx.y];
-  if (e < 0) return;
-  const int off = a.offsets[e];
-  const int cnt = a.offsets[e + 1] - off;
+  // The combine: route blockIdx.y (token t, slot j), its expert (if this shard's) and position;
+  // the cluster's first block (slot 0) keeps every slot's expert and weight for the sums.
+  // Otherwise entries past the touched experts hold -1 (stages.h): one dependent load, not two,
+  // before the weights' addresses are known.
+  const CombineRoute route = kCombine ? combine_route(a, cs_e, cs_w, tid) : CombineRoute{};
+  const bool held = !kCombine || route.held;
+  const int64_t e = kCombine ? route.e : a.touched[blockIdx.y];
+  if (!kCombine && e < 0) return;
+  const int off = kCombine ? route.off : a.offsets[e];
+  const int cnt = kCombine ? (held ? 1 : 0) : a.offsets[e + 1] - off;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const MmaPackShape& s = a.shape;
   const int chunks = static_cast<int>(s.chunks);
   const int m0 = static_cast<int>(blockIdx.x) * geo.tpb;
-  const int ntl = min(geo.tpb, static_cast<int>(s.tiles) - m0);
+  const int tiles_here = min(geo.tpb, static_cast<int>(s.tiles) - m0);
+  const int ntl = held ? tiles_here : 0;  // another shard's route: no stream, no scales
 
   // The warp's stream: tiles [t0, t1) of the block, chunks [c0, c1) of each; consecutive in
   // memory either way (split K: one tile, the warp's part of its K).
@@ -632,7 +655,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
         const int64_t lr0 = s.logical_row(16 * m + g), lr1 = s.logical_row(16 * m + g + 8);
         const float* f = sums + tl * 128 + lane;
         const float v[4] = {f[0], f[32], f[64], f[96]};
-        epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
+        if constexpr (kCombine) {
+          hand_to_first(gathered, tl, g, t, v, geo.tpb);
+        } else {
+          epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
+        }
       }
       continue;
     }
@@ -656,7 +683,19 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
         for (int w = 1; w < (1 << wsh); ++w) sum = sum + red[warp + w][i][lane];
         v[i] = sum;
       }
-      epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
+      if constexpr (kCombine) {
+        hand_to_first(gathered, t0, g, t, v, geo.tpb);
+      } else {
+        epilogue(a, e, m, g, lr0, lr1, off + p0, rows, 2 * t, v, kBf16);
+      }
+    }
+  }
+  if constexpr (kCombine) {  // every slot's sums are in the first block: the token's rows
+    cluster_sync();
+    if (blockIdx.y % a.slots == 0) {
+      for (int i = tid; i < tiles_here * 16; i += kWarps * 32) {
+        combine_store(a, m0, i, gathered, cs_e, cs_w, geo.tpb);
+      }
     }
   }
 }
@@ -664,11 +703,18 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 template <int kBits, bool kBf16, int kSpb, int kCode = 0>
 Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
+  const bool combine = geo.combine > 0;
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
-                  static_cast<unsigned>(a.max_groups));
-  auto* kernel = geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, true, kCode>
-                               : &decode_fc_kernel<kBits, kBf16, kSpb, false, kCode>;
-  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(kWarps * 32), smem, stream, a.pdl, a, geo));
+                  static_cast<unsigned>(combine ? a.tokens * a.slots : a.max_groups));
+  constexpr int kComb = kFormCombine, kShared = kFormSharedRing, kRegs = kFormRegisterRing;
+  auto* kernel = combine ? (geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kShared, kCode>
+                                          : &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kRegs, kCode>)
+                 : geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kShared, kCode>
+                                 : &decode_fc_kernel<kBits, kBf16, kSpb, kRegs, kCode>;
+  // The combine: a cluster per token (its slots' blocks of the same tiles).
+  const dim3 cluster(1, combine ? static_cast<unsigned>(a.slots) : 1u, 1);
+  QMOE_CUDA_TRY(launch_cluster_maybe_pdl(kernel, grid, dim3(kWarps * 32), cluster, smem, stream,
+                                         a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");
   return Status::ok();
 }
@@ -743,12 +789,20 @@ Status prepare_decode_kind() {
   return for_each_kernel<kBits, kCode>([](auto b, auto spb) -> Status {
     constexpr bool kB = decltype(b)::value;
     constexpr int kSpb = decltype(spb)::value;
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, false, kCode>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kMaxDynamicSmem));
-    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, true, kCode>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kMaxDynamicSmem));
+    QMOE_CUDA_TRY(
+        cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormRegisterRing, kCode>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem));
+    QMOE_CUDA_TRY(
+        cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormSharedRing, kCode>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem));
+    for (auto* combine : {&decode_fc_kernel<kBits, kB, kSpb, kFormCombine, kCode>,
+                          &decode_fc_kernel<kBits, kB, kSpb, kFormCombine | kFormSharedRing, kCode>}) {
+      QMOE_CUDA_TRY(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kMaxDynamicSmem));
+      // Clusters of up to kCombineMaxSlots blocks (past 8, a size sm_90 allows on request).
+      QMOE_CUDA_TRY(
+          cudaFuncSetAttribute(combine, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
     return Status::ok();
   });
 }

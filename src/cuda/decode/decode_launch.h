@@ -58,7 +58,19 @@ struct DecodeGeometry {
   bool smem_ring = false;  // the weight ring in shared memory (else in registers)
   int mblk = 0;            // NVFP4: the multipliers' blocks per row (MmaPackShape::fp4_blocks)
   int prefetch = 0;        // register ring: rounds prefetched into L2 ahead of the loads
+  // FC2 with the combine (DecodeFcArgs::combine): the route slots of a token, a cluster's
+  // blocks (one route each); 0 otherwise.
+  int combine = 0;
 };
+
+// The kernel's forms (its kForm template argument): the weight ring in registers or in shared
+// memory, either with the combine (FC2's blocks of a token's routes in a cluster that sums them).
+constexpr int kFormRegisterRing = 0;
+constexpr int kFormSharedRing = 1;
+constexpr int kFormCombine = 2;
+// The most route slots (top_k + shared experts) FC2 with the combine takes: the largest cluster
+// sm_90 launches (16 blocks; past 8 on request, prepare_decode_kind).
+constexpr int kCombineMaxSlots = 16;
 
 // Whether a block's warps split each of its tiles' K (fewer tiles per block than warps) rather
 // than each owning whole tiles.
@@ -69,13 +81,16 @@ static_assert(kDecodeWarps == 4, "split K: 4 warps on one tile or 2 on each of t
 constexpr int decode_split_shift(int tpb) { return tpb == 1 ? 2 : 1; }
 
 // The kernel's dynamic shared memory: the weight ring if it is there, its tiles' scales (and zero
-// points), their parked sums (a warp per tile), NVFP4's multipliers, rows_cap rows.
+// points), their parked sums (a warp per tile), with the combine the cluster's gathered sums and
+// the token's slots, NVFP4's multipliers, rows_cap rows.
 inline size_t decode_smem_bytes(const DecodeGeometry& g, bool zero_points) {
   const size_t sums = decode_split_k(g.tpb) ? 0 : static_cast<size_t>(g.tpb) * 128 * 4;
+  const size_t gathered =
+      g.combine > 0 ? (static_cast<size_t>(g.combine) * g.tpb * 16 + 2 * kCombineMaxSlots) * 4 : 0;
   const size_t ring = g.smem_ring ? static_cast<size_t>(kSmemRingSlots) * kRingSlotBytes : 0;
   const size_t mult = static_cast<size_t>(32) * g.tpb * g.mblk;
   return ring + static_cast<size_t>(16) * g.tpb * g.nblk_pad * 4 * (zero_points ? 2 : 1) + sums +
-         mult + static_cast<size_t>(g.rows_cap) * g.ld * 2;
+         gathered + mult + static_cast<size_t>(g.rows_cap) * g.ld * 2;
 }
 
 // The opt-in shared memory of sm_90 less room for the kernel's static reduction buffer (2 KiB;

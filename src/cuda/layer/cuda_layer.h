@@ -210,8 +210,10 @@ class CudaLayer final : public PreparedLayer {
   Status pack_for_decode(const LayerWeights& w);
   // `maps` is the held experts' view (run()): counts and offsets by local index, the per-route
   // arrays the whole layer's.
+  // combine: FC2 runs with the combine into the output (fa: the finalize's arguments), and no
+  // finalize kernel follows.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    cudaStream_t stream, RunProfile* profile);
+                    const FinalizeArgs* combine, cudaStream_t stream, RunProfile* profile);
   // tile: the dispatch choice's mixed-input tile (0: the layer's, mixed_tile_of).
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile, int tile = 0);
@@ -330,6 +332,9 @@ class CudaLayer final : public PreparedLayer {
   // The decode path's copies of FC1 and FC2 in the tensor-core fragment layout (mma_pack.h),
   // present when both FCs are formats that layout supports (plan_decode).
   bool decode_planned_ = false, decode_ready_ = false;
+  // Decode calls of up to this many tokens run FC2 with the combine (no finalize kernel); 0 none
+  // (DecodeOptions::combine, where FC2's shape and the slots fit it).
+  int combine_tokens_ = 0;
   // The fused kernel's part of every call's arguments (weights, routing spec, shapes) and its
   // launch per token count, [0, F] (entry 0 unused): derived once, at plan_fused().
   FusedDecodeArgs fused_args_;

@@ -106,7 +106,8 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile) {
+                             const RouteMapsView& maps, const FinalizeArgs* combine,
+                             cudaStream_t stream, RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
   d.touched = reinterpret_cast<const int32_t*>(ws + l.touched);
@@ -160,6 +161,21 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.hy;
   d.ldo = hp_;
   d.error = nullptr;
+  if (combine != nullptr) {  // the finalize kernel's sums, in FC2's blocks
+    d.combine = true;
+    d.tokens = tokens;
+    d.route_position = combine->route_position;
+    d.expert_ids = combine->expert_ids;
+    d.weights = combine->weights;
+    d.expert_begin = combine->expert_begin;
+    d.expert_end = combine->expert_end;
+    d.scale_input = combine->scale_input;
+    d.bias = combine->fc2_bias;
+    d.bias_dtype = combine->bias_dtype;
+    d.out = combine->out;
+    d.ldo = combine->hidden;
+    d.out_dtype = combine->out_dtype;
+  }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
@@ -416,12 +432,13 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.out = out.data;
   fa.out_dtype = out.dtype;
   fa.pdl = pdl_;
+  const bool combined = decode && tokens <= combine_tokens_;
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, stream, profile));
+    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, combined ? &fa : nullptr, stream, profile));
   } else {
     QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile, choice.tile));
   }
-  QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
+  if (!combined) QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
     QMOE_CUDA_TRY(cudaEventRecord(events_[4], stream));
     QMOE_CUDA_TRY(cudaEventSynchronize(events_[4]));
@@ -433,7 +450,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     profile->fc1_us = 1000.0 * ms[1];
     profile->fc2_us = 1000.0 * ms[2];
     profile->combine_us = 1000.0 * ms[3];
-    profile->combine_fused = false;
+    profile->combine_fused = combined;
   }
   return Status::ok();
 }
