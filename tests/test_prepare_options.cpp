@@ -16,10 +16,10 @@ namespace {
 
 // Every variable resolve_prepare_options reads.
 const char* const kVariables[] = {
-    "QMOE_TUNE_FILE",         "QMOE_GEMM",        "QMOE_DISPATCH",
-    "QMOE_CUDA_PATH",         "QMOE_PDL",         "QMOE_DECODE_ROWS",
-    "QMOE_DECODE_TPB",        "QMOE_DECODE_RING", "QMOE_DECODE_PREFETCH",
-    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",  "QMOE_MIXED_TILE",
+    "QMOE_TUNE_FILE",         "QMOE_GEMM",         "QMOE_DISPATCH",
+    "QMOE_CUDA_PATH",         "QMOE_PDL",          "QMOE_DECODE_ROWS",
+    "QMOE_DECODE_TPB",        "QMOE_DECODE_RING",  "QMOE_DECODE_PREFETCH",
+    "QMOE_DECODE_MIN_BLOCKS", "QMOE_FUSED_GRID",   "QMOE_MIXED_TILE",
     "QMOE_ACT_QUANT",         "QMOE_EPILOGUE_ACT", "QMOE_DECODE_COMBINE"};
 
 // Each test starts from an environment without them (restored afterwards).
@@ -89,7 +89,8 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
   mine.gemm = "cutlass";
   mine.dispatch = "generic";
   mine.pdl = false;
-  mine.decode = DecodeOptions{5, 4, 1, 2, 2, 3};  // rows, tiles, ring, prefetch, min blocks, combine
+  mine.decode =
+      DecodeOptions{5, 4, 1, 2, 2, 3};  // rows, tiles, ring, prefetch, min blocks, combine
   mine.fused_grid_ctas = 3;
   mine.mixed_tile = 128;
   ASSERT_TRUE(resolve(mine, &out).is_ok());
@@ -105,10 +106,10 @@ TEST_F(PrepareOptionsTest, VariablesApplyWhereFieldsHoldTheirDefaults) {
 // Resolved options resolve to themselves (the CLI resolves once, then prepares with the result),
 // whatever the environment still says.
 TEST_F(PrepareOptionsTest, ResolvingTwiceChangesNothing) {
-  EnvOverride a("QMOE_GEMM", "cutlass-dequant"), b("QMOE_DISPATCH", "generic"),
-      c("QMOE_PDL", "0"), d("QMOE_DECODE_ROWS", "3"), e("QMOE_DECODE_TPB", "8"),
-      f("QMOE_MIXED_TILE", "64"), g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7"),
-      i("QMOE_EPILOGUE_ACT", "0"), j("QMOE_DECODE_COMBINE", "0");
+  EnvOverride a("QMOE_GEMM", "cutlass-dequant"), b("QMOE_DISPATCH", "generic"), c("QMOE_PDL", "0"),
+      d("QMOE_DECODE_ROWS", "3"), e("QMOE_DECODE_TPB", "8"), f("QMOE_MIXED_TILE", "64"),
+      g("QMOE_ACT_QUANT", "fp8_e4m3"), h("QMOE_FUSED_GRID", "7"), i("QMOE_EPILOGUE_ACT", "0"),
+      j("QMOE_DECODE_COMBINE", "0");
   PrepareOptions once, twice;
   ASSERT_TRUE(resolve({}, &once).is_ok());
   ASSERT_TRUE(resolve(once, &twice).is_ok());
@@ -170,7 +171,7 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_COMBINE", "65", "1..64 tokens"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
         Case{"QMOE_DISPATCH", "decode/3", "fused, generic/32, generic/64 or generic/128"},
-        Case{"QMOE_DISPATCH", "decode/2", "decode/1"},  // the deleted two-group form
+        Case{"QMOE_DISPATCH", "decode/2", "decode/1"},      // the deleted two-group form
         Case{"QMOE_DISPATCH", "generic/48", "generic/64"},  // a tile there is not
         Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
         Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"},
