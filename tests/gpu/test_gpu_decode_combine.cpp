@@ -93,8 +93,8 @@ TEST(GpuDecodeCombine, IntegerCodesKeepTheFinalizeBits) {
 
 TEST(GpuDecodeCombine, FloatCodesKeepTheFinalizeBits) {
   QMOE_REQUIRE_GPU();
-  for (WeightFormat f : {WeightFormat::kNvFp4, WeightFormat::kMxFp4, WeightFormat::kFp8,
-                         WeightFormat::kFp8Block}) {
+  for (WeightFormat f :
+       {WeightFormat::kNvFp4, WeightFormat::kMxFp4, WeightFormat::kFp8, WeightFormat::kFp8Block}) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       // FC2's K of 320: fp8_block's last block of 128 is short (64).
       LayerSpec s = small_spec(f, 512, 320, 16, 4);
