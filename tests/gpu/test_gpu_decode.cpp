@@ -227,51 +227,44 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
+// At one token, on a fresh layer of spec s with the decode kernel forced: the launcher's own
+// geometry gives the bits of `forced` (options naming the choice the launcher should make), within
+// the budget.
+void check_launcher_choice(const LayerSpec& s, const PrepareOptions& forced) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(std::string(format_info(s.fc1.format).name) + " seed " + std::to_string(seed));
+  TestLayer tl;
+  make_layer(s, seed, &tl);
+  TestInputs ti;
+  make_inputs(tl.spec, 1, seed + 1, false, &ti);
+  GpuRun chosen, named;
+  gpu_run(tl, ti, &chosen, with_dispatch("decode/1"));
+  gpu_run(tl, ti, &named, forced);
+  EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
+  EXPECT_EQ(chosen.out, named.out);
+}
+
 // The launcher's own choice at one token: two tiles per block where one route per expert gives
 // 800 to 1600 (expert, tile) pairs of tiles of at least 8 chunks (both FCs here: 16 x 64 pairs
-// of 16 and 8 chunks), bit for bit the forced choice, within the budget.
+// of 16 and 8 chunks).
 TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
   QMOE_REQUIRE_GPU();
   LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 32, 16);
   s.fc1.block_size = s.fc2.block_size = 128;
   s.act_dtype = DType::kBF16;
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  TestLayer tl;
-  make_layer(s, seed, &tl);
-  TestInputs ti;
-  make_inputs(tl.spec, 1, seed + 1, false, &ti);
-  PrepareOptions o;
-  o.dispatch = "decode/1";  // the decode kernel, whatever the dispatch's own choice
-  GpuRun chosen, two;
-  gpu_run(tl, ti, &chosen, with_tiles(0, o));
-  gpu_run(tl, ti, &two, with_tiles(2, o));
-  EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
-  EXPECT_EQ(chosen.out, two.out);
+  check_launcher_choice(s, with_tiles(2, with_dispatch("decode/1")));
 }
 
 // With one route per expert, a warp's stream of 16 chunks takes the shared-memory ring
 // (kSmemRingMinChunksOneRoute): H 4096 int4 gives FC1 tiles of 64 chunks, 16 for each of the 4
-// warps splitting one. The launcher's choice gives the register ring's bits, within the budget.
+// warps splitting one. The launcher's choice gives the register ring's bits.
 TEST(GpuDecode, LauncherTakesTheSharedRingForOneRouteStreams) {
   QMOE_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFp8Block}) {
     LayerSpec s = small_spec(f, 4096, 256, 8, 2);
     s.fc1.block_size = s.fc2.block_size = 128;
     s.act_dtype = DType::kBF16;
-    const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(std::string(format_info(f).name) + " seed " + std::to_string(seed));
-    TestLayer tl;
-    make_layer(s, seed, &tl);
-    TestInputs ti;
-    make_inputs(tl.spec, 1, seed + 1, false, &ti);
-    PrepareOptions o;
-    o.dispatch = "decode/1";
-    GpuRun chosen, regs;
-    gpu_run(tl, ti, &chosen, o);
-    gpu_run(tl, ti, &regs, with_ring(1, o));
-    EXPECT_LE(chosen.error, gpu_budget(s.act_dtype));
-    EXPECT_EQ(chosen.out, regs.out);
+    check_launcher_choice(s, with_ring(1, with_dispatch("decode/1")));
   }
 }
 

@@ -93,8 +93,8 @@ TEST(GpuDecodeCombine, IntegerCodesKeepTheFinalizeBits) {
 
 TEST(GpuDecodeCombine, FloatCodesKeepTheFinalizeBits) {
   QMOE_REQUIRE_GPU();
-  for (WeightFormat f : {WeightFormat::kNvFp4, WeightFormat::kMxFp4, WeightFormat::kFp8,
-                         WeightFormat::kFp8Block}) {
+  for (WeightFormat f :
+       {WeightFormat::kNvFp4, WeightFormat::kMxFp4, WeightFormat::kFp8, WeightFormat::kFp8Block}) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       // FC2's K of 320: fp8_block's last block of 128 is short (64).
       LayerSpec s = small_spec(f, 512, 320, 16, 4);
@@ -140,13 +140,19 @@ TEST(GpuDecodeCombine, SlotsBiasesAndShortK) {
   }
 }
 
-// More slots than the combine takes (a cluster holds at most 16 blocks): the layer keeps FC2 and
-// the finalize kernel, within the budget.
-TEST(GpuDecodeCombine, MoreSlotsKeepTheFinalize) {
+// More slots than the combine takes (a cluster holds at most 16 blocks), or an FC2 whose block
+// of one tile leaves room for fewer than two per multiprocessor (a K of 49152: a cluster's blocks
+// must all fit one GPC): the layer keeps FC2 and the finalize kernel, within the budget.
+TEST(GpuDecodeCombine, LayersItDoesNotTakeKeepTheFinalize) {
   QMOE_REQUIRE_GPU();
-  {
-    LayerSpec s = small_spec(WeightFormat::kInt4, 256, 128, 32, 17);
+  struct Case {
+    int64_t h, i, e;
+    int k;
+  };
+  for (const Case& c : {Case{256, 128, 32, 17}, Case{128, 49152, 4, 2}}) {
+    LayerSpec s = small_spec(WeightFormat::kInt4, c.h, c.i, c.e, c.k);
     s.act_dtype = DType::kBF16;
+    SCOPED_TRACE("I " + std::to_string(c.i) + ", k " + std::to_string(c.k));
     const uint64_t seed = fresh_seed();
     TestLayer tl;
     make_layer(s, seed, &tl);

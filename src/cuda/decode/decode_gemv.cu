@@ -186,12 +186,12 @@ Status launch_geometry(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t 
 }
 
 // FC2 with the combine: the geometry of one route per block (tpb tiles, the ring the rule
-// chooses), the cluster's gathered sums with it; a tile per block where that does not fit.
+// chooses), the cluster's gathered sums with it; a tile per block where that leaves fewer than
+// kCombineMinBlocks blocks per multiprocessor.
 DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
   DecodeGeometry g = plan_geometry(a, 1, tpb);
   g.combine = a.slots;
-  if (decode_smem_bytes(g, a.zero_points != nullptr) > static_cast<size_t>(kMaxDynamicSmem) &&
-      g.tpb > 1) {
+  if (blocks_per_sm(g, a.zero_points != nullptr) < kCombineMinBlocks && g.tpb > 1) {
     g = plan_geometry(a, 1, 1);
     g.combine = a.slots;
   }
@@ -199,9 +199,11 @@ DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
 }
 
 Status check_combine_args(const DecodeFcArgs& a) {
-  if (a.fc1 || a.slots < 1 || a.slots > kCombineMaxSlots || a.tokens < 1 || a.tokens > 65535) {
+  if (a.fc1 || a.slots < 1 || a.slots > kCombineMaxSlots || a.tokens < 1 ||
+      static_cast<int64_t>(a.tokens) * a.slots > 65535) {
     return Status::invalid("decode combine: FC2 only, slots 1.." +
-                           std::to_string(kCombineMaxSlots) + " and tokens 1..65535, got slots " +
+                           std::to_string(kCombineMaxSlots) +
+                           " and tokens * slots 1..65535 (the grid's rows), got slots " +
                            std::to_string(a.slots) + ", tokens " + std::to_string(a.tokens));
   }
   if (a.route_position == nullptr || a.expert_ids == nullptr || a.weights == nullptr) {
@@ -312,7 +314,8 @@ bool decode_combine_fits(const MmaPackShape& s, bool zero_points, int slots) {
   DecodeGeometry g = geometry(s);  // one tile, one row, the ring in shared memory
   g.combine = slots;
   g.smem_ring = true;
-  return decode_smem_bytes(g, zero_points) <= static_cast<size_t>(kMaxDynamicSmem);
+  return decode_smem_bytes(g, zero_points) <= static_cast<size_t>(kMaxDynamicSmem) &&
+         blocks_per_sm(g, zero_points) >= kCombineMinBlocks;
 }
 
 Status prepare_decode_kernels() {

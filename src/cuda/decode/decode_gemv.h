@@ -132,8 +132,8 @@ Status check_decode_args(const DecodeFcArgs& args);
 bool decode_fits(const MmaPackShape& shape, bool zero_points);
 
 // Whether FC2 of this packed shape can run with the combine for `slots` route slots: at most
-// kCombineMaxSlots, and a block of one tile (its row, scales and the cluster's gathered sums)
-// in shared memory.
+// kCombineMaxSlots, and kCombineMinBlocks blocks of one tile (its row, scales and the cluster's
+// gathered sums) in a multiprocessor's shared memory.
 bool decode_combine_fits(const MmaPackShape& shape, bool zero_points, int slots);
 
 // The activation rows per pass (DecodeFcArgs::max_rows) for a call of `tokens` on a layer of

@@ -707,10 +707,11 @@ Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
   const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
                   static_cast<unsigned>(combine ? a.tokens * a.slots : a.max_groups));
   constexpr int kComb = kFormCombine, kShared = kFormSharedRing, kRegs = kFormRegisterRing;
-  auto* kernel = combine ? (geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kShared, kCode>
-                                          : &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kRegs, kCode>)
-                 : geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kShared, kCode>
-                                 : &decode_fc_kernel<kBits, kBf16, kSpb, kRegs, kCode>;
+  auto* kernel =
+      combine ? (geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kShared, kCode>
+                               : &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kRegs, kCode>)
+      : geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kShared, kCode>
+                      : &decode_fc_kernel<kBits, kBf16, kSpb, kRegs, kCode>;
   // The combine: a cluster per token (its slots' blocks of the same tiles).
   const dim3 cluster(1, combine ? static_cast<unsigned>(a.slots) : 1u, 1);
   QMOE_CUDA_TRY(launch_cluster_maybe_pdl(kernel, grid, dim3(kWarps * 32), cluster, smem, stream,
@@ -789,14 +790,15 @@ Status prepare_decode_kind() {
   return for_each_kernel<kBits, kCode>([](auto b, auto spb) -> Status {
     constexpr bool kB = decltype(b)::value;
     constexpr int kSpb = decltype(spb)::value;
-    QMOE_CUDA_TRY(
-        cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormRegisterRing, kCode>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem));
-    QMOE_CUDA_TRY(
-        cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormSharedRing, kCode>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem));
-    for (auto* combine : {&decode_fc_kernel<kBits, kB, kSpb, kFormCombine, kCode>,
-                          &decode_fc_kernel<kBits, kB, kSpb, kFormCombine | kFormSharedRing, kCode>}) {
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormRegisterRing, kCode>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kMaxDynamicSmem));
+    QMOE_CUDA_TRY(cudaFuncSetAttribute(&decode_fc_kernel<kBits, kB, kSpb, kFormSharedRing, kCode>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kMaxDynamicSmem));
+    for (auto* combine :
+         {&decode_fc_kernel<kBits, kB, kSpb, kFormCombine, kCode>,
+          &decode_fc_kernel<kBits, kB, kSpb, kFormCombine | kFormSharedRing, kCode>}) {
       QMOE_CUDA_TRY(cudaFuncSetAttribute(combine, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          kMaxDynamicSmem));
       // Clusters of up to kCombineMaxSlots blocks (past 8, a size sm_90 allows on request).

@@ -71,6 +71,10 @@ constexpr int kFormCombine = 2;
 // The most route slots (top_k + shared experts) FC2 with the combine takes: the largest cluster
 // sm_90 launches (16 blocks; past 8 on request, prepare_decode_kind).
 constexpr int kCombineMaxSlots = 16;
+// The blocks per multiprocessor FC2 with the combine needs room for in shared memory: a cluster's
+// blocks all run at once on one GPC (an sm_90 GPC has 16 to 18 multiprocessors, some fewer where
+// units are disabled), so that a cluster of 16 needs only 8 of them.
+constexpr int kCombineMinBlocks = 2;
 
 // Whether a block's warps split each of its tiles' K (fewer tiles per block than warps) rather
 // than each owning whole tiles.

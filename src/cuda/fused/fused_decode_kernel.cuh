@@ -635,13 +635,12 @@ __global__ void __launch_bounds__(kThreads, 2)
                                ? a.stamps + static_cast<size_t>(blockIdx.x) * kFusedStamps
                                : nullptr;
   unsigned long long mark = 0;
-  auto now = []() { return globaltimer_ns(); };
   auto at = [&](int i) {
-    if (st != nullptr) st[i] = mark = now();
+    if (st != nullptr) st[i] = mark = globaltimer_ns();
   };
   auto add = [&](int i) {  // the time since the last stamp, to slot i
     if (st != nullptr) {
-      const unsigned long long t = now();
+      const unsigned long long t = globaltimer_ns();
       st[i] += t - mark;
       mark = t;
     }
@@ -714,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     // 1. Stage: the tiles' scales (every block of K), then FC1's input rows, or, once the expert's
     //    FC1 is complete, FC2's activations.
-    if (st != nullptr) mark = now();
+    if (st != nullptr) mark = globaltimer_ns();
     const int nbp = fc1 ? geo.nbp1 : geo.nbp2;
     float* sc = fc1 ? sc1 : sc2;
     float* zs = fc1 ? zs1 : zs2;

@@ -142,9 +142,8 @@ Status CudaLayer::init(const LayerWeights& w) {
   // FC2 with the combine (DecodeFcArgs::combine) on calls of up to combine_tokens_ tokens.
   const int combine = decode_options_.combine < 0 ? kDecodeCombineTokens : decode_options_.combine;
   combine_tokens_ =
-      decode_planned_ && decode_combine_fits(pack2_, spec_.fc2.zero_points, spec_.slots())
-          ? combine
-          : 0;
+      decode_planned_ && decode_combine_fits(pack2_, spec_.fc2.zero_points, spec_.slots()) ? combine
+                                                                                           : 0;
   // The FP8 GEMM reads ORT's e4m3 codes as they are, as the mixed-input kernel does.
   auto raw = [&](const FcFormat& f, int64_t n, int64_t k) {
     const FormatKind kind = f.info().kind;
