@@ -148,6 +148,40 @@ __device__ __forceinline__ bool load_row(const void* src, DType t, int count, fl
   return bad;
 }
 
+// load_row() of src with, in the same batches, elements [0, count2) of the f32 row src2 into dst2
+// (count2 <= count; not checked: the grouped method's bias, a parameter of the layer): both rows'
+// loads go out before the first is used, so the bias costs no memory round trip of its own.
+__device__ __forceinline__ bool load_row_and(const void* src, DType t, int count, float* dst,
+                                             const float* src2, int count2, float* dst2,
+                                             int lane) {
+  constexpr int kHalf = kLoadBatch / 2;
+  bool bad = false;
+  QMOE_NO_UNROLL
+  for (int base = 0; base < count; base += kWarpSize * kHalf) {
+    uint32_t bits[kHalf];
+    float second[kHalf];
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      if (base + i * kWarpSize >= count) break;
+      const int e = min(base + i * kWarpSize + lane, count - 1);
+      bits[i] = load_bits(src, t, e);
+      second[i] = __ldg(src2 + min(e, count2 - 1));
+    }
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      if (base + i * kWarpSize >= count) break;
+      const int e = base + i * kWarpSize + lane;
+      const float v = decode_f32(bits[i], t);
+      if (e < count) {
+        bad = bad || !is_finite_f32(v);
+        dst[e] = v;
+        if (e < count2) dst2[e] = second[i];
+      }
+    }
+  }
+  return bad;
+}
+
 // ---- sums and maxima ----
 
 // The warp's 32 partial sums combined as routing::warp_order_sum() combines them: at step off,
@@ -388,16 +422,15 @@ __device__ __forceinline__ const float* sparse_mixer_warp(const RoutingSpec& r, 
   return work;
 }
 
-// s overwrites x[0, n), c fills work[0, n). Groups are ranked like experts, with group_score()
-// as their value; a lane owns groups lane, lane + 32, ... and masks the experts of those it did
-// not pick (the picked ones are exactly those whose keys reach its last pick).
+// s overwrites x[0, n), c fills work[0, n), which holds the bias on entry (route_token_warp loads
+// it with the logits). Groups are ranked like experts, with group_score() as their value; a lane
+// owns groups lane, lane + 32, ... and masks the experts of those it did not pick (the picked
+// ones are exactly those whose keys reach its last pick).
 __device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r, int n, float* x,
-                                                           const float* bias, float* work,
-                                                           int32_t* ids, int lane) {
+                                                           float* work, int32_t* ids, int lane) {
   const bool higher = r.ties == TieBreak::kHigherIndex;
   float* s = x;
   float* c = work;
-  load_row(bias, DType::kF32, n, c, lane);
   for_lane_share(n, lane, [&](int e, bool own) {
     if (!own) return;  // s is x: the clamped index is another lane's, which it overwrites now
     const float se = routing::sigmoid_f32(x[e]);
@@ -439,11 +472,18 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
 
   bool bad_logit = false;
   bool bad_weight = false;
-  // The logits into x, then (only checked) the router weights: one copy of the loads' code.
+  // The logits into x (with the grouped method's bias into work[0, n), in the same round trip),
+  // then (only checked) the router weights: one copy of the loads' code.
   QMOE_NO_UNROLL
   for (int pass = 0; pass < (gathered ? 2 : 1); ++pass) {
-    const bool bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype,
-                              num_e, pass == 0 ? x : nullptr, lane);
+    bool bad;
+    if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
+      bad = pass == 0 ? load_row_and(logits, a.logits_dtype, num_e, x, a.bias, n, work, lane)
+                      : load_row(rw, a.rw_dtype, num_e, nullptr, lane);
+    } else {
+      bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype, num_e,
+                     pass == 0 ? x : nullptr, lane);
+    }
     if (pass == 0) {
       bad_logit = bad;
     } else {
@@ -469,7 +509,7 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
   } else if constexpr (kMethod == RoutingMethod::kSparseMixer) {
     values = sparse_mixer_warp(r, n, x, work, sids, lane);
   } else if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
-    values = grouped_top_k_warp(r, n, x, a.bias, work, sids, lane);
+    values = grouped_top_k_warp(r, n, x, work, sids, lane);
   } else {
     static_assert(kMethod == RoutingMethod::kTopKSoftmax || kMethod == RoutingMethod::kTopKSigmoid,
                   "a routing method without a warp path");
