@@ -121,61 +121,39 @@ __device__ __forceinline__ bool is_finite_f32(float v) {
 // returns whether any is non-finite. Up to kLoadBatch loads per lane go out before the first is
 // used, so E <= 32 kLoadBatch costs one memory round trip. The breaks are warp-uniform; a lane
 // past the end loads element count - 1 again rather than branching around the load.
+// kSecond: elements [0, count2) of the f32 row src2 go to dst2 in the same batches (count2 <=
+// count, not checked: the grouped method's bias, a parameter of the layer), half of each batch
+// for each row, so the second row costs no memory round trip of its own.
 constexpr int kLoadBatch = 16;
 
+template <bool kSecond = false>
 __device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst,
-                                         int lane) {
+                                         int lane, const float* src2 = nullptr, int count2 = 0,
+                                         float* dst2 = nullptr) {
+  constexpr int kBatch = kSecond ? kLoadBatch / 2 : kLoadBatch;
   bool bad = false;
   QMOE_NO_UNROLL
-  for (int base = 0; base < count; base += kWarpSize * kLoadBatch) {
-    uint32_t bits[kLoadBatch];
+  for (int base = 0; base < count; base += kWarpSize * kBatch) {
+    uint32_t bits[kBatch];
+    [[maybe_unused]] float second[kBatch];
 #pragma unroll
-    for (int i = 0; i < kLoadBatch; ++i) {
+    for (int i = 0; i < kBatch; ++i) {
       if (base + i * kWarpSize >= count) break;
-      bits[i] = load_bits(src, t, min(base + i * kWarpSize + lane, count - 1));
+      const int e = min(base + i * kWarpSize + lane, count - 1);
+      bits[i] = load_bits(src, t, e);
+      if constexpr (kSecond) second[i] = __ldg(src2 + min(e, count2 - 1));
     }
 #pragma unroll
-    for (int i = 0; i < kLoadBatch; ++i) {
+    for (int i = 0; i < kBatch; ++i) {
       if (base + i * kWarpSize >= count) break;
       const int e = base + i * kWarpSize + lane;
       const float v = decode_f32(bits[i], t);
       if (e < count) {
         bad = bad || !is_finite_f32(v);
         if (dst != nullptr) dst[e] = v;
-      }
-    }
-  }
-  return bad;
-}
-
-// load_row() of src with, in the same batches, elements [0, count2) of the f32 row src2 into dst2
-// (count2 <= count; not checked: the grouped method's bias, a parameter of the layer): both rows'
-// loads go out before the first is used, so the bias costs no memory round trip of its own.
-__device__ __forceinline__ bool load_row_and(const void* src, DType t, int count, float* dst,
-                                             const float* src2, int count2, float* dst2,
-                                             int lane) {
-  constexpr int kHalf = kLoadBatch / 2;
-  bool bad = false;
-  QMOE_NO_UNROLL
-  for (int base = 0; base < count; base += kWarpSize * kHalf) {
-    uint32_t bits[kHalf];
-    float second[kHalf];
-#pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      if (base + i * kWarpSize >= count) break;
-      const int e = min(base + i * kWarpSize + lane, count - 1);
-      bits[i] = load_bits(src, t, e);
-      second[i] = __ldg(src2 + min(e, count2 - 1));
-    }
-#pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      if (base + i * kWarpSize >= count) break;
-      const int e = base + i * kWarpSize + lane;
-      const float v = decode_f32(bits[i], t);
-      if (e < count) {
-        bad = bad || !is_finite_f32(v);
-        dst[e] = v;
-        if (e < count2) dst2[e] = second[i];
+        if constexpr (kSecond) {
+          if (e < count2) dst2[e] = second[i];
+        }
       }
     }
   }
@@ -478,7 +456,7 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
   for (int pass = 0; pass < (gathered ? 2 : 1); ++pass) {
     bool bad;
     if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
-      bad = pass == 0 ? load_row_and(logits, a.logits_dtype, num_e, x, a.bias, n, work, lane)
+      bad = pass == 0 ? load_row<true>(logits, a.logits_dtype, num_e, x, lane, a.bias, n, work)
                       : load_row(rw, a.rw_dtype, num_e, nullptr, lane);
     } else {
       bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype, num_e,
