@@ -408,8 +408,8 @@ __device__ __forceinline__ void combine_store(const DecodeFcArgs& a, int m0, int
     __device__ float weight(int j) const { return cs_w[j]; }
   };
   float acc[1];
-  combine_slots(a.slots, a.scale_input, a.bias != nullptr,
-                Rows{a, gathered, cs_e, cs_w, tpb, tl, r, lr}, acc);
+  combine_slots<1, 1>(a.slots, a.scale_input, a.bias != nullptr,
+                      Rows{a, gathered, cs_e, cs_w, tpb, tl, r, lr}, acc);
   store_float(a.out, a.out_dtype, static_cast<int64_t>(blockIdx.y / a.slots) * a.ldo + lr, acc[0]);
 }
 

@@ -31,18 +31,19 @@ __device__ __forceinline__ void load_y(const uint16_t* y, float (&v)[1]) {
 //   void  load(j, v[kCols])  slot j's y values of the columns
 //   float bias(e, q)         b2[e] of column q
 //   float weight(j)          w_j
-// Four slots' loads go out before their adds; a column's terms and their order do not depend on
-// kCols or on where the rows come from, so neither do its bits.
-template <int kCols, typename Rows>
+// kAhead slots' loads go out before their adds (4 for rows in global memory, 1 in shared memory,
+// where the unrolled batches only lengthen the code); a column's terms and their order depend
+// neither on kCols, nor on kAhead, nor on where the rows come from, so neither do its bits.
+template <int kCols, int kAhead, typename Rows>
 __device__ __forceinline__ void combine_slots(int slots, bool scale_input, bool has_bias,
                                               const Rows& rows, float (&acc)[kCols]) {
 #pragma unroll
   for (int q = 0; q < kCols; ++q) acc[q] = 0.0f;
-  for (int j0 = 0; j0 < slots; j0 += 4) {
-    float v[4][kCols];
-    int e[4];
+  for (int j0 = 0; j0 < slots; j0 += kAhead) {
+    float v[kAhead][kCols];
+    int e[kAhead];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kAhead; ++u) {
       const int j = j0 + u;
       e[u] = j < slots ? rows.local(j) : -1;
       if (e[u] >= 0) {
@@ -53,7 +54,7 @@ __device__ __forceinline__ void combine_slots(int slots, bool scale_input, bool 
       }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kAhead; ++u) {
       if (e[u] < 0) continue;
 #pragma unroll
       for (int q = 0; q < kCols; ++q) {
@@ -83,7 +84,7 @@ __device__ __forceinline__ void combine_columns(const FinalizeArgs& a, const int
     int64_t c;
     __device__ int local(int j) const {
       return expert[j] >= a.expert_begin && expert[j] < a.expert_end ? expert[j] - a.expert_begin
-                                                                       : -1;
+                                                                     : -1;
     }
     __device__ void load(int j, float (&v)[kCols]) const {
       load_y(static_cast<const Y*>(a.y) + static_cast<int64_t>(pos[j]) * a.ldy + c, v);
@@ -93,7 +94,8 @@ __device__ __forceinline__ void combine_columns(const FinalizeArgs& a, const int
     }
     __device__ float weight(int j) const { return w[j]; }
   };
-  combine_slots(a.slots, a.scale_input, a.fc2_bias != nullptr, Rows{a, pos, expert, w, c}, acc);
+  combine_slots<kCols, 4>(a.slots, a.scale_input, a.fc2_bias != nullptr, Rows{a, pos, expert, w, c},
+                          acc);
 }
 
 }  // namespace qmoe::cuda

@@ -127,8 +127,8 @@ __device__ __forceinline__ bool is_finite_f32(float v) {
 constexpr int kLoadBatch = 16;
 
 template <bool kSecond = false>
-__device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst,
-                                         int lane, const float* src2 = nullptr, int count2 = 0,
+__device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst, int lane,
+                                         const float* src2 = nullptr, int count2 = 0,
                                          float* dst2 = nullptr) {
   constexpr int kBatch = kSecond ? kLoadBatch / 2 : kLoadBatch;
   bool bad = false;
