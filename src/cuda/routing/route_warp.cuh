@@ -121,39 +121,27 @@ __device__ __forceinline__ bool is_finite_f32(float v) {
 // returns whether any is non-finite. Up to kLoadBatch loads per lane go out before the first is
 // used, so E <= 32 kLoadBatch costs one memory round trip. The breaks are warp-uniform; a lane
 // past the end loads element count - 1 again rather than branching around the load.
-// kSecond: elements [0, count2) of the f32 row src2 go to dst2 in the same batches (count2 <=
-// count, not checked: the grouped method's bias, a parameter of the layer), half of each batch
-// for each row, so the second row costs no memory round trip of its own.
 constexpr int kLoadBatch = 16;
 
-template <bool kSecond = false>
-__device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst, int lane,
-                                         const float* src2 = nullptr, int count2 = 0,
-                                         float* dst2 = nullptr) {
-  constexpr int kBatch = kSecond ? kLoadBatch / 2 : kLoadBatch;
+__device__ __forceinline__ bool load_row(const void* src, DType t, int count, float* dst,
+                                         int lane) {
   bool bad = false;
   QMOE_NO_UNROLL
-  for (int base = 0; base < count; base += kWarpSize * kBatch) {
-    uint32_t bits[kBatch];
-    [[maybe_unused]] float second[kBatch];
+  for (int base = 0; base < count; base += kWarpSize * kLoadBatch) {
+    uint32_t bits[kLoadBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
+    for (int i = 0; i < kLoadBatch; ++i) {
       if (base + i * kWarpSize >= count) break;
-      const int e = min(base + i * kWarpSize + lane, count - 1);
-      bits[i] = load_bits(src, t, e);
-      if constexpr (kSecond) second[i] = __ldg(src2 + min(e, count2 - 1));
+      bits[i] = load_bits(src, t, min(base + i * kWarpSize + lane, count - 1));
     }
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
+    for (int i = 0; i < kLoadBatch; ++i) {
       if (base + i * kWarpSize >= count) break;
       const int e = base + i * kWarpSize + lane;
       const float v = decode_f32(bits[i], t);
       if (e < count) {
         bad = bad || !is_finite_f32(v);
         if (dst != nullptr) dst[e] = v;
-        if constexpr (kSecond) {
-          if (e < count2) dst2[e] = second[i];
-        }
       }
     }
   }
@@ -400,15 +388,16 @@ __device__ __forceinline__ const float* sparse_mixer_warp(const RoutingSpec& r, 
   return work;
 }
 
-// s overwrites x[0, n), c fills work[0, n), which holds the bias on entry (route_token_warp loads
-// it with the logits). Groups are ranked like experts, with group_score() as their value; a lane
-// owns groups lane, lane + 32, ... and masks the experts of those it did not pick (the picked
-// ones are exactly those whose keys reach its last pick).
+// s overwrites x[0, n), c fills work[0, n). Groups are ranked like experts, with group_score()
+// as their value; a lane owns groups lane, lane + 32, ... and masks the experts of those it did
+// not pick (the picked ones are exactly those whose keys reach its last pick).
 __device__ __forceinline__ const float* grouped_top_k_warp(const RoutingSpec& r, int n, float* x,
-                                                           float* work, int32_t* ids, int lane) {
+                                                           const float* bias, float* work,
+                                                           int32_t* ids, int lane) {
   const bool higher = r.ties == TieBreak::kHigherIndex;
   float* s = x;
   float* c = work;
+  load_row(bias, DType::kF32, n, c, lane);
   for_lane_share(n, lane, [&](int e, bool own) {
     if (!own) return;  // s is x: the clamped index is another lane's, which it overwrites now
     const float se = routing::sigmoid_f32(x[e]);
@@ -450,18 +439,11 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
 
   bool bad_logit = false;
   bool bad_weight = false;
-  // The logits into x (with the grouped method's bias into work[0, n), in the same round trip),
-  // then (only checked) the router weights: one copy of the loads' code.
+  // The logits into x, then (only checked) the router weights: one copy of the loads' code.
   QMOE_NO_UNROLL
   for (int pass = 0; pass < (gathered ? 2 : 1); ++pass) {
-    bool bad;
-    if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
-      bad = pass == 0 ? load_row<true>(logits, a.logits_dtype, num_e, x, lane, a.bias, n, work)
-                      : load_row(rw, a.rw_dtype, num_e, nullptr, lane);
-    } else {
-      bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype, num_e,
-                     pass == 0 ? x : nullptr, lane);
-    }
+    const bool bad = load_row(pass == 0 ? logits : rw, pass == 0 ? a.logits_dtype : a.rw_dtype,
+                              num_e, pass == 0 ? x : nullptr, lane);
     if (pass == 0) {
       bad_logit = bad;
     } else {
@@ -487,7 +469,7 @@ __device__ __forceinline__ void route_token_warp(const TokenRouting& a, int64_t 
   } else if constexpr (kMethod == RoutingMethod::kSparseMixer) {
     values = sparse_mixer_warp(r, n, x, work, sids, lane);
   } else if constexpr (kMethod == RoutingMethod::kGroupedTopK) {
-    values = grouped_top_k_warp(r, n, x, work, sids, lane);
+    values = grouped_top_k_warp(r, n, x, a.bias, work, sids, lane);
   } else {
     static_assert(kMethod == RoutingMethod::kTopKSoftmax || kMethod == RoutingMethod::kTopKSigmoid,
                   "a routing method without a warp path");
