@@ -376,6 +376,17 @@ __device__ __forceinline__ void hand_to_first(float* gathered, int tile, int g, 
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dst + 32), "f"(v[2]) : "memory");
 }
 
+// Every thread of the cluster, once as the kernel starts (arrive) and once before the first
+// store into another block's shared memory (wait): every block of the cluster has started, so the
+// memory hand_to_first writes exists (a block's shared memory is its own only once it runs).
+// Relaxed: it orders nothing; cluster_sync below orders the stores.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 // Every thread of the cluster: its shared-memory stores (hand_to_first's) before, every other
 // block's visible after.
 __device__ __forceinline__ void cluster_sync() {
