@@ -14,6 +14,7 @@
 #include "cuda/decode/decode_gemv.h"
 #include "cuda/decode/decode_launch.h"
 #include "cuda/layer/activation.cuh"
+#include "cuda/layer/combine.cuh"
 
 namespace qmoe::cuda::decode_detail {
 
@@ -375,6 +376,17 @@ __device__ __forceinline__ void hand_to_first(float* gathered, int tile, int g, 
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dst + 32), "f"(v[2]) : "memory");
 }
 
+// Every thread of the cluster, once as the kernel starts (arrive) and once before the first
+// store into another block's shared memory (wait): every block of the cluster has started, so the
+// memory hand_to_first writes exists (a block's shared memory is its own only once it runs).
+// Relaxed: it orders nothing; cluster_sync below orders the stores.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 // Every thread of the cluster: its shared-memory stores (hand_to_first's) before, every other
 // block's visible after.
 __device__ __forceinline__ void cluster_sync() {
@@ -383,25 +395,33 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 // In the cluster's first block after the cluster's barrier: output row 16 (m0 + i / 16) + i % 16
-// of the token, the sum over its held slots j, in slot order, of w_j * (y_j + b2[e_j]) (without
-// w_j for kScaleInput), y_j the slot's gathered sums: the finalize kernel's terms and order
-// (combine.cuh) on the rows FC2 would have stored, so its bits. No held slot: +0, as there.
+// of the token, the finalize kernel's sum (combine.cuh's combine_slots: its terms and order) on
+// the rows FC2 would have stored, y_j the slot's gathered sums, so its bits. No held slot: +0,
+// as there.
 __device__ __forceinline__ void combine_store(const DecodeFcArgs& a, int m0, int i,
                                               const float* gathered, const int32_t* cs_e,
                                               const float* cs_w, int tpb) {
   const int tl = i >> 4, r = i & 15;
   const int64_t lr = a.shape.logical_row(16 * (m0 + tl) + r);
   if (lr < 0) return;
-  float acc = 0.0f;
-  for (int j = 0; j < a.slots; ++j) {
-    if (cs_e[j] < 0) continue;  // another shard's
-    float x = gathered[(j * tpb + tl) * 16 + r];
-    if (a.bias) {
-      x = x + load_scalar(a.bias, a.bias_dtype, static_cast<int64_t>(cs_e[j]) * a.shape.n + lr);
+  struct Rows {
+    const DecodeFcArgs& a;
+    const float* gathered;
+    const int32_t* cs_e;
+    const float* cs_w;
+    int tpb, tl, r;
+    int64_t lr;
+    __device__ int local(int j) const { return cs_e[j]; }
+    __device__ void load(int j, float (&v)[1]) const { v[0] = gathered[(j * tpb + tl) * 16 + r]; }
+    __device__ float bias(int e, int) const {
+      return load_scalar(a.bias, a.bias_dtype, static_cast<int64_t>(e) * a.shape.n + lr);
     }
-    acc = a.scale_input ? acc + x : acc + cs_w[j] * x;
-  }
-  store_float(a.out, a.out_dtype, static_cast<int64_t>(blockIdx.y / a.slots) * a.ldo + lr, acc);
+    __device__ float weight(int j) const { return cs_w[j]; }
+  };
+  float acc[1];
+  combine_slots<1, 1>(a.slots, a.scale_input, a.bias != nullptr,
+                      Rows{a, gathered, cs_e, cs_w, tpb, tl, r, lr}, acc);
+  store_float(a.out, a.out_dtype, static_cast<int64_t>(blockIdx.y / a.slots) * a.ldo + lr, acc[0]);
 }
 
 }  // namespace qmoe::cuda::decode_detail

@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   const int tid = static_cast<int>(threadIdx.x);
 
   QMOE_STAMP_SCOPE(a.fc1 ? 0 : 1);
+  if constexpr (kCombine) cluster_arrive_relaxed();  // this block runs (cluster_wait below)
   if (a.fc1) {  // the touched list and the maps come from the routing just before
     pdl_wait();
     pdl_trigger();
@@ -368,6 +369,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   const int pieces = geo.kpad / 8, real_pieces = static_cast<int>(s.k) / 8;
   const int bs_mask = (1 << geo.shift) - 1;
 
+  // The combine: every block of the cluster runs before any hands its sums to the first (long
+  // since: they start together), and each thread waits once, held route or not.
+  if constexpr (kCombine) cluster_wait();
   for (int p0 = 0; p0 < cnt; p0 += geo.rows_cap) {
     const int rows = min(geo.rows_cap, cnt - p0);
     if (p0 > 0) {  // another pass: the weights again (mostly from L2), after every warp is done
@@ -772,8 +776,7 @@ Status launch_decode_kind(const DecodeFcArgs& a, const DecodeGeometry& geo, size
   const Status st = for_each_kernel<kBits, kCode>([&](auto b, auto spb) -> Status {
     if (launched || b.value != bf16 || (kInt && spb.value != geo.spb)) return Status::ok();
     launched = true;
-    return launch_one<kBits, decltype(b)::value, decltype(spb)::value, kCode>(a, geo, smem,
-                                                                                stream);
+    return launch_one<kBits, decltype(b)::value, decltype(spb)::value, kCode>(a, geo, smem, stream);
   });
   QMOE_RETURN_IF_ERROR(st);
   if (!launched) {
