@@ -252,6 +252,11 @@ Status check_decode_args(const DecodeFcArgs& a) {
     return Status::invalid(
         "decode: K must be a multiple of 16 and activation rows 16-byte aligned");
   }
+  if (a.ready_target < 0 || (a.ready_target > 0 && (a.fc1 || a.ready == nullptr))) {
+    return Status::invalid(
+        "decode: ready_target must be 0, or positive on FC2 with the ready counters, got " +
+        std::to_string(a.ready_target));
+  }
   if (a.prefetch < -1 || a.prefetch > 16) {
     return Status::invalid(
         "decode: prefetch must be -1 (the launcher's choice) or 0..16 rounds, got " +
@@ -327,7 +332,7 @@ Status prepare_decode_kernels() {
 }
 
 Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_block,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int* blocks_per_expert) {
   QMOE_RETURN_IF_ERROR(check_decode_args(a));
   if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
@@ -375,6 +380,9 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
     if (blocks_per_sm(geo, zp) < a.min_blocks && tiles_per_block == 0 && geo.tpb > 4) {
       geo = plan_geometry(a, std::min(max_routes, rows), 4);
     }
+  }
+  if (blocks_per_expert != nullptr) {
+    *blocks_per_expert = static_cast<int>((a.shape.tiles + geo.tpb - 1) / geo.tpb);
   }
   return launch_geometry(a, geo, decode_smem_bytes(geo, zp), stream);
 }
