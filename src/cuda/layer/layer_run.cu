@@ -152,7 +152,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   int fc1_blocks = 0;
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream, &fc1_blocks));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
-  d.ready_target = fc1_blocks;
+  d.ready_target = d.ready != nullptr ? fc1_blocks : 0;
 
   d.shape = pack2_;
   d.packed = packed2_;
