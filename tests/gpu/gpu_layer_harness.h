@@ -52,6 +52,24 @@ inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInput
   return ::testing::AssertionSuccess();
 }
 
+// An integer-code case of the decode tests: the width, the scale block (inside a chunk, spanning
+// chunks, 0 per channel), zero points and the activation dtype.
+struct IntCase {
+  WeightFormat f;
+  int block;
+  bool zp;
+  DType dt;
+};
+
+// small_spec(c.f, h, i, e, k) with c's dtype, scale blocks and zero points on both FCs.
+inline LayerSpec int_case_spec(const IntCase& c, int64_t h, int64_t i, int64_t e, int64_t k) {
+  LayerSpec s = small_spec(c.f, h, i, e, k);
+  s.act_dtype = c.dt;
+  s.fc1.block_size = s.fc2.block_size = c.block;
+  s.fc1.zero_points = s.fc2.zero_points = c.zp;
+  return s;
+}
+
 // PrepareOptions (over `o`) choosing the generic path's GEMM ("cutlass", "cutlass-dequant",
 // "mma").
 inline PrepareOptions with_gemm(const std::string& gemm, PrepareOptions o = {}) {

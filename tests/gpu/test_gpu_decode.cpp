@@ -333,20 +333,11 @@ void for_tokens_and_tiles(const LayerSpec& s, std::initializer_list<int> tiles, 
 // and several (a warp's stream crossing tile ends), several passes.
 TEST(GpuDecode, RingKindsKeepTheBits) {
   QMOE_REQUIRE_GPU();
-  struct Case {
-    WeightFormat f;
-    int block;
-    bool zp;
-    DType dt;
-  };
-  for (const Case& c : {Case{WeightFormat::kInt4, 128, false, DType::kBF16},
-                        Case{WeightFormat::kInt2, 16, true, DType::kF16},
-                        Case{WeightFormat::kInt3, 32, false, DType::kBF16},
-                        Case{WeightFormat::kInt8, 0, true, DType::kF16}}) {
-    LayerSpec s = small_spec(c.f, 1024, 768, 8, 4);
-    s.act_dtype = c.dt;
-    s.fc1.block_size = s.fc2.block_size = c.block;
-    s.fc1.zero_points = s.fc2.zero_points = c.zp;
+  for (const IntCase& c : {IntCase{WeightFormat::kInt4, 128, false, DType::kBF16},
+                           IntCase{WeightFormat::kInt2, 16, true, DType::kF16},
+                           IntCase{WeightFormat::kInt3, 32, false, DType::kBF16},
+                           IntCase{WeightFormat::kInt8, 0, true, DType::kF16}}) {
+    LayerSpec s = int_case_spec(c, 1024, 768, 8, 4);
     for_tokens_and_tiles(s, {1, 2, 4, 8},
                          [&](const TestLayer& tl, const TestInputs& ti, const PrepareOptions& o) {
                            GpuRun regs, smem;

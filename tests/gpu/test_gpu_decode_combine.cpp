@@ -72,22 +72,13 @@ void check_combine(const LayerSpec& s, bool router_weights = false) {
 
 TEST(GpuDecodeCombine, IntegerCodesKeepTheFinalizeBits) {
   QMOE_REQUIRE_GPU();
-  struct Case {
-    WeightFormat f;
-    int block;  // FC2's scale blocks: inside a chunk (16, 32), spanning chunks, per channel
-    bool zp;
-    DType dt;
-  };
-  for (const Case& c : {Case{WeightFormat::kInt4, 128, false, DType::kBF16},
-                        Case{WeightFormat::kInt4, 16, true, DType::kF16},
-                        Case{WeightFormat::kInt2, 32, true, DType::kBF16},
-                        Case{WeightFormat::kInt3, 64, false, DType::kF16},
-                        Case{WeightFormat::kInt8, 0, true, DType::kBF16}}) {
-    LayerSpec s = small_spec(c.f, 512, 768, 16, 4);
-    s.act_dtype = c.dt;
-    s.fc1.block_size = s.fc2.block_size = c.block;
-    s.fc1.zero_points = s.fc2.zero_points = c.zp;
-    check_combine(s);
+  // FC2's scale blocks inside a chunk (16, 32), spanning chunks, per channel.
+  for (const IntCase& c : {IntCase{WeightFormat::kInt4, 128, false, DType::kBF16},
+                           IntCase{WeightFormat::kInt4, 16, true, DType::kF16},
+                           IntCase{WeightFormat::kInt2, 32, true, DType::kBF16},
+                           IntCase{WeightFormat::kInt3, 64, false, DType::kF16},
+                           IntCase{WeightFormat::kInt8, 0, true, DType::kBF16}}) {
+    check_combine(int_case_spec(c, 512, 768, 16, 4));
   }
 }
 

@@ -546,7 +546,8 @@ TEST(DeviceRouting, BlockedPathEqualsGeneralPathAndHost) {
 // after the general path, bitwise against the host's from the host's counts. The outputs start
 // poisoned, so an entry neither writes fails. Also for a layer's local experts [first, first + L):
 // the plan of those alone, by local index (plan_first / plan_experts; launch_plan from counts +
-// first).
+// first). The FC1 -> FC2 counters (plan_ready), poisoned, come back zero for every planned expert
+// and untouched past them.
 TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -578,8 +579,9 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
                        ", +" + std::to_string(count) + ")");
           DeviceProblem d;
           ASSERT_TRUE(d.init(p, path));
-          GpuBuffer dt, dn, ds;
+          GpuBuffer dt, dn, ds, dr;
           ASSERT_TRUE(dt.upload(std::vector<int32_t>(static_cast<size_t>(count), 0x7F7F7F7F)));
+          ASSERT_TRUE(dr.upload(std::vector<int32_t>(static_cast<size_t>(count) + 1, 0x7F7F7F7F)));
           ASSERT_TRUE(dn.upload(std::vector<int32_t>{0x7F7F7F7F}));
           ASSERT_TRUE(ds.upload(std::vector<int32_t>(static_cast<size_t>(count) + 1, 0x7F7F7F7F)));
           if (path == RoutingPath::kFused) {
@@ -587,6 +589,7 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
             d.args.plan_n_touched = dn.as<int32_t>();
             d.args.plan_tile_start = ds.as<int32_t>();
             d.args.plan_tile_m = kTileM;
+            d.args.plan_ready = dr.as<int32_t>();
             d.args.plan_first = static_cast<int>(first);
             d.args.plan_experts = static_cast<int>(count);
           }
@@ -595,7 +598,7 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
           if (path == RoutingPath::kGeneral) {
             ASSERT_TRUE(cuda::launch_plan(d.args.maps.expert_counts + first, count,
                                           dt.as<int32_t>(), dn.as<int32_t>(), ds.as<int32_t>(),
-                                          nullptr)
+                                          dr.as<int32_t>(), nullptr)
                             .is_ok());
           }
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -606,6 +609,10 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
           EXPECT_EQ(got_n[0], n_touched);
           EXPECT_TRUE(same_bits("touched", got_touched, touched));
           EXPECT_TRUE(same_bits("tile_start", got_start, tile_start));
+          std::vector<int32_t> got_ready, want_ready(static_cast<size_t>(count), 0);
+          want_ready.push_back(0x7F7F7F7F);
+          ASSERT_TRUE(copy_back(dr.as<int32_t>(), count + 1, &got_ready));
+          EXPECT_TRUE(same_bits("ready", got_ready, want_ready));
         }
       }
     }

@@ -387,6 +387,24 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
+// The FC1 -> FC2 counters (DecodeFcArgs::ready). count_done: one thread of an FC1 block, after a
+// block barrier that follows every store of the block's rows: the fence makes them visible at
+// GPU scope (cumulatively: the barrier ordered the other threads' stores before it) before the
+// count. wait_count: one thread of an FC2 block spins on an acquiring load until the expert's
+// count reaches `target`; a block barrier then orders the block's reads of FC1's rows after it.
+__device__ __forceinline__ void count_done(int32_t* count) {
+  __threadfence();
+  atomicAdd(count, 1);
+}
+__device__ __forceinline__ void wait_count(const int32_t* count, int target) {
+  for (;;) {
+    int32_t v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+    if (v >= target) return;
+    __nanosleep(32);
+  }
+}
+
 // Every thread of the cluster: its shared-memory stores (hand_to_first's) before, every other
 // block's visible after.
 __device__ __forceinline__ void cluster_sync() {

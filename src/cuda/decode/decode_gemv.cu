@@ -84,8 +84,7 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
 // Blocks of the kernel one sm_90 multiprocessor holds by shared memory (the reserved share of
 // each block and the static reduction buffer of 2 KB included), at most its register bound.
 int blocks_per_sm(const DecodeGeometry& g, bool zero_points) {
-  const size_t per_block =
-      decode_smem_bytes(g, zero_points) + kSm90SmemReservedPerBlock + 2048;
+  const size_t per_block = decode_smem_bytes(g, zero_points) + kSm90SmemReservedPerBlock + 2048;
   return std::min(kDecodeMinBlocks, static_cast<int>(kSm90SmemPerSm / per_block));
 }
 
@@ -190,10 +189,9 @@ Status launch_geometry(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t 
 // kCombineMinBlocks blocks per multiprocessor.
 DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
   DecodeGeometry g = plan_geometry(a, 1, tpb);
-  g.combine = a.slots;
-  if (blocks_per_sm(g, a.zero_points != nullptr) < kCombineMinBlocks && g.tpb > 1) {
-    g = plan_geometry(a, 1, 1);
-    g.combine = a.slots;
+  g.combine = a.slots;  // before the count: the gathered sums take shared memory
+  if (g.tpb > 1 && blocks_per_sm(g, a.zero_points != nullptr) < kCombineMinBlocks) {
+    return combine_geometry(a, 1);
   }
   return g;
 }
@@ -253,6 +251,11 @@ Status check_decode_args(const DecodeFcArgs& a) {
   if (a.shape.k % 16 != 0 || a.ldx % 8 != 0 || reinterpret_cast<uintptr_t>(a.x) % 16 != 0) {
     return Status::invalid(
         "decode: K must be a multiple of 16 and activation rows 16-byte aligned");
+  }
+  if (a.ready_target < 0 || (a.ready_target > 0 && (a.fc1 || a.ready == nullptr))) {
+    return Status::invalid(
+        "decode: ready_target must be 0, or positive on FC2 with the ready counters, got " +
+        std::to_string(a.ready_target));
   }
   if (a.prefetch < -1 || a.prefetch > 16) {
     return Status::invalid(
@@ -329,7 +332,7 @@ Status prepare_decode_kernels() {
 }
 
 Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_block,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int* blocks_per_expert) {
   QMOE_RETURN_IF_ERROR(check_decode_args(a));
   if (max_routes < 1 || max_routes > kDecodeMaxRoutes) {
     return Status::invalid("decode: max_routes must be 1.." + std::to_string(kDecodeMaxRoutes) +
@@ -369,8 +372,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
   // many routes per expert), the geometry stays: there 8 tiles per block won at 2 blocks per SM
   // (gpt-oss-20b, 32 and 64 tokens: 326 and 456 us against 364 and 527 with 4 tiles).
   const int floor_rows = std::max(2, (a.max_rows > 0 ? a.max_rows : geo.rows_cap) / 2);
-  if (a.min_blocks > 0 && floor_rows < geo.rows_cap &&
-      blocks_per_sm(geo, zp) < a.min_blocks) {
+  if (a.min_blocks > 0 && floor_rows < geo.rows_cap && blocks_per_sm(geo, zp) < a.min_blocks) {
     int rows = geo.rows_cap;
     while (rows > floor_rows && blocks_per_sm(geo, zp) < a.min_blocks) {
       geo = plan_geometry(a, std::min(max_routes, --rows), geo.tpb);
@@ -378,6 +380,9 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
     if (blocks_per_sm(geo, zp) < a.min_blocks && tiles_per_block == 0 && geo.tpb > 4) {
       geo = plan_geometry(a, std::min(max_routes, rows), 4);
     }
+  }
+  if (blocks_per_expert != nullptr) {
+    *blocks_per_expert = static_cast<int>((a.shape.tiles + geo.tpb - 1) / geo.tpb);
   }
   return launch_geometry(a, geo, decode_smem_bytes(geo, zp), stream);
 }

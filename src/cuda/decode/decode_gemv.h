@@ -113,6 +113,16 @@ struct DecodeFcArgs {
   // weights and the bias hold the range's experts (index e - expert_begin).
   int32_t expert_begin = 0, expert_end = INT32_MAX;
   DType out_dtype = DType::kBF16;
+
+  // FC1 -> FC2 by counters instead of FC1's whole grid (optional; zeroed by the plan before FC1,
+  // stages.h launch_plan): each FC1 block adds 1 to ready[e] of its expert once its rows are
+  // stored (a release); an FC2 block (ready_target > 0) fetches its weights and scales, waits
+  // until its expert's count reaches ready_target, FC1's blocks per expert (an acquire), reads
+  // FC1's rows with coherent loads, and waits for FC1's grid only at its end, so that FC2's end
+  // still implies FC1's. FC2's blocks launch once every FC1 block has started (FC1 triggers at
+  // its start), so every count they wait on is already being made: no wait is circular.
+  int32_t* ready = nullptr;
+  int ready_target = 0;
 };
 
 // Decode calls of up to this many tokens take FC2 with the combine by default
@@ -150,7 +160,9 @@ Status prepare_decode_kernels();
 // token routes to an expert at most once); it sizes the staged activations (8 routes per pass,
 // one mma column group). tiles_per_block: 1, a multiple of 4, or 0 for the launcher's choice (a
 // request it cannot honour falls back to fewer).
+// blocks_per_expert (optional): the blocks the launch gives each expert (an FC1 launch's count
+// is FC2's ready_target).
 Status launch_decode_fc(const DecodeFcArgs& args, int max_routes, int tiles_per_block,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int* blocks_per_expert = nullptr);
 
 }  // namespace qmoe::cuda

@@ -358,11 +358,20 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
     copy_scales(a, (e * s.tiles + m0) * 16 * nbp, ntl * 16 * nbp, sc, zs, tid);
   }
 
-  if (!a.fc1) {  // FC2's activations are FC1's output
-    pdl_wait();
+  // FC2's activations are FC1's output: its expert's FC1 blocks counted done (DecodeFcArgs::
+  // ready; read then with coherent loads), or FC1's whole grid.
+  const bool counted = !a.fc1 && a.ready_target > 0;
+  if (!a.fc1) {
+    if (counted) {
+      if (tid == 0 && held) wait_count(a.ready + e, a.ready_target);
+      __syncthreads();
+    } else {
+      pdl_wait();
+    }
     pdl_trigger();
     QMOE_STAMP_WAITED(1);
   }
+  auto load_x = [counted](const uint4* p) { return counted ? __ldcg(p) : __ldg(p); };
 
   const float mid = static_cast<float>(1 << (kBits - 1));
   const bool check = a.error != nullptr && blockIdx.x == 0;  // tile 0 sees every activation
@@ -398,7 +407,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
             const int piece = 2 * q + u;
-            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
+            v[u] = piece < real_pieces ? load_x(src + piece) : make_uint4(0u, 0u, 0u, 0u);
             if (check && (nonfinite16x8(v[u], kBf16))) {
               atomicOr(a.error, 4);
               atomicMin(a.error + 1, a.permuted_route[p] / a.slots);
@@ -414,7 +423,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
             const int piece = p0c + u * kWarps * 32;
-            v[u] = piece < real_pieces ? __ldg(src + piece) : make_uint4(0u, 0u, 0u, 0u);
+            v[u] = piece < real_pieces ? load_x(src + piece) : make_uint4(0u, 0u, 0u, 0u);
           }
 #pragma unroll
           for (int u = 0; u < 2; ++u) {
@@ -694,6 +703,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
       }
     }
   }
+  if (a.fc1 && a.ready != nullptr) {  // the block's rows are stored: count it (a release)
+    __syncthreads();
+    if (tid == 0) count_done(a.ready + e);
+  }
   if constexpr (kCombine) {  // every slot's sums are in the first block: the token's rows
     cluster_sync();
     if (blockIdx.y % a.slots == 0) {
@@ -702,6 +715,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
       }
     }
   }
+  if (counted) pdl_wait();  // FC2's end implies FC1's, as with the wait at the start
 }
 
 template <int kBits, bool kBf16, int kSpb, int kCode = 0>

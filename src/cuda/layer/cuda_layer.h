@@ -194,8 +194,8 @@ class CudaLayer final : public PreparedLayer {
  private:
   // Byte offsets of one call's buffers in the workspace (layer_workspace.cu: the formula).
   struct Layout {
-    size_t maps, touched, n_touched, tile_start, route_temp, route_temp_bytes, xa, act_scales, ya,
-        hy, h3, scratch, cutlass, mixed, fused, total;
+    size_t maps, touched, n_touched, tile_start, ready, route_temp, route_temp_bytes, xa,
+        act_scales, ya, hy, h3, scratch, cutlass, mixed, fused, total;
     int64_t slots_in_scratch, waves;
   };
 

@@ -143,8 +143,16 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.out = ws + l.xa;
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
-  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream));
+  // FC1's blocks count themselves done per expert; FC2's blocks wait for their expert's count
+  // (zeroed by the plan) rather than for FC1's whole grid. Not with the combine (a token or two):
+  // there FC2's clusters take the places FC1's blocks leave, and FC1's blocks, held by their
+  // count's fence, left them later (qwen3-30b-a3b one token 26.0 -> 27.1 us, gpt-oss-20b 44.9 ->
+  // 46.6 on an H100, bench/results/2026-12-06-h100-ready.md).
+  d.ready = combine == nullptr ? reinterpret_cast<int32_t*>(ws + l.ready) : nullptr;
+  int fc1_blocks = 0;
+  QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream, &fc1_blocks));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
+  d.ready_target = d.ready != nullptr ? fc1_blocks : 0;
 
   d.shape = pack2_;
   d.packed = packed2_;
@@ -386,16 +394,18 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
   int32_t* n_touched = reinterpret_cast<int32_t*>(ws + l.n_touched);
   int32_t* tile_start = reinterpret_cast<int32_t*>(ws + l.tile_start);
+  int32_t* ready = reinterpret_cast<int32_t*>(ws + l.ready);
   if (fused) {
     ra.plan_touched = touched;
     ra.plan_n_touched = n_touched;
     ra.plan_tile_start = tile_start;
     ra.plan_tile_m = kGemmTileM;
+    ra.plan_ready = ready;
   }
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
   if (!fused) {
     QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
-                                     tile_start, stream, pdl_));
+                                     tile_start, ready, stream, pdl_));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
   // What the FCs see: the held experts' counts and offsets, by local index. The held range's

@@ -11,7 +11,8 @@ namespace qmoe::cuda {
 // 256 bytes, cs = sizeof(activation dtype), Xp = X rounded up to a multiple of 32, E the router's
 // experts and L the experts the layer holds (LayerSpec::weight_experts(); L = E unless sharded):
 //   maps        A(route_maps_bytes(T, slots, E))      routing runs over all E
-//   plan        A(4 L) + A(4) + A(4 (L + 1))          touched, n_touched, tile_start (held only)
+//   plan        A(4 L) + A(4) + A(4 (L + 1))          touched, n_touched, tile_start (held only),
+//               + A(4 L)                              the decode kernels' FC1 -> FC2 counters
 //   route_temp  A(general_routing_temp_bytes(T))      0 when T <= 64 (the fused routing path)
 //   xa          A(max(cs R max(Hp, Ip), R Q))         gathered input, later the activation
 //                                                     (FP8 rows: their e4m3 codes, Q = max(Hq,
@@ -61,6 +62,7 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->touched = take(4 * L);
   l->n_touched = take(4);
   l->tile_start = take(4 * (L + 1));
+  l->ready = take(4 * L);
   size_t temp = 0;
   QMOE_RETURN_IF_ERROR(general_routing_temp_bytes(t, slots, E, &temp));
   l->route_temp_bytes = temp;

@@ -29,7 +29,7 @@ constexpr int kPlanThreads = 1024;
 // touched expert its index and its first tile, carried across chunks.
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
-                int32_t* tile_start) {
+                int32_t* tile_start, int32_t* ready) {
   using Scan = cub::BlockScan<int2, kPlanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   pdl_wait();     // programmatic dependent launch: the previous kernel's results (pdl.cuh)
@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     } else if (e < experts) {  // the untouched fill the list from its end
       touched[experts - 1 - (e - at.x - prefix.x)] = -1;
     }
+    if (ready != nullptr && e < experts) ready[e] = 0;
     __syncthreads();  // everyone has read carry
     if (threadIdx.x == 0) carry = make_int2(at.x + total.x, at.y + total.y);
     __syncthreads();
@@ -413,12 +414,12 @@ QMOE_STAMPS_EXPORT(stamps_take_finalize)
 #endif
 
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
-                   int32_t* tile_start, cudaStream_t stream, bool pdl) {
+                   int32_t* tile_start, int32_t* ready, cudaStream_t stream, bool pdl) {
   if (!counts || !touched || !n_touched || !tile_start || experts <= 0) {
     return Status::invalid("plan: null array or no experts");
   }
   QMOE_CUDA_TRY(launch_maybe_pdl(&plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, pdl, counts,
-                                 experts, touched, n_touched, tile_start));
+                                 experts, touched, n_touched, tile_start, ready));
   QMOE_CUDA_CHECK_LAUNCH("plan_kernel");
   return Status::ok();
 }

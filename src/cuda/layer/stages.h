@@ -20,11 +20,12 @@ constexpr int32_t kErrorInput = 4;
 
 // From maps.expert_counts [E]: the touched experts in ascending order (then -1 up to entry E - 1,
 // so that a kernel can test its entry without first reading the number), their number, and
-// tile_start (exclusive prefix of ceil(count / kGemmTileM), entry n_touched = total tiles).
+// tile_start (exclusive prefix of ceil(count / kGemmTileM), entry n_touched = total tiles);
+// ready[e] = 0 for every expert where ready is set (the decode kernels' FC1 -> FC2 counters).
 // pdl: launch with programmatic dependent launch (pdl.cuh; the stage's kernels wait for the
 // previous kernel before they touch memory and let the next one launch at once).
 Status launch_plan(const int32_t* counts, int64_t experts, int32_t* touched, int32_t* n_touched,
-                   int32_t* tile_start, cudaStream_t stream, bool pdl = false);
+                   int32_t* tile_start, int32_t* ready, cudaStream_t stream, bool pdl = false);
 
 // x_perm[p, 0:ld) = input[token of permuted_route[p], :] in the same dtype, zero padded from h to
 // ld; a non-finite value sets kErrorInput and error[1] = min(error[1], token).

@@ -63,6 +63,9 @@ struct DeviceRoutingArgs {
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
   int plan_tile_m = 128;
+  // Optional, with the plan: one counter per planned expert, zeroed (the decode kernels' FC1 ->
+  // FC2 counters, DecodeFcArgs::ready).
+  int32_t* plan_ready = nullptr;
   // The plan's experts: [plan_first, plan_first + plan_experts) of the E (0: all E). A layer
   // holding local experts plans its own only, numbered from 0 (touched entries are e -
   // plan_first, the list runs to entry plan_experts - 1); the maps still cover all E routes.

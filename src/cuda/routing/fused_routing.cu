@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     fused_routing_kernel(TokenRouting a, int tokens, int routing_warps, int32_t* counts,
                          int32_t* offsets, int32_t* permuted, int32_t* position,
                          int32_t* plan_touched, int32_t* plan_n_touched, int32_t* plan_tile_start,
-                         int plan_tile_m, int plan_first, int plan_experts) {
+                         int32_t* plan_ready, int plan_tile_m, int plan_first, int plan_experts) {
   extern __shared__ float rows[];  // [routing_warps][routing_warp_floats(E, slots)]
   __shared__ uint32_t s_warp_scan[kScanWarps + 1];
   __shared__ unsigned long long s_mask[kFusedMaxExperts];
@@ -134,6 +134,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     } else if (planned) {  // the untouched fill the list from its end with -1 (stages.h)
       plan_touched[plan_experts - 1 - (plan_e - static_cast<int>(i))] = -1;
     }
+    if (planned && plan_ready != nullptr) plan_ready[plan_e] = 0;
     if (tid == 0) {
       const uint32_t n_touched = (total >> kTouchedShift) & touched_mask;
       *plan_n_touched = static_cast<int32_t>(n_touched);
@@ -174,11 +175,12 @@ Status launch_fused_routing(const DeviceRoutingArgs& args, cudaStream_t stream) 
       QMOE_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
     }
     const RouteMapsView& m = args.maps;
-    QMOE_CUDA_TRY(launch_maybe_pdl(
-        kernel, dim3(1), dim3(kFusedThreads), smem, stream, args.pdl, token_routing(args), tokens,
-        routing_warps, m.expert_counts, m.expert_offsets, m.permuted_route, m.route_position,
-        args.plan_touched, args.plan_n_touched, args.plan_tile_start, args.plan_tile_m,
-        args.plan_first, args.plan_experts > 0 ? args.plan_experts : args.num_experts));
+    QMOE_CUDA_TRY(launch_maybe_pdl(kernel, dim3(1), dim3(kFusedThreads), smem, stream, args.pdl,
+                                   token_routing(args), tokens, routing_warps, m.expert_counts,
+                                   m.expert_offsets, m.permuted_route, m.route_position,
+                                   args.plan_touched, args.plan_n_touched, args.plan_tile_start,
+                                   args.plan_ready, args.plan_tile_m, args.plan_first,
+                                   args.plan_experts > 0 ? args.plan_experts : args.num_experts));
     QMOE_CUDA_CHECK_LAUNCH("fused_routing_kernel");
     return Status::ok();
   });
