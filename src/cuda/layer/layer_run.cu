@@ -144,10 +144,10 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.ldo = ip_;
   d.error = error_.as<int32_t>();
   // FC1's blocks count themselves done per expert; FC2's blocks wait for their expert's count
-  // (zeroed by the plan) rather than for FC1's whole grid. Not with the combine (a token or two):
-  // there FC2's clusters take the places FC1's blocks leave, and FC1's blocks, held by their
-  // count's fence, left them later (qwen3-30b-a3b one token 26.0 -> 27.1 us, gpt-oss-20b 44.9 ->
-  // 46.6 on an H100, bench/results/2026-12-06-h100-ready.md).
+  // (zeroed by the plan) rather than for FC1's whole grid. Not with the combine (a token or two),
+  // where it lost (qwen3-30b-a3b one token 26.0 -> 27.1 us, gpt-oss-20b 44.9 -> 46.6 on an H100,
+  // bench/results/2026-12-06-h100-ready.md); likely because FC2's clusters take the places FC1's
+  // blocks leave, and FC1's blocks, held by their count's fence, leave them later.
   d.ready = combine == nullptr ? reinterpret_cast<int32_t*>(ws + l.ready) : nullptr;
   int fc1_blocks = 0;
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream, &fc1_blocks));
