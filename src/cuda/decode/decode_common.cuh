@@ -387,22 +387,29 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
-// The FC1 -> FC2 counters (DecodeFcArgs::ready). count_done: one thread of an FC1 block, after a
-// block barrier that follows every store of the block's rows: the fence makes them visible at
-// GPU scope (cumulatively: the barrier ordered the other threads' stores before it) before the
-// count. wait_count: one thread of an FC2 block spins on an acquiring load until the expert's
-// count reaches `target`; a block barrier then orders the block's reads of FC1's rows after it.
+// FC1 -> FC2 counters in the workspace, one per expert: the decode kernels' (DecodeFcArgs::ready)
+// and the fused kernel's (fused_decode.h). An FC1 block (or item) counts itself done after a
+// block barrier that follows every store of its rows; one thread of an FC2 block (or item) waits
+// until its expert's count reaches `target`, then a block barrier orders the block's reads of
+// FC1's rows after it.
+// count_done (decode kernels): the fence makes the rows visible at GPU scope (cumulatively: the
+// barrier ordered the other threads' stores before it) before the count. release_add (fused
+// kernel): the same order by a releasing add, lighter in SASS (no cache invalidation, a RED
+// rather than an ATOM); the decode kernels' form is the one their measurements ran.
 __device__ __forceinline__ void count_done(int32_t* count) {
   __threadfence();
   atomicAdd(count, 1);
 }
+__device__ __forceinline__ void release_add(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int32_t acquire_load(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void wait_count(const int32_t* count, int target) {
-  for (;;) {
-    int32_t v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-    if (v >= target) return;
-    __nanosleep(32);
-  }
+  while (acquire_load(count) < target) __nanosleep(32);
 }
 
 // Every thread of the cluster: its shared-memory stores (hand_to_first's) before, every other

@@ -382,7 +382,7 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
     }
   }
   if (blocks_per_expert != nullptr) {
-    *blocks_per_expert = static_cast<int>((a.shape.tiles + geo.tpb - 1) / geo.tpb);
+    *blocks_per_expert = decode_blocks_per_expert(a, geo);
   }
   return launch_geometry(a, geo, decode_smem_bytes(geo, zp), stream);
 }

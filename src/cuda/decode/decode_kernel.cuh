@@ -722,7 +722,7 @@ template <int kBits, bool kBf16, int kSpb, int kCode = 0>
 Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
   const bool combine = geo.combine > 0;
-  const dim3 grid(static_cast<unsigned>((a.shape.tiles + geo.tpb - 1) / geo.tpb),
+  const dim3 grid(static_cast<unsigned>(decode_blocks_per_expert(a, geo)),
                   static_cast<unsigned>(combine ? a.tokens * a.slots : a.max_groups));
   constexpr int kComb = kFormCombine, kShared = kFormSharedRing, kRegs = kFormRegisterRing;
   auto* kernel =

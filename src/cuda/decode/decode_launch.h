@@ -63,6 +63,11 @@ struct DecodeGeometry {
   int combine = 0;
 };
 
+// The grid's blocks per expert (its x): the FC's tiles, g.tpb to a block.
+inline int decode_blocks_per_expert(const DecodeFcArgs& a, const DecodeGeometry& g) {
+  return static_cast<int>((a.shape.tiles + g.tpb - 1) / g.tpb);
+}
+
 // The kernel's forms (its kForm template argument): the weight ring in registers or in shared
 // memory, either with the combine (FC2's blocks of a token's routes in a cluster that sums them).
 constexpr int kFormRegisterRing = 0;

@@ -42,11 +42,13 @@
 
 namespace qmoe::cuda::fused_detail {
 
+using decode_detail::acquire_load;
 using decode_detail::int8_pair_bf16;
 using decode_detail::kUsesWindows;
 using decode_detail::mma16816;
 using decode_detail::pair_of;
 using decode_detail::prefetch_l2;
+using decode_detail::release_add;
 using decode_detail::smem_u32;
 using decode_detail::window_base;
 using decode_detail::window_pair;
@@ -500,19 +502,6 @@ __device__ __forceinline__ void for_lane_routes(const float (&acc)[kCols][4], in
       if (r < cnt) f(r, acc[ch][rr], acc[ch][2 + rr]);
     }
   }
-}
-
-// FC1 -> FC2 readiness: one counter per touched expert in the workspace, which FC1's items of
-// the expert add 1 to (release, after the CTA's activation stores) and FC2's items wait on
-// (acquire, then a CTA barrier before any thread reads the activations).
-__device__ __forceinline__ void release_add(int32_t* p, int32_t v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ int32_t acquire_load(const int32_t* p) {
-  int32_t v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 // The combine, after every partial sum is written. A unit is one token's 32 columns: lane c
