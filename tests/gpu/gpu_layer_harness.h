@@ -241,6 +241,7 @@ inline void check_graph_replay(const TestLayer& tl, PreparedLayer* layer, int64_
     CUDA_ASSERT(
         cudaMemcpy(d.logits.get(), ti.logits.data(), ti.logits.size(), cudaMemcpyHostToDevice));
     CUDA_ASSERT(cudaMemset(out.get(), 0xFF, out_bytes));
+    CUDA_ASSERT(legacy_stream_done());
     CUDA_ASSERT(cudaGraphLaunch(exec, stream));
     CUDA_ASSERT(cudaStreamSynchronize(stream));
     std::vector<uint8_t> replayed;

@@ -34,6 +34,14 @@ inline bool gpu_present() { return backend_available(BackendKind::kCuda); }
 
 namespace qmoe::test {
 
+// cudaMemset and cudaMemcpy from pageable host memory are issued to the legacy default stream and
+// may return before the device has done them (a pageable copy returns once the bytes are staged
+// for DMA); the tests' kernels run on non-blocking streams, which do not wait for that stream. So
+// each such call is followed by this wait, or a poison could land after a kernel's stores, or an
+// input after its loads (under load from other processes on the GPU it did: a blocked routing
+// path counted poisoned masks).
+inline cudaError_t legacy_stream_done() { return cudaStreamSynchronize(cudaStreamLegacy); }
+
 // A device allocation for tests, filled with `poison` bytes on creation (0xFF is NaN in every float
 // type), with optional canary bytes after the end.
 class GpuBuffer {
@@ -53,6 +61,7 @@ class GpuBuffer {
     cudaError_t e = cudaMalloc(&p_, bytes + canary + 1);
     if (e == cudaSuccess) e = cudaMemset(p_, poison, bytes);
     if (e == cudaSuccess && canary) e = cudaMemset(static_cast<char*>(p_) + bytes, 0xA5, canary);
+    if (e == cudaSuccess) e = legacy_stream_done();
     if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
     return ::testing::AssertionSuccess();
   }
@@ -60,6 +69,7 @@ class GpuBuffer {
     auto r = allocate(bytes);
     if (!r) return r;
     cudaError_t e = cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = legacy_stream_done();
     if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
     return ::testing::AssertionSuccess();
   }

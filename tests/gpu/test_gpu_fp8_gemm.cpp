@@ -135,6 +135,7 @@ void run_case(const Fp8Case& c, uint64_t seed) {
   CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
   CUDA_ASSERT(cudaMemset(dc.get(), 0xFF, c_bytes));
   CUDA_ASSERT(cudaMemset(dws.get(), 0xFF, ws_bytes));
+  CUDA_ASSERT(legacy_stream_done());
   CUDA_ASSERT(cudaGraphLaunch(exec, stream));
   CUDA_ASSERT(cudaStreamSynchronize(stream));
   std::vector<uint16_t> replay;

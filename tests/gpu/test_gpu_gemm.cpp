@@ -256,6 +256,7 @@ void run_case(const Case& c) {
       EXPECT_TRUE(w->canary_intact());
       CUDA_ASSERT(cudaMemset(w->get(), 0xFF, w->bytes()));
     }
+    CUDA_ASSERT(legacy_stream_done());
     run_graph(stream);
   } else if (c.graph) {
     run_graph(stream);

@@ -181,6 +181,10 @@ Status CudaLayer::init(const LayerWeights& w) {
   QMOE_RETURN_IF_ERROR(error_.upload(clear, sizeof(clear)));
   uploader_.reset();                   // its pinned chunks
   QMOE_RETURN_IF_ERROR(plan_fused());  // after error_: its arguments hold the record
+  // Prepare's copies and kernels ran on the legacy default stream, and a copy from pageable host
+  // memory may return before the device has done it: the layer is ready once they all are, since
+  // the caller's stream (non-blocking, say) need not wait for that stream.
+  QMOE_CUDA_TRY(cudaStreamSynchronize(kPrepareStream));
   for (cudaEvent_t& e : events_) QMOE_CUDA_TRY(cudaEventCreate(&e));
   QMOE_CUDA_TRY(cudaStreamCreateWithFlags(&take_stream_, cudaStreamNonBlocking));
   return Status::ok();

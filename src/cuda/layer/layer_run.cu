@@ -146,8 +146,9 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   // FC1's blocks count themselves done per expert; FC2's blocks wait for their expert's count
   // (zeroed by the plan) rather than for FC1's whole grid. Not with the combine (a token or two),
   // where it lost (qwen3-30b-a3b one token 26.0 -> 27.1 us, gpt-oss-20b 44.9 -> 46.6 on an H100,
-  // bench/results/2026-12-06-h100-ready.md); likely because FC2's clusters take the places FC1's
-  // blocks leave, and FC1's blocks, held by their count's fence, leave them later.
+  // bench/results/2026-12-06-h100-ready.md), and still did with the lighter release (26.1 ->
+  // 26.9, bench/results/2026-12-06-h100-finalize-counters-and-tests-race.md): not the release's
+  // cost; likely FC2's clusters, which become resident only as FC1's blocks leave.
   d.ready = combine == nullptr ? reinterpret_cast<int32_t*>(ws + l.ready) : nullptr;
   int fc1_blocks = 0;
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream, &fc1_blocks));
