@@ -389,17 +389,13 @@ __device__ __forceinline__ void cluster_wait() {
 
 // FC1 -> FC2 counters in the workspace, one per expert: the decode kernels' (DecodeFcArgs::ready)
 // and the fused kernel's (fused_decode.h). An FC1 block (or item) counts itself done after a
-// block barrier that follows every store of its rows; one thread of an FC2 block (or item) waits
-// until its expert's count reaches `target`, then a block barrier orders the block's reads of
-// FC1's rows after it.
-// count_done (decode kernels): the fence makes the rows visible at GPU scope (cumulatively: the
-// barrier ordered the other threads' stores before it) before the count. release_add (fused
-// kernel): the same order by a releasing add, lighter in SASS (no cache invalidation, a RED
-// rather than an ATOM); the decode kernels' form is the one their measurements ran.
-__device__ __forceinline__ void count_done(int32_t* count) {
-  __threadfence();
-  atomicAdd(count, 1);
-}
+// block barrier that follows every store of its rows: one thread adds one by a releasing add
+// (release_add), which makes those stores visible at GPU scope before the count (cumulatively:
+// the barrier ordered the other threads' stores before it). One thread of an FC2 block (or item)
+// waits until its expert's count reaches `target` (wait_count, acquiring loads), then a block
+// barrier orders the block's reads of FC1's rows after it. The decode kernels first released by
+// a fence and an atomic add (MEMBAR.SC, CCTL.IVALL, ATOM where this is MEMBAR.ALL, RED): level
+// within 0.6% (bench/results/2026-12-06-h100-finalize-counters-and-tests-race.md).
 __device__ __forceinline__ void release_add(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   }
   if (a.fc1 && a.ready != nullptr) {  // the block's rows are stored: count it (a release)
     __syncthreads();
-    if (tid == 0) count_done(a.ready + e);
+    if (tid == 0) release_add(a.ready + e, 1);
   }
   if constexpr (kCombine) {  // every slot's sums are in the first block: the token's rows
     cluster_sync();
