@@ -379,13 +379,14 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   const int64_t first = spec_.first_expert, held = spec_.weight_experts();
   ra.plan_first = static_cast<int>(first);
   ra.plan_experts = static_cast<int>(held);
-  // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
-  const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
+  // The fused and blocked routing paths build the plan too; the general one leaves it to
+  // launch_plan.
+  const bool routing_plans = routing_builds_plan(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
   int32_t* n_touched = reinterpret_cast<int32_t*>(ws + l.n_touched);
   int32_t* tile_start = reinterpret_cast<int32_t*>(ws + l.tile_start);
   int32_t* ready = reinterpret_cast<int32_t*>(ws + l.ready);
-  if (fused) {
+  if (routing_plans) {
     ra.plan_touched = touched;
     ra.plan_n_touched = n_touched;
     ra.plan_tile_start = tile_start;
@@ -393,7 +394,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     ra.plan_ready = ready;
   }
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
-  if (!fused) {
+  if (!routing_plans) {
     QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
                                      tile_start, ready, stream, pdl_));
   }
