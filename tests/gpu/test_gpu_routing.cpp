@@ -542,19 +542,20 @@ TEST(DeviceRouting, BlockedPathEqualsGeneralPathAndHost) {
 }
 
 // The plan (touched experts ascending, then -1 to entry E - 1; their number; the exclusive
-// prefix of their tiles of 128 routes) as the fused kernel builds it and as launch_plan builds it
-// after the general path, bitwise against the host's from the host's counts. The outputs start
+// prefix of their tiles of 128 routes) as the fused kernel (up to 64 tokens) and the blocked
+// path's offsets kernel (from 65) build it, and as launch_plan builds it after the general path,
+// bitwise against the host's from the host's counts. The outputs start
 // poisoned, so an entry neither writes fails. Also for a layer's local experts [first, first + L):
 // the plan of those alone, by local index (plan_first / plan_experts; launch_plan from counts +
 // first). The FC1 -> FC2 counters (plan_ready), poisoned, come back zero for every planned expert
 // and untouched past them.
-TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
+TEST(DeviceRouting, PlanMatchesHostOnEveryPath) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   constexpr int kTileM = 128;
   for (int64_t experts : {8, 128, 512}) {
-    for (int64_t t : {1, 3, 7, 64}) {
+    for (int64_t t : {1, 3, 7, 64, 65, 300, 2000}) {
       const LayerSpec s =
           valid_spec(RoutingMethod::kSoftmaxTopK, experts, 8, 0, TieBreak::kLowerIndex, true, rng);
       const Problem p = make_problem(s, t, DType::kF32, false, Values::kGaussian, rng());
@@ -573,8 +574,14 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
           tiles += (c + kTileM - 1) / kTileM;
         }
         tile_start.push_back(tiles);
-        for (RoutingPath path : {RoutingPath::kFused, RoutingPath::kGeneral}) {
-          SCOPED_TRACE(p.describe() + (path == RoutingPath::kFused ? ", fused" : ", general") +
+        const RoutingPath own =
+            t <= cuda::kFusedMaxTokens ? RoutingPath::kFused : RoutingPath::kBlocked;
+        ASSERT_TRUE(cuda::routing_builds_plan(t, p.slots(), p.experts()));
+        for (RoutingPath path : {own, RoutingPath::kGeneral}) {
+          SCOPED_TRACE(p.describe() +
+                       (path == RoutingPath::kFused     ? ", fused"
+                        : path == RoutingPath::kBlocked ? ", blocked"
+                                                        : ", general") +
                        ", seed " + std::to_string(seed) + ", plan [" + std::to_string(first) +
                        ", +" + std::to_string(count) + ")");
           DeviceProblem d;
@@ -584,7 +591,7 @@ TEST(DeviceRouting, PlanMatchesHostOnBothPaths) {
           ASSERT_TRUE(dr.upload(std::vector<int32_t>(static_cast<size_t>(count) + 1, 0x7F7F7F7F)));
           ASSERT_TRUE(dn.upload(std::vector<int32_t>{0x7F7F7F7F}));
           ASSERT_TRUE(ds.upload(std::vector<int32_t>(static_cast<size_t>(count) + 1, 0x7F7F7F7F)));
-          if (path == RoutingPath::kFused) {
+          if (path != RoutingPath::kGeneral) {  // the routing's kernels build the plan
             d.args.plan_touched = dt.as<int32_t>();
             d.args.plan_n_touched = dn.as<int32_t>();
             d.args.plan_tile_start = ds.as<int32_t>();

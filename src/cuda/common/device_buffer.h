@@ -37,10 +37,15 @@ class DeviceBuffer {
     bytes_ = bytes;
     return Status::ok();
   }
-  // Allocates and copies `bytes` from host memory.
+  // Allocates and copies `bytes` from host memory; returns once they are on the device. (A copy
+  // from pageable memory may return when the bytes are staged for DMA, and it runs on the legacy
+  // default stream, for which a caller's non-blocking stream does not wait.)
   Status upload(const void* host, size_t bytes) {
     QMOE_RETURN_IF_ERROR(allocate(bytes));
-    if (bytes > 0) QMOE_CUDA_TRY(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+    if (bytes > 0) {
+      QMOE_CUDA_TRY(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+      QMOE_CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
+    }
     return Status::ok();
   }
   void reset() {

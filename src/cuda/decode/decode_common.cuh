@@ -348,16 +348,17 @@ struct CombineRoute {
 };
 __device__ __forceinline__ CombineRoute combine_route(const DecodeFcArgs& a, int32_t* cs_e,
                                                       float* cs_w, int tid) {
+  const CombineTerms& m = a.terms;
   const int64_t r = blockIdx.y;
-  const int ge = a.expert_ids[r];
+  const int ge = m.expert_ids[r];
   CombineRoute out;
-  out.held = ge >= a.expert_begin && ge < a.expert_end;
-  out.e = out.held ? ge - a.expert_begin : 0;
-  out.off = a.route_position[r];
-  if (r % a.slots == 0 && tid < a.slots) {
-    const int gk = a.expert_ids[r + tid];
-    cs_e[tid] = gk >= a.expert_begin && gk < a.expert_end ? gk - a.expert_begin : -1;
-    cs_w[tid] = a.weights[r + tid];
+  out.held = ge >= m.expert_begin && ge < m.expert_end;
+  out.e = out.held ? ge - m.expert_begin : 0;
+  out.off = m.route_position[r];
+  if (r % m.slots == 0 && tid < m.slots) {
+    const int gk = m.expert_ids[r + tid];
+    cs_e[tid] = gk >= m.expert_begin && gk < m.expert_end ? gk - m.expert_begin : -1;
+    cs_w[tid] = m.weights[r + tid];
   }
   return out;
 }
@@ -389,17 +390,13 @@ __device__ __forceinline__ void cluster_wait() {
 
 // FC1 -> FC2 counters in the workspace, one per expert: the decode kernels' (DecodeFcArgs::ready)
 // and the fused kernel's (fused_decode.h). An FC1 block (or item) counts itself done after a
-// block barrier that follows every store of its rows; one thread of an FC2 block (or item) waits
-// until its expert's count reaches `target`, then a block barrier orders the block's reads of
-// FC1's rows after it.
-// count_done (decode kernels): the fence makes the rows visible at GPU scope (cumulatively: the
-// barrier ordered the other threads' stores before it) before the count. release_add (fused
-// kernel): the same order by a releasing add, lighter in SASS (no cache invalidation, a RED
-// rather than an ATOM); the decode kernels' form is the one their measurements ran.
-__device__ __forceinline__ void count_done(int32_t* count) {
-  __threadfence();
-  atomicAdd(count, 1);
-}
+// block barrier that follows every store of its rows: one thread adds one by a releasing add
+// (release_add), which makes those stores visible at GPU scope before the count (cumulatively:
+// the barrier ordered the other threads' stores before it). One thread of an FC2 block (or item)
+// waits until its expert's count reaches `target` (wait_count, acquiring loads), then a block
+// barrier orders the block's reads of FC1's rows after it. The decode kernels first released by
+// a fence and an atomic add (MEMBAR.SC, CCTL.IVALL, ATOM where this is MEMBAR.ALL, RED): level
+// within 0.6% (bench/results/2026-12-06-h100-finalize-counters-and-tests-race.md).
 __device__ __forceinline__ void release_add(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -439,14 +436,17 @@ __device__ __forceinline__ void combine_store(const DecodeFcArgs& a, int m0, int
     __device__ int local(int j) const { return cs_e[j]; }
     __device__ void load(int j, float (&v)[1]) const { v[0] = gathered[(j * tpb + tl) * 16 + r]; }
     __device__ float bias(int e, int) const {
-      return load_scalar(a.bias, a.bias_dtype, static_cast<int64_t>(e) * a.shape.n + lr);
+      return load_scalar(a.terms.bias, a.terms.bias_dtype,
+                         static_cast<int64_t>(e) * a.terms.hidden + lr);
     }
     __device__ float weight(int j) const { return cs_w[j]; }
   };
+  const CombineTerms& m = a.terms;
   float acc[1];
-  combine_slots<1, 1>(a.slots, a.scale_input, a.bias != nullptr,
+  combine_slots<1, 1>(m.slots, m.scale_input, m.bias != nullptr,
                       Rows{a, gathered, cs_e, cs_w, tpb, tl, r, lr}, acc);
-  store_float(a.out, a.out_dtype, static_cast<int64_t>(blockIdx.y / a.slots) * a.ldo + lr, acc[0]);
+  store_float(m.out, m.out_dtype, static_cast<int64_t>(blockIdx.y / m.slots) * m.hidden + lr,
+              acc[0]);
 }
 
 }  // namespace qmoe::cuda::decode_detail

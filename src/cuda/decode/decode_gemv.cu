@@ -189,7 +189,7 @@ Status launch_geometry(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t 
 // kCombineMinBlocks blocks per multiprocessor.
 DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
   DecodeGeometry g = plan_geometry(a, 1, tpb);
-  g.combine = a.slots;  // before the count: the gathered sums take shared memory
+  g.combine = a.terms.slots;  // before the count: the gathered sums take shared memory
   if (g.tpb > 1 && blocks_per_sm(g, a.zero_points != nullptr) < kCombineMinBlocks) {
     return combine_geometry(a, 1);
   }
@@ -197,22 +197,26 @@ DecodeGeometry combine_geometry(const DecodeFcArgs& a, int tpb) {
 }
 
 Status check_combine_args(const DecodeFcArgs& a) {
-  if (a.fc1 || a.slots < 1 || a.slots > kCombineMaxSlots || a.tokens < 1 ||
-      static_cast<int64_t>(a.tokens) * a.slots > 65535) {
-    return Status::invalid("decode combine: FC2 only, slots 1.." +
+  const CombineTerms& m = a.terms;
+  if (a.fc1 || m.slots < 1 || m.slots > kCombineMaxSlots || m.tokens < 1 ||
+      m.tokens * m.slots > 65535) {
+    return Status::invalid("decode combine: FC2 only, terms.slots 1.." +
                            std::to_string(kCombineMaxSlots) +
-                           " and tokens * slots 1..65535 (the grid's rows), got slots " +
-                           std::to_string(a.slots) + ", tokens " + std::to_string(a.tokens));
+                           " and terms.tokens * slots 1..65535 (the grid's rows), got slots " +
+                           std::to_string(m.slots) + ", tokens " + std::to_string(m.tokens));
   }
-  if (a.route_position == nullptr || a.expert_ids == nullptr || a.weights == nullptr) {
-    return Status::invalid("decode combine: null route position, expert or weight map");
+  if (m.route_position == nullptr || m.expert_ids == nullptr || m.weights == nullptr ||
+      m.out == nullptr) {
+    return Status::invalid("decode combine: null route position, expert, weight map or output");
   }
-  if (a.out_dtype != DType::kF32 && a.out_dtype != DType::kBF16 && a.out_dtype != DType::kF16) {
-    return Status::invalid(std::string("decode combine: out_dtype must be f32, bf16 or f16, got ") +
-                           dtype_name(a.out_dtype));
+  if (m.out_dtype != DType::kF32 && m.out_dtype != DType::kBF16 && m.out_dtype != DType::kF16) {
+    return Status::invalid(
+        std::string("decode combine: terms.out_dtype must be f32, bf16 or f16, got ") +
+        dtype_name(m.out_dtype));
   }
-  if (a.ldo < a.shape.n) {
-    return Status::invalid("decode combine: ldo must be at least the FC's rows (H)");
+  if (m.hidden != a.shape.n) {
+    return Status::invalid("decode combine: terms.hidden must be the FC's rows (H), " +
+                           std::to_string(a.shape.n) + ", got " + std::to_string(m.hidden));
   }
   return Status::ok();
 }
@@ -350,14 +354,14 @@ Status launch_decode_fc(const DecodeFcArgs& a, int max_routes, int tiles_per_blo
   }
   if (a.combine) {
     QMOE_RETURN_IF_ERROR(check_combine_args(a));
-    if (!decode_combine_fits(a.shape, zp, a.slots)) {
+    if (!decode_combine_fits(a.shape, zp, a.terms.slots)) {
       return Status::invalid("decode combine: K = " + std::to_string(a.shape.k) + " with " +
-                             std::to_string(a.slots) +
+                             std::to_string(a.terms.slots) +
                              " route slots does not fit shared memory (decode_combine_fits)");
     }
     // The pairs of the launcher's rule: every route a block.
     DecodeFcArgs pairs = a;
-    pairs.max_groups = a.tokens * a.slots;
+    pairs.max_groups = static_cast<int>(a.terms.tokens * a.terms.slots);
     const DecodeGeometry cg =
         combine_geometry(a, tiles_per_block ? tiles_per_block : auto_tiles_per_block(pairs, 1));
     return launch_geometry(a, cg, decode_smem_bytes(cg, zp), stream);

@@ -102,17 +102,12 @@ struct DecodeFcArgs {
   // cluster's first block (distributed shared memory), which adds the token's slots in slot
   // order as the finalize kernel does (stages.h: w_j * (y_j + b2[e_j]), or without w_j for
   // kScaleInput) and stores the output rows: no FC2 rows in memory, no finalize kernel, the same
-  // bits as FC2 with the same tiles per block and the finalize kernel. `out` is the layer's
-  // [tokens, ldo] output in out_dtype, `bias` FC2's bias [L, H], `weights` the routing weights by
-  // route id; slots at most kCombineMaxSlots (decode_launch.h).
+  // bits as FC2 with the same tiles per block and the finalize kernel. `terms` are the finalize
+  // kernel's (stages.h; its out the layer's [tokens, hidden] output; the grid has terms.slots
+  // rows of blocks per token), slots at most kCombineMaxSlots (decode_launch.h); out, ldo, bias
+  // and scale_input above are FC2's without the combine and unused with it.
   bool combine = false;
-  int tokens = 0;                           // grid: `slots` rows of blocks per token
-  const int32_t* route_position = nullptr;  // by route id t * slots + j (RouteMapsView)
-  const int32_t* expert_ids = nullptr;      // by route id, the global expert
-  // Local experts: slots whose expert lies outside [expert_begin, expert_end) add nothing; the
-  // weights and the bias hold the range's experts (index e - expert_begin).
-  int32_t expert_begin = 0, expert_end = INT32_MAX;
-  DType out_dtype = DType::kBF16;
+  CombineTerms terms;
 
   // FC1 -> FC2 by counters instead of FC1's whole grid (optional; zeroed by the plan before FC1,
   // stages.h launch_plan): each FC1 block adds 1 to ready[e] of its expert once its rows are

@@ -705,11 +705,11 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks)
   }
   if (a.fc1 && a.ready != nullptr) {  // the block's rows are stored: count it (a release)
     __syncthreads();
-    if (tid == 0) count_done(a.ready + e);
+    if (tid == 0) release_add(a.ready + e, 1);
   }
   if constexpr (kCombine) {  // every slot's sums are in the first block: the token's rows
     cluster_sync();
-    if (blockIdx.y % a.slots == 0) {
+    if (blockIdx.y % a.terms.slots == 0) {
       for (int i = tid; i < tiles_here * 16; i += kWarps * 32) {
         combine_store(a, m0, i, gathered, cs_e, cs_w, geo.tpb);
       }
@@ -723,7 +723,7 @@ Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
                   cudaStream_t stream) {
   const bool combine = geo.combine > 0;
   const dim3 grid(static_cast<unsigned>(decode_blocks_per_expert(a, geo)),
-                  static_cast<unsigned>(combine ? a.tokens * a.slots : a.max_groups));
+                  static_cast<unsigned>(combine ? a.terms.tokens * a.terms.slots : a.max_groups));
   constexpr int kComb = kFormCombine, kShared = kFormSharedRing, kRegs = kFormRegisterRing;
   auto* kernel =
       combine ? (geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kComb | kShared, kCode>
@@ -731,7 +731,7 @@ Status launch_one(const DecodeFcArgs& a, const DecodeGeometry& geo, size_t smem,
       : geo.smem_ring ? &decode_fc_kernel<kBits, kBf16, kSpb, kShared, kCode>
                       : &decode_fc_kernel<kBits, kBf16, kSpb, kRegs, kCode>;
   // The combine: a cluster per token (its slots' blocks of the same tiles).
-  const dim3 cluster(1, combine ? static_cast<unsigned>(a.slots) : 1u, 1);
+  const dim3 cluster(1, combine ? static_cast<unsigned>(a.terms.slots) : 1u, 1);
   QMOE_CUDA_TRY(launch_cluster_maybe_pdl(kernel, grid, dim3(kWarps * 32), cluster, smem, stream,
                                          a.pdl, a, geo));
   QMOE_CUDA_CHECK_LAUNCH("decode_fc_kernel");

@@ -83,19 +83,21 @@ __device__ __forceinline__ void combine_columns(const FinalizeArgs& a, const int
     const float* w;
     int64_t c;
     __device__ int local(int j) const {
-      return expert[j] >= a.expert_begin && expert[j] < a.expert_end ? expert[j] - a.expert_begin
+      const CombineTerms& m = a.terms;
+      return expert[j] >= m.expert_begin && expert[j] < m.expert_end ? expert[j] - m.expert_begin
                                                                      : -1;
     }
     __device__ void load(int j, float (&v)[kCols]) const {
       load_y(static_cast<const Y*>(a.y) + static_cast<int64_t>(pos[j]) * a.ldy + c, v);
     }
     __device__ float bias(int e, int q) const {
-      return load_scalar(a.fc2_bias, a.bias_dtype, static_cast<int64_t>(e) * a.hidden + c + q);
+      return load_scalar(a.terms.bias, a.terms.bias_dtype,
+                         static_cast<int64_t>(e) * a.terms.hidden + c + q);
     }
     __device__ float weight(int j) const { return w[j]; }
   };
-  combine_slots<kCols, 4>(a.slots, a.scale_input, a.fc2_bias != nullptr, Rows{a, pos, expert, w, c},
-                          acc);
+  combine_slots<kCols, 4>(a.terms.slots, a.terms.scale_input, a.terms.bias != nullptr,
+                          Rows{a, pos, expert, w, c}, acc);
 }
 
 }  // namespace qmoe::cuda

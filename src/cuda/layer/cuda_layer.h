@@ -210,10 +210,10 @@ class CudaLayer final : public PreparedLayer {
   Status pack_for_decode(const LayerWeights& w);
   // `maps` is the held experts' view (run()): counts and offsets by local index, the per-route
   // arrays the whole layer's.
-  // combine: FC2 runs with the combine into the output (fa: the finalize's arguments), and no
-  // finalize kernel follows.
+  // combine: FC2 runs with the combine into the output (the finalize's terms), and no finalize
+  // kernel follows.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                    const FinalizeArgs* combine, cudaStream_t stream, RunProfile* profile);
+                    const CombineTerms* combine, cudaStream_t stream, RunProfile* profile);
   // tile: the dispatch choice's mixed-input tile (0: the layer's, mixed_tile_of).
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                      cudaStream_t stream, RunProfile* profile, int tile = 0);

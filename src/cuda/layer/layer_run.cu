@@ -106,7 +106,7 @@ Status CudaLayer::run_fused(const RunInputs& in, const MutableTensorView& out, c
 
 // Routing and the plan done: FC1 (+activation) and FC2 by the decode kernels.
 Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
-                             const RouteMapsView& maps, const FinalizeArgs* combine,
+                             const RouteMapsView& maps, const CombineTerms* combine,
                              cudaStream_t stream, RunProfile* profile) {
   const int tokens = static_cast<int>(maps.tokens);
   DecodeFcArgs d;
@@ -172,18 +172,7 @@ Status CudaLayer::run_decode(const RunInputs& in, const Layout& l, char* ws,
   d.error = nullptr;
   if (combine != nullptr) {  // the finalize kernel's sums, in FC2's blocks
     d.combine = true;
-    d.tokens = tokens;
-    d.route_position = combine->route_position;
-    d.expert_ids = combine->expert_ids;
-    d.weights = combine->weights;
-    d.expert_begin = combine->expert_begin;
-    d.expert_end = combine->expert_end;
-    d.scale_input = combine->scale_input;
-    d.bias = combine->fc2_bias;
-    d.bias_dtype = combine->bias_dtype;
-    d.out = combine->out;
-    d.ldo = combine->hidden;
-    d.out_dtype = combine->out_dtype;
+    d.terms = *combine;
   }
   QMOE_RETURN_IF_ERROR(launch_decode_fc(d, tokens, tiles_per_block, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
@@ -390,13 +379,14 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   const int64_t first = spec_.first_expert, held = spec_.weight_experts();
   ra.plan_first = static_cast<int>(first);
   ra.plan_experts = static_cast<int>(held);
-  // The fused routing kernel builds the plan too; the general path leaves it to launch_plan.
-  const bool fused = fused_routing_applies(tokens, slots, spec_.num_experts);
+  // The fused and blocked routing paths build the plan too; the general one leaves it to
+  // launch_plan.
+  const bool routing_plans = routing_builds_plan(tokens, slots, spec_.num_experts);
   int32_t* touched = reinterpret_cast<int32_t*>(ws + l.touched);
   int32_t* n_touched = reinterpret_cast<int32_t*>(ws + l.n_touched);
   int32_t* tile_start = reinterpret_cast<int32_t*>(ws + l.tile_start);
   int32_t* ready = reinterpret_cast<int32_t*>(ws + l.ready);
-  if (fused) {
+  if (routing_plans) {
     ra.plan_touched = touched;
     ra.plan_n_touched = n_touched;
     ra.plan_tile_start = tile_start;
@@ -404,7 +394,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     ra.plan_ready = ready;
   }
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
-  if (!fused) {
+  if (!routing_plans) {
     QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
                                      tile_start, ready, stream, pdl_));
   }
@@ -429,23 +419,25 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   fa.y_dtype = decode     ? DType::kF32
                : act_fp8_ ? DType::kBF16
                           : fc_out_dtype(mixed2_);
-  fa.fc2_bias = fc2_.bias;
-  fa.bias_dtype = fc2_.bias_dtype;
-  fa.route_position = maps.route_position;
-  fa.expert_ids = maps.expert_ids;
-  fa.weights = maps.weights;
-  fa.expert_begin = static_cast<int32_t>(first);
-  fa.expert_end = static_cast<int32_t>(first + held);
-  fa.scale_input = scale_input;
-  fa.tokens = tokens;
-  fa.hidden = spec_.hidden;
-  fa.slots = slots;
-  fa.out = out.data;
-  fa.out_dtype = out.dtype;
+  CombineTerms& terms = fa.terms;
+  terms.route_position = maps.route_position;
+  terms.expert_ids = maps.expert_ids;
+  terms.weights = maps.weights;
+  terms.expert_begin = static_cast<int32_t>(first);
+  terms.expert_end = static_cast<int32_t>(first + held);
+  terms.scale_input = scale_input;
+  terms.bias = fc2_.bias;
+  terms.bias_dtype = fc2_.bias_dtype;
+  terms.tokens = tokens;
+  terms.hidden = spec_.hidden;
+  terms.slots = slots;
+  terms.out = out.data;
+  terms.out_dtype = out.dtype;
   fa.pdl = pdl_;
   const bool combined = decode && tokens <= combine_tokens_;
   if (decode) {
-    QMOE_RETURN_IF_ERROR(run_decode(in, l, ws, local, combined ? &fa : nullptr, stream, profile));
+    QMOE_RETURN_IF_ERROR(
+        run_decode(in, l, ws, local, combined ? &fa.terms : nullptr, stream, profile));
   } else {
     QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile, choice.tile));
   }

@@ -384,26 +384,27 @@ __global__ void gather_token_rows_kernel(const uint4* token_codes, const float* 
 template <int kCols, typename Y>
 __global__ void finalize_kernel(FinalizeArgs a) {
   extern __shared__ int32_t slot_info[];  // [slots] positions, [slots] expert ids, [slots] weights
+  const CombineTerms& m = a.terms;
   const int64_t t = blockIdx.y;
   int32_t* s_pos = slot_info;
-  int32_t* s_expert = slot_info + a.slots;
-  float* s_weight = reinterpret_cast<float*>(slot_info + 2 * a.slots);
+  int32_t* s_expert = slot_info + m.slots;
+  float* s_weight = reinterpret_cast<float*>(slot_info + 2 * m.slots);
   QMOE_STAMP_SCOPE(0);
-  for (int j = threadIdx.x; j < a.slots; j += blockDim.x) {
-    const int64_t r = t * a.slots + j;
-    s_pos[j] = a.route_position[r];
-    s_expert[j] = a.expert_ids[r];
-    s_weight[j] = a.weights[r];
+  for (int j = threadIdx.x; j < m.slots; j += blockDim.x) {
+    const int64_t r = t * m.slots + j;
+    s_pos[j] = m.route_position[r];
+    s_expert[j] = m.expert_ids[r];
+    s_weight[j] = m.weights[r];
   }
   pdl_wait();  // FC2's outputs
   QMOE_STAMP_WAITED(0);
   __syncthreads();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kCols;
-  if (c < a.hidden) {  // one exit for the whole block (the stamps' end waits for all threads)
+  if (c < m.hidden) {  // one exit for the whole block (the stamps' end waits for all threads)
     float v[kCols];
     combine_columns<kCols, Y>(a, s_pos, s_expert, s_weight, c, v);
 #pragma unroll
-    for (int u = 0; u < kCols; ++u) store_float(a.out, a.out_dtype, t * a.hidden + c + u, v[u]);
+    for (int u = 0; u < kCols; ++u) store_float(m.out, m.out_dtype, t * m.hidden + c + u, v[u]);
   }
 }
 
@@ -524,37 +525,38 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
 }
 
 Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream) {
-  if (a.tokens <= 0) return Status::ok();
-  if (a.tokens > 65535) {
+  const CombineTerms& m = a.terms;
+  if (m.tokens <= 0) return Status::ok();
+  if (m.tokens > 65535) {
     // Grid y is limited to 65535: run token chunks.
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 65535) {
+    for (int64_t t0 = 0; t0 < m.tokens; t0 += 65535) {
       FinalizeArgs c = a;
-      const int64_t n = a.tokens - t0 < 65535 ? a.tokens - t0 : 65535;
-      c.tokens = n;
-      c.route_position = a.route_position + t0 * a.slots;
-      c.expert_ids = a.expert_ids + t0 * a.slots;
-      c.weights = a.weights + t0 * a.slots;
-      c.out = static_cast<char*>(a.out) + t0 * a.hidden * dtype_size(a.out_dtype);
+      const int64_t n = m.tokens - t0 < 65535 ? m.tokens - t0 : 65535;
+      c.terms.tokens = n;
+      c.terms.route_position = m.route_position + t0 * m.slots;
+      c.terms.expert_ids = m.expert_ids + t0 * m.slots;
+      c.terms.weights = m.weights + t0 * m.slots;
+      c.terms.out = static_cast<char*>(m.out) + t0 * m.hidden * dtype_size(m.out_dtype);
       QMOE_RETURN_IF_ERROR(launch_finalize(c, stream));
     }
     return Status::ok();
   }
-  if (a.slots > 4096) return Status::invalid("finalize: at most 4096 slots per token");
+  if (m.slots > 4096) return Status::invalid("finalize: at most 4096 slots per token");
   if (a.y_dtype != DType::kF32 && a.y_dtype != DType::kBF16) {
     return Status::invalid("finalize: y_dtype: expected f32 or bf16");
   }
   const bool bf16 = a.y_dtype == DType::kBF16;
-  const bool four = a.hidden % 4 == 0 && a.ldy % 4 == 0 &&
+  const bool four = m.hidden % 4 == 0 && a.ldy % 4 == 0 &&
                     reinterpret_cast<uintptr_t>(a.y) % (bf16 ? 8 : 16) == 0;
   if (bf16 && !four) {  // the FP8 path's rows always are (H a multiple of 128)
     return Status::invalid("finalize: bf16 y: hidden and ldy multiples of 4, 8-byte aligned rows");
   }
   const int64_t per_block = four ? 512 : 128;  // 128 threads
-  const dim3 grid(static_cast<unsigned>((a.hidden + per_block - 1) / per_block),
-                  static_cast<unsigned>(a.tokens));
+  const dim3 grid(static_cast<unsigned>((m.hidden + per_block - 1) / per_block),
+                  static_cast<unsigned>(m.tokens));
   auto* kernel = bf16 ? &finalize_kernel<4, uint16_t>
                       : four ? &finalize_kernel<4, float> : &finalize_kernel<1, float>;
-  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(128), 12 * static_cast<size_t>(a.slots), stream,
+  QMOE_CUDA_TRY(launch_maybe_pdl(kernel, grid, dim3(128), 12 * static_cast<size_t>(m.slots), stream,
                                  a.pdl, a));
   QMOE_CUDA_CHECK_LAUNCH("finalize_kernel");
   return Status::ok();

@@ -88,29 +88,35 @@ Status launch_gather_fp8(const void* input, DType dtype, int64_t hidden, int64_t
                          float* token_scales, uint8_t* codes, int64_t ldq, float* scales,
                          int32_t* error, cudaStream_t stream);
 
-struct FinalizeArgs {
-  const void* y = nullptr;  // FC2 output [R, ldy] by route position
-  int64_t ldy = 0;
-  DType y_dtype = DType::kF32;  // kF32, or kBF16 (FP8 and bf16 mixed-input GEMMs' rows)
-  const void* fc2_bias = nullptr;  // [L, H] in bias_dtype, or nullptr
-  DType bias_dtype = DType::kF32;
-  const int32_t* route_position = nullptr;
-  const int32_t* expert_ids = nullptr;
-  const float* weights = nullptr;
+// The terms of the combine, out[t, c] = sum over the held slots j, in slot order, in fp32 of
+// w_j * (y_j[c] + b2[e_j, c]) (without w_j for kScaleInput), cast to out_dtype (+0 where no slot
+// is held): the finalize kernel's, over FC2's rows y_j = y[pos(t, j)], and FC2's own with the
+// combine (DecodeFcArgs::combine), over its blocks' sums.
+struct CombineTerms {
+  const int32_t* route_position = nullptr;  // by route id t * slots + j (RouteMapsView)
+  const int32_t* expert_ids = nullptr;      // by route id, the global expert
+  const float* weights = nullptr;           // by route id
   // Local experts: the slots whose expert is outside [expert_begin, expert_end) are another
   // shard's and add nothing (their y rows are never written); bias row e - expert_begin.
   int32_t expert_begin = 0, expert_end = INT32_MAX;
   bool scale_input = false;
+  const void* bias = nullptr;  // FC2's bias [L, H] in bias_dtype, or nullptr
+  DType bias_dtype = DType::kF32;
   int64_t tokens = 0, hidden = 0;
   int slots = 0;
   void* out = nullptr;  // [T, H] in out_dtype
   DType out_dtype = DType::kBF16;
+};
+
+struct FinalizeArgs {
+  const void* y = nullptr;  // FC2 output [R, ldy] by route position
+  int64_t ldy = 0;
+  DType y_dtype = DType::kF32;  // kF32, or kBF16 (FP8 and bf16 mixed-input GEMMs' rows)
+  CombineTerms terms;
   bool pdl = false;  // programmatic dependent launch: slots are read before waiting for FC2
 };
 
-// out[t, c] = sum over the held slots j, in slot order, in fp32 of w_j * (y[pos(t, j), c] +
-// b2[e_j, c]), (without w_j for kScaleInput), cast to out_dtype (+0 where no slot is held).
-// Deterministic: no atomics.
+// The combine of `a.terms` over FC2's rows y. Deterministic: no atomics.
 Status launch_finalize(const FinalizeArgs& a, cudaStream_t stream);
 
 }  // namespace qmoe::cuda

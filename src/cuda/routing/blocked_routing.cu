@@ -8,7 +8,9 @@
 //            order-free), written to masks[b][e].
 //   offsets  one block: count_e = sum over blocks of popcount(masks[b][e]), the exclusive scan
 //            over experts (offsets), and each block's first position among expert e's routes,
-//            base[b][e] = offsets[e] + the counts of the blocks before b.
+//            base[b][e] = offsets[e] + the counts of the blocks before b; and the plan
+//            (DeviceRoutingArgs::plan_*, as the fused kernel builds it) where it is asked for,
+//            which saves the plan kernel's launch (stages.h launch_plan).
 //   place    a thread per route (t, j), expert e, block b = t / kBlockTokens:
 //            position = base[b][e] + popcount(masks[b][e] & the bits of b's tokens before t).
 //
@@ -75,11 +77,23 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int e = tid; e < num_e; e += kRouteThreads) out[e] = s_mask[e];
 }
 
+// The plan's outputs and its experts (DeviceRoutingArgs::plan_*; touched null: no plan).
+struct BlockedPlan {
+  int32_t* touched = nullptr;
+  int32_t* n_touched = nullptr;
+  int32_t* tile_start = nullptr;
+  int32_t* ready = nullptr;
+  int tile_m = 128;
+  int first = 0, experts = 0;
+};
+
 __global__ void __launch_bounds__(kOffsetThreads)
     blocked_offsets_kernel(const uint32_t* masks, int64_t blocks, int experts, int32_t routes,
-                           int32_t* counts, int32_t* offsets, int32_t* base) {
+                           int32_t* counts, int32_t* offsets, int32_t* base, BlockedPlan plan) {
   using Scan = cub::BlockScan<int32_t, kOffsetThreads>;
+  using PlanScan = cub::BlockScan<int2, kOffsetThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  __shared__ typename PlanScan::TempStorage plan_tmp;
   pdl_wait();
   pdl_trigger();
   const int e = static_cast<int>(threadIdx.x);
@@ -89,6 +103,29 @@ __global__ void __launch_bounds__(kOffsetThreads)
   }
   int32_t before = 0;
   Scan(tmp).ExclusiveSum(c, before);
+  if (plan.touched != nullptr) {  // uniform; every thread takes part in the scan
+    // Planned expert pe = e - first: (touched or not, its tiles), scanned to its index in the
+    // touched list and its first tile; the untouched fill the list from its end with -1.
+    const int pe = e - plan.first;
+    const bool planned = pe >= 0 && pe < plan.experts;
+    const int2 mine =
+        make_int2(planned && c > 0 ? 1 : 0, planned ? (c + plan.tile_m - 1) / plan.tile_m : 0);
+    int2 prefix, total;
+    PlanScan(plan_tmp).ExclusiveScan(
+        mine, prefix, make_int2(0, 0),
+        [](const int2& a, const int2& b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
+    if (planned && c > 0) {
+      plan.touched[prefix.x] = pe;
+      plan.tile_start[prefix.x] = prefix.y;
+    } else if (planned) {
+      plan.touched[plan.experts - 1 - (pe - prefix.x)] = -1;
+    }
+    if (planned && plan.ready != nullptr) plan.ready[pe] = 0;
+    if (e == 0) {
+      *plan.n_touched = total.x;
+      plan.tile_start[total.x] = total.y;
+    }
+  }
   if (e >= experts) return;
   counts[e] = c;
   offsets[e] = before;
@@ -154,9 +191,19 @@ Status launch_blocked_routing(const DeviceRoutingArgs& args, void* temp, size_t 
     QMOE_CUDA_CHECK_LAUNCH("blocked_route_kernel");
     return Status::ok();
   }));
+  BlockedPlan plan;
+  if (args.plan_touched != nullptr) {
+    plan.touched = args.plan_touched;
+    plan.n_touched = args.plan_n_touched;
+    plan.tile_start = args.plan_tile_start;
+    plan.ready = args.plan_ready;
+    plan.tile_m = args.plan_tile_m;
+    plan.first = args.plan_first;
+    plan.experts = args.plan_experts > 0 ? args.plan_experts : num_e;
+  }
   QMOE_CUDA_TRY(launch_maybe_pdl(&blocked_offsets_kernel, dim3(1), dim3(kOffsetThreads), 0, stream,
                                  args.pdl, masks, l.blocks, num_e, routes, m.expert_counts,
-                                 m.expert_offsets, base));
+                                 m.expert_offsets, base, plan));
   QMOE_CUDA_CHECK_LAUNCH("blocked_offsets_kernel");
   QMOE_CUDA_TRY(launch_maybe_pdl(
       &blocked_place_kernel, dim3(static_cast<unsigned>((routes + kPlaceThreads - 1) / kPlaceThreads)),

@@ -65,6 +65,13 @@ Status check_args(const DeviceRoutingArgs& a) {
     return Status::invalid("args.router_bias: required by grouped_topk routing (device f32 [" +
                            i_str(a.num_experts - r.num_shared) + "]), got null");
   }
+  if (a.plan_touched != nullptr &&
+      (a.plan_n_touched == nullptr || a.plan_tile_start == nullptr || a.plan_tile_m < 1)) {
+    return Status::invalid(
+        "args.plan_*: with plan_touched set, plan_n_touched and plan_tile_start must be device "
+        "arrays and plan_tile_m at least 1, got tile_m " +
+        i_str(a.plan_tile_m));
+  }
   const int plan_experts = a.plan_experts > 0 ? a.plan_experts : a.num_experts;
   if (a.plan_first < 0 || a.plan_experts < 0 || a.plan_first + plan_experts > a.num_experts) {
     return Status::invalid("args.plan_first/plan_experts: expected a range inside [0, " +
@@ -118,6 +125,11 @@ bool fused_routing_applies(int64_t tokens, int slots, int64_t experts) {
 bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts) {
   return tokens >= 1 && tokens <= kBlockedMaxTokens && slots >= 1 && slots <= kFusedMaxSlots &&
          experts >= 1 && experts <= kFusedMaxExperts;
+}
+
+bool routing_builds_plan(int64_t tokens, int slots, int64_t experts) {
+  return fused_routing_applies(tokens, slots, experts) ||
+         blocked_routing_applies(tokens, slots, experts);
 }
 
 Status general_routing_temp_bytes(int64_t tokens, int slots, int64_t experts, size_t* bytes) {

@@ -54,11 +54,11 @@ struct DeviceRoutingArgs {
   const float* router_bias = nullptr;  // device f32 [E - num_shared], kGroupedTopK only
   RouteMapsView maps;                  // device arrays (carve_route_maps on device memory)
   int32_t* error = nullptr;            // device int32[2], see above; never reset here
-  // Optional, fused path only: the generic path's plan (stages.h launch_plan) built in the same
-  // kernel, saving a launch per decode step: touched experts ascending (then -1 up to entry E - 1,
-  // as launch_plan leaves them), their number, and tile_start over them (exclusive prefix of
-  // ceil(count / plan_tile_m)). Ignored when null or when the general path runs; the caller then
-  // runs launch_plan itself.
+  // Optional, fused and blocked paths (routing_builds_plan()): the generic path's plan (stages.h
+  // launch_plan) built by the routing's own kernels, saving a launch per call: touched experts
+  // ascending (then -1 up to entry E - 1, as launch_plan leaves them), their number, and
+  // tile_start over them (exclusive prefix of ceil(count / plan_tile_m)). Ignored when null or
+  // when the general path runs; the caller then runs launch_plan itself.
   int32_t* plan_touched = nullptr;
   int32_t* plan_n_touched = nullptr;
   int32_t* plan_tile_start = nullptr;
@@ -80,6 +80,9 @@ struct DeviceRoutingArgs {
 
 bool fused_routing_applies(int64_t tokens, int slots, int64_t experts);
 bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts);
+// Whether launch_routing (the automatic path) builds the plan asked for in DeviceRoutingArgs:
+// the fused or the blocked path runs.
+bool routing_builds_plan(int64_t tokens, int slots, int64_t experts);
 
 // Bytes of temporary storage routing needs for T tokens: 0 when the fused path applies, else the
 // larger of the blocked path's need at min(T, kBlockedMaxTokens) (where its E and slot limits
