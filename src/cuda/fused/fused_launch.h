@@ -19,7 +19,7 @@ constexpr int kFusedMaxRoutes = kFusedDecodeMaxTokens * kFusedMaxSlots;
 // and 23-26% slower at 1 and 2 tokens (bench/results/2026-12-03-h200-fused-items.md).
 constexpr int kFusedTargetItems = 128;
 // Two CTAs per multiprocessor: the dynamic shared memory each may use. Each also has its static
-// routing maps (11280 bytes; fused_decode_kernel.cuh asserts that two CTAs fit) and the reserved
+// routing maps (11280 bytes; fused_prologue.cuh asserts that two CTAs fit) and the reserved
 // share, which leaves 104432 bytes of the multiprocessor's 228 KiB each.
 constexpr size_t kFusedSmemBudget = 100 * 1024;
 // A warp's weight ring (fused_decode_kernel.cuh's WarpRing): slots of one 512-byte chunk (16 bytes
