@@ -18,6 +18,9 @@
 
 namespace qmoe::cuda::decode_detail {
 
+// The decode kernel's warps per block (decode_launch.h), by the short name its helpers use.
+constexpr int kWarps = kDecodeWarps;
+
 __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

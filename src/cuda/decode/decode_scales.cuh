@@ -16,8 +16,6 @@
 
 namespace qmoe::cuda::decode_detail {
 
-constexpr int kWarps = kDecodeWarps;
-
 // Copies the block's tiles' scales (tile-ordered, mma_pack_scales) into shared memory as fp32, and
 // the zero points likewise: a run of n entries from entry `first`, with 16-byte loads (a tile's
 // run is a multiple of 16 entries and 16-byte aligned).
