@@ -13,6 +13,7 @@
 #include "cuda/gemm/cutlass_mixed.h"
 #include "cuda/layer/activation.cuh"
 #include "cuda/layer/combine.cuh"
+#include "cuda/layer/plan_entries.cuh"
 #include "cuda/layer/stages.h"
 
 namespace qmoe::cuda {
@@ -46,21 +47,14 @@ __global__ void __launch_bounds__(kPlanThreads)
         mine, prefix, make_int2(0, 0),
         [](const int2& a, const int2& b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
     const int2 at = carry;
-    if (c > 0) {
-      touched[at.x + prefix.x] = static_cast<int32_t>(e);
-      tile_start[at.x + prefix.x] = at.y + prefix.y;
-    } else if (e < experts) {  // the untouched fill the list from its end
-      touched[experts - 1 - (e - at.x - prefix.x)] = -1;
+    if (e < experts) {
+      store_plan_entry(touched, tile_start, ready, experts, e, c, at.x + prefix.x, at.y + prefix.y);
     }
-    if (ready != nullptr && e < experts) ready[e] = 0;
     __syncthreads();  // everyone has read carry
     if (threadIdx.x == 0) carry = make_int2(at.x + total.x, at.y + total.y);
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    *n_touched = carry.x;
-    tile_start[carry.x] = carry.y;
-  }
+  if (threadIdx.x == 0) store_plan_end(n_touched, tile_start, carry.x, carry.y);
 }
 
 // A bf16/f16 row in 16-byte pieces (8 elements): hidden and ld multiples of 8, the input 16-byte

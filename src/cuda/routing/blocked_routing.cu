@@ -27,6 +27,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/sm90.h"
+#include "cuda/layer/plan_entries.cuh"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -114,17 +115,11 @@ __global__ void __launch_bounds__(kOffsetThreads)
     PlanScan(plan_tmp).ExclusiveScan(
         mine, prefix, make_int2(0, 0),
         [](const int2& a, const int2& b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
-    if (planned && c > 0) {
-      plan.touched[prefix.x] = pe;
-      plan.tile_start[prefix.x] = prefix.y;
-    } else if (planned) {
-      plan.touched[plan.experts - 1 - (pe - prefix.x)] = -1;
+    if (planned) {
+      store_plan_entry(plan.touched, plan.tile_start, plan.ready, plan.experts, pe, c, prefix.x,
+                       prefix.y);
     }
-    if (planned && plan.ready != nullptr) plan.ready[pe] = 0;
-    if (e == 0) {
-      *plan.n_touched = total.x;
-      plan.tile_start[total.x] = total.y;
-    }
+    if (e == 0) store_plan_end(plan.n_touched, plan.tile_start, total.x, total.y);
   }
   if (e >= experts) return;
   counts[e] = c;

@@ -14,6 +14,7 @@
 #include "cuda/common/sm90.h"
 #include "cuda/common/stamps.cuh"
 #include "cuda/common/stamps.h"
+#include "cuda/layer/plan_entries.cuh"
 #include "cuda/routing/route_warp.cuh"
 #include "cuda/routing/routing_internal.cuh"
 
@@ -126,19 +127,15 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (tid == 0) offsets[num_e] = routes;
   if (plan_touched != nullptr) {
     const uint32_t touched_mask = (1u << (kTilesShift - kTouchedShift)) - 1;
-    // Planned touched experts before this one; plan_e - i planned untouched ones.
-    const uint32_t i = (before >> kTouchedShift) & touched_mask;
-    if (planned && c > 0) {
-      plan_touched[i] = plan_e;
-      plan_tile_start[i] = static_cast<int32_t>(before >> kTilesShift);
-    } else if (planned) {  // the untouched fill the list from its end with -1 (stages.h)
-      plan_touched[plan_experts - 1 - (plan_e - static_cast<int>(i))] = -1;
+    if (planned) {  // the planned touched experts before this one, and their tiles
+      store_plan_entry(plan_touched, plan_tile_start, plan_ready, plan_experts, plan_e, c,
+                       static_cast<int32_t>((before >> kTouchedShift) & touched_mask),
+                       static_cast<int32_t>(before >> kTilesShift));
     }
-    if (planned && plan_ready != nullptr) plan_ready[plan_e] = 0;
     if (tid == 0) {
-      const uint32_t n_touched = (total >> kTouchedShift) & touched_mask;
-      *plan_n_touched = static_cast<int32_t>(n_touched);
-      plan_tile_start[n_touched] = static_cast<int32_t>(total >> kTilesShift);
+      store_plan_end(plan_n_touched, plan_tile_start,
+                     static_cast<int32_t>((total >> kTouchedShift) & touched_mask),
+                     static_cast<int32_t>(total >> kTilesShift));
     }
   }
   __syncthreads();
