@@ -255,6 +255,17 @@ TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
   check_launcher_choice(s, with_tiles(2, with_dispatch("decode/1")));
 }
 
+// FC1 within one wave (at most 800 pairs) of tiles under 16 KB takes two tiles per block too,
+// and FC2 over a wave as above: H 1280, I 512, E 32, k 12 gives FC1 12 x 64 = 768 pairs of
+// 10 KB tiles (20 chunks; one tile a block before) and FC2 12 x 80 = 960 pairs of 8 chunks.
+TEST(GpuDecode, LauncherTakesTwoTilesPerBlockForFc1WithinAWave) {
+  QMOE_REQUIRE_GPU();
+  LayerSpec s = small_spec(WeightFormat::kInt4, 1280, 512, 32, 12);
+  s.fc1.block_size = s.fc2.block_size = 128;
+  s.act_dtype = DType::kBF16;
+  check_launcher_choice(s, with_tiles(2, with_dispatch("decode/1")));
+}
+
 // With one route per expert, a warp's stream of 16 chunks takes the shared-memory ring
 // (kSmemRingMinChunksOneRoute): H 4096 int4 gives FC1 tiles of 64 chunks, 16 for each of the 4
 // warps splitting one. The launcher's choice gives the register ring's bits.

@@ -67,6 +67,13 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // INT2 on H 2560, E 512, k 10 (FC2: 1600 pairs of 5 chunks) lost 35.5 -> 39.9 against 4 tiles
 // (bench/results/2026-12-06-h100-split-two.md). The bounds are constants, not the device's wave,
 // so that the partial sums' order (hence the bits) never depends on the device.
+// FC1 within one wave takes two tiles per block as well where its tiles are under 16 KB: one
+// tile per block fills nearly every place, so FC2's clusters enter only as FC1's blocks leave
+// (bench/results/2026-12-06-h100-routed-flag-and-stamps.md). On an H100 (bench/results/
+// 2026-12-06-h100-fc1-two-direct-self-route.md) INT2 b64 on H 2560, E 512, k 10 (FC1: 800 pairs
+// of 10 KB, 20 chunks) went 34.9-35.0 -> 32.1-32.3 us at one token, while the 16 KB tiles of
+// qwen3-30b-a3b (768 pairs) and qwen3.6-35b-a3b (512) lost, 25.9-26.2 -> 26.8-26.9 and 25.0-25.1
+// -> 26.5 (each warp's 16 chunks then take the shared-memory ring), so those keep one tile.
 constexpr int64_t kDecodeOneWave = 800;
 
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
@@ -75,6 +82,7 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   if (max_routes == 1) {
     if (tile_bytes >= 16 * 1024) return 1;
     if (items > kDecodeOneWave && items <= 2 * kDecodeOneWave && a.shape.chunks >= 8) return 2;
+    if (a.fc1 && items <= kDecodeOneWave && a.shape.chunks >= 8) return 2;
     if (items <= 1024) return 1;
   }
   if (items <= 1000) return 1;
