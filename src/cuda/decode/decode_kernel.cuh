@@ -51,7 +51,8 @@ struct RegisterRing<0> {};
 // split K and add their partial sums in warp order (the most loads in flight per byte: one-token
 // calls, where the whole layer is a few thousand tiles' worth of latency); with two, warps 0-1
 // split the first tile's K and warps 2-3 the second's (half the blocks, where one tile per block
-// takes a second wave of blocks). With 4 or more, each
+// takes a second wave of blocks, or where FC1's small tiles would leave FC2 no room: the
+// launcher's rule, decode_gemv.cu). With 4 or more, each
 // warp owns a quarter of the tiles over all of K, so the routes' activations are staged once for
 // many tiles, no partial sums cross warps, and a warp's weights are one contiguous stream that its
 // load ring follows across tile ends.
