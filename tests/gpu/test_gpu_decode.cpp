@@ -227,10 +227,14 @@ TEST(GpuDecode, TilesPerBlockChoices) {
   }
 }
 
-// At one token, on a fresh layer of spec s with the decode kernel forced: the launcher's own
-// geometry gives the bits of `forced` (options naming the choice the launcher should make), within
-// the budget.
-void check_launcher_choice(const LayerSpec& s, const PrepareOptions& forced) {
+// At one token, on a fresh layer small_spec(f, h, i, e, k) with scale blocks of 128 and bf16
+// activations, the decode kernel forced: the launcher's own geometry gives the bits of `forced`
+// (options naming the choice the launcher should make), within the budget.
+void check_launcher_choice(WeightFormat f, int64_t h, int64_t i, int64_t e, int k,
+                           const PrepareOptions& forced) {
+  LayerSpec s = small_spec(f, h, i, e, k);
+  s.fc1.block_size = s.fc2.block_size = 128;
+  s.act_dtype = DType::kBF16;
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(std::string(format_info(s.fc1.format).name) + " seed " + std::to_string(seed));
   TestLayer tl;
@@ -249,10 +253,8 @@ void check_launcher_choice(const LayerSpec& s, const PrepareOptions& forced) {
 // of 16 and 8 chunks).
 TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
   QMOE_REQUIRE_GPU();
-  LayerSpec s = small_spec(WeightFormat::kInt4, 1024, 512, 32, 16);
-  s.fc1.block_size = s.fc2.block_size = 128;
-  s.act_dtype = DType::kBF16;
-  check_launcher_choice(s, with_tiles(2, with_dispatch("decode/1")));
+  check_launcher_choice(WeightFormat::kInt4, 1024, 512, 32, 16,
+                        with_tiles(2, with_dispatch("decode/1")));
 }
 
 // FC1 within one wave (at most 800 pairs) of tiles under 16 KB takes two tiles per block too,
@@ -260,10 +262,8 @@ TEST(GpuDecode, LauncherTakesTwoTilesPerBlockAtOneToken) {
 // 10 KB tiles (20 chunks; one tile a block before) and FC2 12 x 80 = 960 pairs of 8 chunks.
 TEST(GpuDecode, LauncherTakesTwoTilesPerBlockForFc1WithinAWave) {
   QMOE_REQUIRE_GPU();
-  LayerSpec s = small_spec(WeightFormat::kInt4, 1280, 512, 32, 12);
-  s.fc1.block_size = s.fc2.block_size = 128;
-  s.act_dtype = DType::kBF16;
-  check_launcher_choice(s, with_tiles(2, with_dispatch("decode/1")));
+  check_launcher_choice(WeightFormat::kInt4, 1280, 512, 32, 12,
+                        with_tiles(2, with_dispatch("decode/1")));
 }
 
 // With one route per expert, a warp's stream of 16 chunks takes the shared-memory ring
@@ -272,10 +272,7 @@ TEST(GpuDecode, LauncherTakesTwoTilesPerBlockForFc1WithinAWave) {
 TEST(GpuDecode, LauncherTakesTheSharedRingForOneRouteStreams) {
   QMOE_REQUIRE_GPU();
   for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kFp8Block}) {
-    LayerSpec s = small_spec(f, 4096, 256, 8, 2);
-    s.fc1.block_size = s.fc2.block_size = 128;
-    s.act_dtype = DType::kBF16;
-    check_launcher_choice(s, with_ring(1, with_dispatch("decode/1")));
+    check_launcher_choice(f, 4096, 256, 8, 2, with_ring(1, with_dispatch("decode/1")));
   }
 }
 
