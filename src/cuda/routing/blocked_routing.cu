@@ -141,8 +141,9 @@ __global__ void __launch_bounds__(kOffsetThreads)
       // a touched expert's at its index, an untouched one's (no rows, expert 0's pointers) at
       // the entry the plan gives its -1.
       const int slot = c > 0 ? prefix.x : plan.experts - 1 - (pe - prefix.x);
-      for (int i = 0; i < plan.setup_count; ++i) {
-        if (slot < plan.setups[i].max_groups) {
+#pragma unroll  // constant indices: the parameter's setups stay out of local memory
+      for (int i = 0; i < DeviceRoutingArgs::kMaxPlanSetups; ++i) {
+        if (i < plan.setup_count && slot < plan.setups[i].max_groups) {
           write_group_slot(plan.setups[i], slot, c > 0 ? pe : 0, c > 0 ? before : 0, c);
         }
       }
