@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_numeric.cuh"
@@ -46,6 +47,8 @@ constexpr int kBlockTokens = 32;  // a 32-bit mask per expert
 // warp's routing: its warps contend for the SM's issue slots).
 constexpr int kRouteTokens = 8;
 constexpr int kRouteParts = kBlockTokens / kRouteTokens;  // CTAs per mask block
+static_assert(kRouteTokens % 8 == 0 && kBlockTokens % kRouteTokens == 0,
+              "each CTA owns whole bytes of the mask words (no two CTAs write one byte)");
 constexpr int kRouteThreads = kRouteTokens * kWarpSize;
 constexpr int kOffsetThreads = 1024;
 constexpr int kPlaceThreads = 256;
@@ -85,13 +88,16 @@ __global__ void __launch_bounds__(kRouteThreads)
     for (int j = lane; j < a.slots; j += kWarpSize) atomicOr(&s_mask[sids[j]], 1u << warp);
   }
   __syncthreads();
-  // This CTA's byte of each mask word masks[b][e] (little-endian: byte p holds the bits of the
-  // block's tokens 8p..8p+7); every byte of every block is some CTA's, tokens or none.
+  // This CTA's part of each mask word masks[b][e] (little-endian: part p holds the bits of the
+  // block's tokens from p kRouteTokens on); every part of every block is some CTA's, tokens or
+  // none.
+  using Part = std::conditional_t<kRouteTokens == 8, uint8_t,
+                                  std::conditional_t<kRouteTokens == 16, uint16_t, uint32_t>>;
   const int64_t b = blockIdx.x / kRouteParts;
   const int part = static_cast<int>(blockIdx.x % kRouteParts);
-  uint8_t* out = reinterpret_cast<uint8_t*>(masks + b * num_e) + part;
+  Part* out = reinterpret_cast<Part*>(masks + b * num_e) + part;
   for (int e = tid; e < num_e; e += kRouteThreads) {
-    out[static_cast<int64_t>(e) * sizeof(uint32_t)] = static_cast<uint8_t>(s_mask[e]);
+    out[static_cast<int64_t>(e) * kRouteParts] = static_cast<Part>(s_mask[e]);
   }
 }
 
