@@ -5,7 +5,8 @@
 //
 //   route    a warp per token, kRouteTokens (a quarter of a block) per CTA: ids and weights
 //            (route_warp.cuh) and, per expert, the mask of the block's tokens routed to it
-//            (shared-memory atomics, order-free), each CTA writing its byte of masks[b][e].
+//            (shared-memory atomics, order-free), each CTA writing its part (a byte) of
+//            masks[b][e].
 //   offsets  one block: count_e = sum over blocks of popcount(masks[b][e]), the exclusive scan
 //            over experts (offsets), and each block's first position among expert e's routes,
 //            base[b][e] = offsets[e] + the counts of the blocks before b; and the plan
@@ -43,7 +44,7 @@ namespace {
 
 constexpr int kBlockTokens = 32;  // a 32-bit mask per expert
 // The route kernel's CTA: a warp per token, a quarter of a mask block, so that 128 tokens run on
-// 16 SMs rather than 4 (a CTA of the block's 32 warps took 9.6 us at 128 tokens, about twice one
+// 16 SMs rather than 4 (a CTA of the block's 32 warps took 9.7 us at 128 tokens, about twice one
 // warp's routing: its warps contend for the SM's issue slots).
 constexpr int kRouteTokens = 8;
 constexpr int kRouteParts = kBlockTokens / kRouteTokens;  // CTAs per mask block
