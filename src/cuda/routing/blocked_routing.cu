@@ -193,6 +193,10 @@ __global__ void blocked_place_kernel(const int32_t* ids, const uint32_t* masks, 
 }
 
 constexpr int kGatherWarps = 8;  // tokens per block of the place-and-gather kernel
+// 16-byte pieces of the row a lane loads before it stores them: the loads go out together
+// rather than each behind the previous piece's stores (which may alias them, for all the
+// compiler knows); a 2048-wide bf16 row is one round.
+constexpr int kGatherPieces = 8;
 
 // blocked_place_kernel with the generic path's gather (DeviceRoutingArgs::gather) folded in: a
 // warp per token t. Lanes j < slots place route (t, j) as blocked_place_kernel does; then the
@@ -218,10 +222,20 @@ __global__ void __launch_bounds__(kGatherWarps* kWarpSize)
   const uint4* src = static_cast<const uint4*>(g.input) + t * hidden8;
   uint4* out = static_cast<uint4*>(g.out);
   bool bad = false;
-  for (int64_t c = lane; c < ld8; c += kWarpSize) {
-    const uint4 v = c < hidden8 ? src[c] : make_uint4(0, 0, 0, 0);
-    bad |= nonfinite16x8(v, g.bf16);
-    for (int j = 0; j < slots; ++j) out[s_pos[warp][j] * ld8 + c] = v;
+  for (int64_t c0 = lane; c0 < ld8; c0 += kGatherPieces * kWarpSize) {
+    uint4 v[kGatherPieces];
+#pragma unroll
+    for (int u = 0; u < kGatherPieces; ++u) {
+      const int64_t c = c0 + u * kWarpSize;
+      v[u] = c < hidden8 ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherPieces; ++u) {
+      const int64_t c = c0 + u * kWarpSize;
+      if (c >= ld8) break;
+      bad |= nonfinite16x8(v[u], g.bf16);
+      for (int j = 0; j < slots; ++j) out[s_pos[warp][j] * ld8 + c] = v[u];
+    }
   }
   if (bad) {
     atomicOr(g.error, g.error_bit);
