@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "cuda/layer/stages.h"
 #include "gpu_routing_util.h"
@@ -108,13 +109,17 @@ std::vector<uint16_t> some_input(int64_t tokens, int64_t hidden, std::mt19937_64
 
 // Token counts on and off the 8-token parts and 32-token blocks of the route kernel, the full
 // plan and a shard's, one setup or two (with and without zeros, and slots past the touched
-// experts where max_groups is below E), H a multiple of 8 but not of 16 and ld past it.
+// experts where max_groups is below E), H a multiple of 8 but not of 16 and ld past it; a row
+// narrow enough to be one column share and one wide enough for several (the last one short),
+// ld past H cutting a share.
 TEST(DeviceRouting, BlockedPathWritesTheGroupArraysAndGathers) {
   QMOE_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  constexpr int64_t kHidden = 136, kLd = 160;
-  for (int64_t experts : {8, 128, 512}) {
+  for (const auto& [experts, hidden, ld] : {std::tuple<int64_t, int64_t, int64_t>{8, 136, 160},
+                                            {128, 136, 160},
+                                            {512, 136, 160},
+                                            {128, 2056, 2568}}) {
     for (int64_t t : {65, 77, 300, 2001}) {
       const LayerSpec s =
           valid_spec(RoutingMethod::kSoftmaxTopK, experts, 8, 0, TieBreak::kLowerIndex, true, rng);
@@ -122,8 +127,9 @@ TEST(DeviceRouting, BlockedPathWritesTheGroupArraysAndGathers) {
       ASSERT_TRUE(cuda::routing_writes_setups(t, p.slots(), p.experts()));
       for (const auto& [first, count] :
            {std::pair<int64_t, int64_t>{0, experts}, {experts / 4, experts / 2}}) {
-        SCOPED_TRACE(p.describe() + ", seed " + std::to_string(seed) + ", plan [" +
-                     std::to_string(first) + ", +" + std::to_string(count) + ")");
+        SCOPED_TRACE(p.describe() + ", H " + std::to_string(hidden) + ", ld " + std::to_string(ld) +
+                     ", seed " + std::to_string(seed) + ", plan [" + std::to_string(first) + ", +" +
+                     std::to_string(count) + ")");
         DeviceProblem d;
         ASSERT_TRUE(d.init(p, RoutingPath::kBlocked));
         GpuBuffer dt, dn, ds, x, xg, xw, err, err_want;
@@ -144,16 +150,16 @@ TEST(DeviceRouting, BlockedPathWritesTheGroupArraysAndGathers) {
         }
         d.args.plan_setup_count = 2;
         const int64_t routes = t * p.slots();
-        ASSERT_TRUE(x.upload(some_input(t, kHidden, rng)));
-        ASSERT_TRUE(xg.allocate(static_cast<size_t>(routes * kLd) * 2, kPoison));
-        ASSERT_TRUE(xw.allocate(static_cast<size_t>(routes * kLd) * 2, kPoison));
+        ASSERT_TRUE(x.upload(some_input(t, hidden, rng)));
+        ASSERT_TRUE(xg.allocate(static_cast<size_t>(routes * ld) * 2, kPoison));
+        ASSERT_TRUE(xw.allocate(static_cast<size_t>(routes * ld) * 2, kPoison));
         ASSERT_TRUE(err.upload(std::vector<int32_t>{0, kNoToken}));
         ASSERT_TRUE(err_want.upload(std::vector<int32_t>{0, kNoToken}));
         d.args.gather.input = x.get();
         d.args.gather.bf16 = true;
-        d.args.gather.hidden = kHidden;
+        d.args.gather.hidden = hidden;
         d.args.gather.out = xg.get();
-        d.args.gather.ld = kLd;
+        d.args.gather.ld = ld;
         d.args.gather.error = err.as<int32_t>();
         d.args.gather.error_bit = cuda::kErrorInput;
         ASSERT_TRUE(cuda::launch_routing_path(d.args, RoutingPath::kBlocked, d.temp.get(),
@@ -169,15 +175,15 @@ TEST(DeviceRouting, BlockedPathWritesTheGroupArraysAndGathers) {
           ASSERT_TRUE(want[i].init(d.args.plan_setups[i], &w));
           ASSERT_TRUE(cuda::launch_group_setup(w, sched, nullptr, false).is_ok());
         }
-        ASSERT_TRUE(cuda::launch_gather(x.get(), DType::kBF16, kHidden, d.args.maps.permuted_route,
-                                        p.slots(), routes, xw.get(), kLd, err_want.as<int32_t>(),
+        ASSERT_TRUE(cuda::launch_gather(x.get(), DType::kBF16, hidden, d.args.maps.permuted_route,
+                                        p.slots(), routes, xw.get(), ld, err_want.as<int32_t>(),
                                         nullptr)
                         .is_ok());
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         for (int i = 0; i < 2; ++i) EXPECT_TRUE(got[i].same_as(want[i], d.args.plan_setups[i]));
         std::vector<uint16_t> gx, wx;
-        ASSERT_TRUE(copy_back(xg.as<uint16_t>(), routes * kLd, &gx));
-        ASSERT_TRUE(copy_back(xw.as<uint16_t>(), routes * kLd, &wx));
+        ASSERT_TRUE(copy_back(xg.as<uint16_t>(), routes * ld, &gx));
+        ASSERT_TRUE(copy_back(xw.as<uint16_t>(), routes * ld, &wx));
         EXPECT_TRUE(same_bits("gathered rows", gx, wx));
         std::vector<int32_t> ge, we;
         ASSERT_TRUE(copy_back(err.as<int32_t>(), 2, &ge));

@@ -15,9 +15,9 @@
 //            GEMMs' group arrays (plan_setups), which saves their setup kernels.
 //   place    a thread per route (t, j), expert e, block b = t / kBlockTokens:
 //            position = base[b][e] + popcount(masks[b][e] & the bits of b's tokens before t);
-//            with the generic path's gather (DeviceRoutingArgs::gather) a warp per token,
-//            which places its routes and copies its input row to their positions, saving the
-//            gather kernel.
+//            with the generic path's gather (DeviceRoutingArgs::gather) a warp per token and
+//            share of the row's columns, which places its routes and copies its share of the
+//            input row to their positions, saving the gather kernel.
 //
 // A token routes to an expert at most once, so an expert's routes in route-id order are its
 // tokens in order, and that position is the stable counting sort's: the maps equal
@@ -169,16 +169,19 @@ __global__ void __launch_bounds__(kOffsetThreads)
 }
 
 // Route r = (t, j)'s position, base[b][e] + popcount(masks[b][e] & the bits of b's tokens before
-// t), stored both ways (permuted[position] = r, position[r]).
+// t), stored both ways (permuted[position] = r, position[r]) when `store`.
 __device__ __forceinline__ int32_t place_route(const int32_t* ids, const uint32_t* masks,
                                                const int32_t* base, int experts, int64_t t,
-                                               int64_t r, int32_t* permuted, int32_t* position) {
+                                               int64_t r, int32_t* permuted, int32_t* position,
+                                               bool store = true) {
   const int64_t at = (t / kBlockTokens) * experts + ids[r];
   const int in_block = static_cast<int>(t % kBlockTokens);
   const uint32_t earlier = in_block == 0 ? 0u : (~0u >> (32 - in_block));
   const int32_t pos = base[at] + __popc(masks[at] & earlier);
-  permuted[pos] = static_cast<int32_t>(r);
-  position[r] = pos;
+  if (store) {
+    permuted[pos] = static_cast<int32_t>(r);
+    position[r] = pos;
+  }
   return pos;
 }
 
@@ -195,17 +198,33 @@ __global__ void blocked_place_kernel(const int32_t* ids, const uint32_t* masks, 
 constexpr int kGatherWarps = 8;  // tokens per block of the place-and-gather kernel
 // 16-byte pieces of the row a lane loads before it stores them: the loads go out together
 // rather than each behind the previous piece's stores (which may alias them, for all the
-// compiler knows); a 2048-wide bf16 row is one round.
+// compiler knows); a 2048-wide bf16 row's share is at most one round.
 constexpr int kGatherPieces = 8;
+// CTAs the place-and-gather kernel aims for: with few tokens their rows are split by columns
+// (blockIdx.y), since 16 CTAs of 8 warps (128 tokens) wrote their 4 MiB at 0.5 TB/s (8.4 us).
+constexpr int64_t kGatherCtas = 256;
+
+// 16-byte pieces of the padded row each column share takes (a multiple of a warp's 32) and so
+// the shares per row: enough to give about kGatherCtas CTAs.
+int64_t gather_share(int64_t token_blocks, int64_t ld8) {
+  const int64_t want = std::max<int64_t>(1, (kGatherCtas + token_blocks - 1) / token_blocks);
+  const int64_t share = (ld8 + want - 1) / want;
+  return (share + kWarpSize - 1) / kWarpSize * kWarpSize;
+}
 
 // blocked_place_kernel with the generic path's gather (DeviceRoutingArgs::gather) folded in: a
-// warp per token t. Lanes j < slots place route (t, j) as blocked_place_kernel does; then the
-// warp reads t's input row once, in 16-byte pieces, and writes it to each of the token's
-// positions, zero padded to ld, recording a non-finite value as launch_gather does.
+// warp per token t and column share blockIdx.y (`share` 16-byte pieces of the padded row). Lanes
+// j < slots find route (t, j)'s position (the first share's CTAs store it, as
+// blocked_place_kernel does); then the warp reads its share of t's input row once and writes it
+// to each of the token's positions, zero padded to ld, recording a non-finite value as
+// launch_gather does.
+//
+//   row t:  | share 0 (y = 0) | share 1 (y = 1) | ... | last share, to ld (zeros past hidden) |
+//   each share -> out[pos(t, j)] for j < slots
 __global__ void __launch_bounds__(kGatherWarps* kWarpSize)
     blocked_place_gather_kernel(const int32_t* ids, const uint32_t* masks, const int32_t* base,
                                 int experts, int slots, int64_t tokens, int32_t* permuted,
-                                int32_t* position, DeviceRoutingArgs::Gather g) {
+                                int32_t* position, DeviceRoutingArgs::Gather g, int64_t share) {
   __shared__ int32_t s_pos[kGatherWarps][kFusedMaxSlots];
   pdl_wait();
   pdl_trigger();
@@ -214,25 +233,27 @@ __global__ void __launch_bounds__(kGatherWarps* kWarpSize)
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kGatherWarps + warp;
   if (t >= tokens) return;  // warp-uniform
   if (lane < slots) {
-    s_pos[warp][lane] =
-        place_route(ids, masks, base, experts, t, t * slots + lane, permuted, position);
+    s_pos[warp][lane] = place_route(ids, masks, base, experts, t, t * slots + lane, permuted,
+                                    position, blockIdx.y == 0);
   }
   __syncwarp();
   const int64_t hidden8 = g.hidden / 8, ld8 = g.ld / 8;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * share;
+  const int64_t end = begin + share < ld8 ? begin + share : ld8;
   const uint4* src = static_cast<const uint4*>(g.input) + t * hidden8;
   uint4* out = static_cast<uint4*>(g.out);
   bool bad = false;
-  for (int64_t c0 = lane; c0 < ld8; c0 += kGatherPieces * kWarpSize) {
+  for (int64_t c0 = begin + lane; c0 < end; c0 += kGatherPieces * kWarpSize) {
     uint4 v[kGatherPieces];
 #pragma unroll
     for (int u = 0; u < kGatherPieces; ++u) {
       const int64_t c = c0 + u * kWarpSize;
-      v[u] = c < hidden8 ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
+      v[u] = c < end && c < hidden8 ? __ldg(src + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kGatherPieces; ++u) {
       const int64_t c = c0 + u * kWarpSize;
-      if (c >= ld8) break;
+      if (c >= end) break;
       bad |= nonfinite16x8(v[u], g.bf16);
       for (int j = 0; j < slots; ++j) out[s_pos[warp][j] * ld8 + c] = v[u];
     }
@@ -299,10 +320,13 @@ Status launch_blocked_routing(const DeviceRoutingArgs& args, void* temp, size_t 
   QMOE_CUDA_CHECK_LAUNCH("blocked_offsets_kernel");
   if (args.gather.input != nullptr) {
     const int64_t blocks = (args.tokens + kGatherWarps - 1) / kGatherWarps;
-    QMOE_CUDA_TRY(launch_maybe_pdl(
-        &blocked_place_gather_kernel, dim3(static_cast<unsigned>(blocks)),
-        dim3(kGatherWarps * kWarpSize), 0, stream, args.pdl, m.expert_ids, masks, base, num_e,
-        slots, args.tokens, m.permuted_route, m.route_position, args.gather));
+    const int64_t ld8 = args.gather.ld / 8, share = gather_share(blocks, ld8);
+    const dim3 grid(static_cast<unsigned>(blocks),
+                    static_cast<unsigned>((ld8 + share - 1) / share));
+    QMOE_CUDA_TRY(launch_maybe_pdl(&blocked_place_gather_kernel, grid,
+                                   dim3(kGatherWarps * kWarpSize), 0, stream, args.pdl,
+                                   m.expert_ids, masks, base, num_e, slots, args.tokens,
+                                   m.permuted_route, m.route_position, args.gather, share));
     QMOE_CUDA_CHECK_LAUNCH("blocked_place_gather_kernel");
     return Status::ok();
   }
