@@ -36,11 +36,17 @@ struct DeviceInputs {
   RunInputs in;
 };
 
-inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInputs* d) {
+// input_offset: the input starts that many bytes into its allocation (an unaligned input).
+inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInputs* d,
+                                               size_t input_offset = 0) {
   d->in = ti.in;
-  auto r = d->x.upload(ti.x);
+  auto r = d->x.allocate(ti.x.size() + input_offset);
   if (!r) return r;
-  d->in.input.data = d->x.get();
+  char* x = static_cast<char*>(d->x.get()) + input_offset;
+  if (cudaMemcpy(x, ti.x.data(), ti.x.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+    return ::testing::AssertionFailure() << "input upload failed";
+  }
+  d->in.input.data = x;
   r = d->logits.upload(ti.logits);
   if (!r) return r;
   d->in.router_logits.data = d->logits.get();
@@ -107,7 +113,7 @@ struct GpuRun {
 // with_oracle).
 inline void gpu_run(const TestLayer& tl, const TestInputs& ti, GpuRun* res,
                     const PrepareOptions& opt = {}, uint8_t poison = 0xFF, bool with_oracle = true,
-                    PreparedLayer* reuse = nullptr) {
+                    PreparedLayer* reuse = nullptr, size_t input_offset = 0) {
   std::unique_ptr<PreparedLayer> own;
   PreparedLayer* layer = reuse;
   if (!layer) {
@@ -116,7 +122,7 @@ inline void gpu_run(const TestLayer& tl, const TestInputs& ti, GpuRun* res,
     layer = own.get();
   }
   DeviceInputs d;
-  ASSERT_TRUE(stage_inputs(ti, &d));
+  ASSERT_TRUE(stage_inputs(ti, &d, input_offset));
   const int64_t t = tokens_of(ti.in);
   const size_t ws_bytes = layer->workspace_size(t);
   ASSERT_GT(ws_bytes, 0u);

@@ -320,34 +320,45 @@ Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epil
                          std::to_string(ctas_per_sm) + " CTAs per SM");
 }
 
-Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
-                                 size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+// launch_mixed_grouped_gemm's and mixed_gemm_setup's checks; the instance's CTAs per SM.
+Status check_mixed_launch(const MixedGemmArgs& args, int sm_count, const void* workspace,
+                          size_t workspace_bytes, const char* what, int* ctas) {
+  const std::string fn(what);
   std::string why;
-  if (!mixed_gemm_can_implement(args, &why)) {
-    return Status::invalid("launch_mixed_grouped_gemm: args: " + why);
-  }
+  if (!mixed_gemm_can_implement(args, &why)) return Status::invalid(fn + ": args: " + why);
   if (args.max_groups <= 0) {
-    return Status::invalid("launch_mixed_grouped_gemm: args.max_groups: expected > 0, got " +
+    return Status::invalid(fn + ": args.max_groups: expected > 0, got " +
                            std::to_string(args.max_groups));
   }
   if (sm_count <= 0) {
-    return Status::invalid("launch_mixed_grouped_gemm: sm_count: expected > 0, got " +
-                           std::to_string(sm_count));
+    return Status::invalid(fn + ": sm_count: expected > 0, got " + std::to_string(sm_count));
   }
   if (args.sched.touched == nullptr || args.sched.n_touched == nullptr ||
       args.sched.offsets == nullptr) {
-    return Status::invalid("launch_mixed_grouped_gemm: args.sched: expected device pointers");
+    return Status::invalid(fn + ": args.sched: expected device pointers");
   }
   const size_t need =
       mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count);
   if (workspace == nullptr || workspace_bytes < need ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
-    return Status::invalid("launch_mixed_grouped_gemm: workspace: expected " +
-                           std::to_string(need) + " bytes, 256-byte aligned, got " +
+    return Status::invalid(fn + ": workspace: expected " + std::to_string(need) +
+                           " bytes, 256-byte aligned, got " +
                            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
   }
+  *ctas = mixed_ctas_per_sm(args.tile_n, args.n, args.max_groups, sm_count);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
+                                 size_t workspace_bytes, cudaStream_t stream) {
+  int ctas = 1;
+  QMOE_RETURN_IF_ERROR(check_mixed_launch(args, sm_count, workspace, workspace_bytes,
+                                          "launch_mixed_grouped_gemm", &ctas));
   const bool bf16 = args.dtype == DType::kBF16;
-  const int ctas = mixed_ctas_per_sm(args.tile_n, args.n, args.max_groups, sm_count);
 #define QMOE_MIXED_LAUNCH(kCodes, kBf16, kTileN, kAct, kCtas)                                   \
   if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&                    \
       args.act_epilogue == kAct && ctas == kCtas) {                                             \
@@ -357,6 +368,27 @@ Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* 
   QMOE_MIXED_INSTANCES(QMOE_MIXED_LAUNCH)
 #undef QMOE_MIXED_LAUNCH
   return Status::internal("launch_mixed_grouped_gemm: no instance for codes_kind " +
+                          std::string(mixed_codes_name(args.codes_kind)) + ", tile_n " +
+                          std::to_string(args.tile_n));
+}
+
+Status mixed_gemm_setup(const MixedGemmArgs& args, int sm_count, void* workspace,
+                        size_t workspace_bytes, GroupSetup* setup) {
+  if (setup == nullptr) return Status::invalid("mixed_gemm_setup: setup: null");
+  int ctas = 1;
+  QMOE_RETURN_IF_ERROR(
+      check_mixed_launch(args, sm_count, workspace, workspace_bytes, "mixed_gemm_setup", &ctas));
+  const bool bf16 = args.dtype == DType::kBF16;
+#define QMOE_MIXED_SETUP(kCodes, kBf16, kTileN, kAct, kCtas)                                 \
+  if (args.codes_kind == kCodes && bf16 == kBf16 && args.tile_n == kTileN &&                 \
+      args.act_epilogue == kAct && ctas == kCtas) {                                          \
+    *setup = cutlass_detail::mixed_setup<kCodes, kBf16, kTileN, kAct, kCtas>(args, sm_count, \
+                                                                             workspace);     \
+    return Status::ok();                                                                     \
+  }
+  QMOE_MIXED_INSTANCES(QMOE_MIXED_SETUP)
+#undef QMOE_MIXED_SETUP
+  return Status::internal("mixed_gemm_setup: no instance for codes_kind " +
                           std::string(mixed_codes_name(args.codes_kind)) + ", tile_n " +
                           std::to_string(args.tile_n));
 }

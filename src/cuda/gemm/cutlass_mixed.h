@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm/group_setup.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "qmoe/format.h"
 #include "qmoe/layer.h"
@@ -135,6 +136,9 @@ struct MixedGemmArgs {
   ActivationSpec act;
   void* act_out = nullptr;
   int64_t ld_act = 0;
+  // Another kernel has written this launch's group arrays (mixed_gemm_setup below, after the
+  // kernel before the GEMM): the launch runs the GEMM alone.
+  bool setup_written = false;
 };
 
 // The element of the GEMM's rows (c) for activations of `act`: bf16 rows for bf16 activations, as
@@ -224,10 +228,16 @@ int mixed_ctas_per_sm(int tile_n, int64_t n, int64_t groups, int sm_count);
 Status mixed_gemm_residency(MixedCodes c, DType dtype, int tile_n, bool act_epilogue,
                             int ctas_per_sm, int* resident);
 
-// Launches the setup kernel and the GEMM on `stream`; `workspace` holds at least
-// mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups, sm_count) bytes,
-// 256-byte aligned.
+// Launches the setup kernel (none where args.setup_written) and the GEMM on `stream`; `workspace`
+// holds at least mixed_gemm_workspace_bytes(args.codes_kind, args.dtype, args.max_groups,
+// sm_count) bytes, 256-byte aligned.
 Status launch_mixed_grouped_gemm(const MixedGemmArgs& args, int sm_count, void* workspace,
                                  size_t workspace_bytes, cudaStream_t stream);
+
+// The group arrays launch_mixed_grouped_gemm's setup kernel would write for `args` in `workspace`
+// (checked as there), for a kernel that runs before the GEMM to write them instead
+// (DeviceRoutingArgs::plan_setups); the launch then takes args.setup_written.
+Status mixed_gemm_setup(const MixedGemmArgs& args, int sm_count, void* workspace,
+                        size_t workspace_bytes, GroupSetup* setup);
 
 }  // namespace qmoe::cuda

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/gemm/cutlass_mixed.h"
+#include "cuda/gemm/group_setup.h"
 #include "qmoe/status.h"
 
 namespace qmoe::cuda::cutlass_detail {
@@ -20,6 +21,10 @@ size_t mixed_workspace_bytes(int64_t max_groups, int sm_count);
 // Arguments already validated (mixed_gemm_can_implement) and the workspace size checked.
 template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
 Status mixed_launch(const MixedGemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
+
+// The group arrays the launch's setup kernel writes (group_setup.h), for another kernel to write.
+template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
+GroupSetup mixed_setup(const MixedGemmArgs& args, int sm_count, void* workspace);
 
 // How many CTAs of the instance the device holds per SM at once (the occupancy API).
 template <MixedCodes kCodes, bool kBf16, int kTileN, bool kAct, int kCtas>
@@ -77,6 +82,9 @@ Status mixed_residency(int* resident);
   template <>                                                                                      \
   Status mixed_launch<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args, int sm_count, \
                                                           void* workspace, cudaStream_t stream);   \
+  template <>                                                                                      \
+  GroupSetup mixed_setup<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args,            \
+                                                             int sm_count, void* workspace);       \
   template <>                                                                                      \
   Status mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(int* resident);
 QMOE_MIXED_INSTANCES(QMOE_MIXED_DECLARE)

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -269,55 +270,63 @@ struct MixedParts {
       total;
 };
 
-// The setup kernel: one thread per group slot j (touched index j). Slots past n_touched get a
-// shape with no rows (no tiles) and valid pointers (expert 0's).
+// The group arrays of a launch (group_setup.h) in G's types: the per-slot pointers and shape in
+// bytes, and each stride type's bytes as built here, copied into every slot.
+template <typename T>
+GroupConst group_const(void* at, const T& value) {
+  static_assert(sizeof(T) % 4 == 0 && sizeof(T) <= 16 && std::is_trivially_copyable_v<T>,
+                "a stride of one to four 32-bit words");
+  GroupConst c;
+  c.at = static_cast<uint32_t*>(at);
+  c.words = static_cast<int>(sizeof(T) / 4);
+  std::memcpy(c.value, &value, sizeof(T));
+  return c;
+}
+
 template <typename G>
-__global__ void mixed_setup_kernel(const MixedGemmArgs p, typename G::Shape3* shapes,
-                                   const void** ptr_a, const void** ptr_b, void** ptr_d,
-                                   const void** ptr_s, const void** ptr_z,
-                                   typename G::StrideA* stride_a,
-                                   typename G::StrideB* stride_b, typename G::StrideD* stride_d,
-                                   typename G::StrideS* stride_s) {
-  pdl_wait();  // the plan, or the kernel before the FC (programmatic dependent launch, p.pdl)
-  pdl_trigger();
-  const int n_touched = *p.sched.n_touched;
-  const size_t elem = 2;  // bf16 / f16 activations
+GroupSetup mixed_group_setup(const MixedGemmArgs& p, const MixedParts& w, char* ws) {
+  static_assert(sizeof(typename G::Shape3) == 3 * sizeof(int32_t), "(n, rows, k)");
+  const int64_t elem = 2;  // bf16 / f16 activations
   const int64_t kb = p.k / p.chunk;
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < p.max_groups;
-       j += gridDim.x * blockDim.x) {
-    int rows = 0;
-    int64_t row0 = 0, e = 0;
-    if (j < n_touched) {
-      e = p.sched.touched[j];
-      row0 = p.sched.offsets[e];
-      rows = p.sched.offsets[e + 1] - p.sched.offsets[e];
-    }
-    shapes[j] = typename G::Shape3(static_cast<int>(p.n), rows, static_cast<int>(p.k));
-    ptr_a[j] = p.codes + e * p.n * (p.k * G::kBits / 8);
-    ptr_b[j] = static_cast<const char*>(p.a) + row0 * p.lda * elem;
-    // The activation epilogue's rows are the activation dtype's (its pointers share the slot).
-    ptr_d[j] = G::kAct ? static_cast<char*>(p.act_out) + row0 * p.ld_act * G::kOutBytes
-                       : static_cast<char*>(p.c) + row0 * p.ldc * G::kOutBytes;
-    ptr_s[j] = static_cast<const char*>(p.scales) + e * kb * p.n * G::kScaleBytes;
-    ptr_z[j] = G::kZero ? p.zeros + e * kb * p.n : nullptr;
-    if constexpr (G::kShuffled) {
-      stride_a[j] = shuffled_layout<G::kBits>(static_cast<int>(p.n), static_cast<int>(p.k));
-    } else {
-      typename G::StrideA sa{};
-      cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
-      stride_a[j] = sa;
-    }
-    typename G::StrideB sb{};
-    cute::get<0>(sb) = p.lda;
-    stride_b[j] = sb;
-    typename G::StrideD sd{};
-    cute::get<1>(sd) = p.ldc;
-    stride_d[j] = sd;
-    typename G::StrideS ss{};
-    cute::get<1>(ss) = p.n;
-    cute::get<2>(ss) = kb * p.n;
-    stride_s[j] = ss;
+  GroupSetup g;
+  g.max_groups = p.max_groups;
+  g.shapes = reinterpret_cast<int32_t*>(ws + w.shapes);
+  g.ptr_a = reinterpret_cast<const void**>(ws + w.ptr_a);
+  g.ptr_b = reinterpret_cast<const void**>(ws + w.ptr_b);
+  g.ptr_d = reinterpret_cast<void**>(ws + w.ptr_d);
+  g.ptr_s = reinterpret_cast<const void**>(ws + w.ptr_s);
+  g.ptr_z = reinterpret_cast<const void**>(ws + w.ptr_z);
+  g.n = static_cast<int32_t>(p.n);
+  g.k = static_cast<int32_t>(p.k);
+  g.a = reinterpret_cast<const char*>(p.codes);
+  g.a_expert = p.n * (p.k * G::kBits / 8);
+  g.b = static_cast<const char*>(p.a);
+  g.b_row = p.lda * elem;
+  // The activation epilogue's rows are the activation dtype's (its pointers share the slot).
+  g.d = static_cast<char*>(G::kAct ? p.act_out : p.c);
+  g.d_row = (G::kAct ? p.ld_act : p.ldc) * G::kOutBytes;
+  g.s = static_cast<const char*>(p.scales);
+  g.s_expert = kb * p.n * G::kScaleBytes;
+  g.z = G::kZero ? reinterpret_cast<const char*>(p.zeros) : nullptr;
+  g.z_expert = kb * p.n * static_cast<int64_t>(sizeof(float));
+  typename G::StrideA sa{};
+  if constexpr (G::kShuffled) {
+    sa = shuffled_layout<G::kBits>(static_cast<int>(p.n), static_cast<int>(p.k));
+  } else {
+    cute::get<0>(sa) = p.k;  // in codes; CUTLASS turns it into bytes
   }
+  typename G::StrideB sb{};
+  cute::get<0>(sb) = p.lda;
+  typename G::StrideD sd{};
+  cute::get<1>(sd) = p.ldc;
+  typename G::StrideS ss{};
+  cute::get<1>(ss) = p.n;
+  cute::get<2>(ss) = kb * p.n;
+  g.consts[0] = group_const(ws + w.stride_a, sa);
+  g.consts[1] = group_const(ws + w.stride_b, sb);
+  g.consts[2] = group_const(ws + w.stride_d, sd);
+  g.consts[3] = group_const(ws + w.stride_s, ss);
+  return g;
 }
 
 template <typename G>
@@ -391,23 +400,22 @@ Status mixed_launch_for(const MixedGemmArgs& p, int sm_count, void* workspace,
   using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
   const MixedParts w = mixed_parts<G>(p.max_groups, sm_count);
   char* ws = static_cast<char*>(workspace);
-  constexpr int kThreads = 128;
-  const int blocks = (p.max_groups + kThreads - 1) / kThreads;
-  QMOE_CUDA_TRY(launch_maybe_pdl(
-      &mixed_setup_kernel<G>, dim3(blocks), dim3(kThreads), 0, stream, p.pdl, p,
-      reinterpret_cast<typename G::Shape3*>(ws + w.shapes),
-      reinterpret_cast<const void**>(ws + w.ptr_a), reinterpret_cast<const void**>(ws + w.ptr_b),
-      reinterpret_cast<void**>(ws + w.ptr_d), reinterpret_cast<const void**>(ws + w.ptr_s),
-      reinterpret_cast<const void**>(ws + w.ptr_z),
-      reinterpret_cast<typename G::StrideA*>(ws + w.stride_a),
-      reinterpret_cast<typename G::StrideB*>(ws + w.stride_b),
-      reinterpret_cast<typename G::StrideD*>(ws + w.stride_d),
-      reinterpret_cast<typename G::StrideS*>(ws + w.stride_s)));
-  QMOE_CUDA_CHECK_LAUNCH("mixed_setup_kernel");
+  // Another kernel wrote the group arrays (MixedGemmArgs::setup_written), else the setup kernel.
+  if (!p.setup_written) {
+    QMOE_RETURN_IF_ERROR(
+        launch_group_setup(mixed_group_setup<G>(p, w, ws), p.sched, stream, p.pdl));
+  }
 
   return initialize_and_run<typename G::Gemm, G::kCtasPerSm>(
       make_mixed_arguments<G>(p.max_groups, p.chunk, sm_count, &w, ws, &p), ws + w.cutlass, stream,
       "CUTLASS mixed-input GEMM", p.pdl);
+}
+
+template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
+GroupSetup mixed_setup_for(const MixedGemmArgs& p, int sm_count, void* workspace) {
+  using G = MixedGemm<kCodes, Element, kTileM, kTileN, kAct, kCtas>;
+  return mixed_group_setup<G>(p, mixed_parts<G>(p.max_groups, sm_count),
+                              static_cast<char*>(workspace));
 }
 
 template <MixedCodes kCodes, typename Element, int kTileM, int kTileN, bool kAct, int kCtas>
@@ -439,6 +447,12 @@ Status mixed_residency_for(int* resident) {
                                                           void* workspace, cudaStream_t stream) {  \
     return mixed_launch_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(args, sm_count,          \
                                                                           workspace, stream);      \
+  }                                                                                                \
+  template <>                                                                                      \
+  GroupSetup mixed_setup<kCodes, kBf16, kTileN, kAct, kCtas>(const MixedGemmArgs& args,            \
+                                                             int sm_count, void* workspace) {      \
+    return mixed_setup_for<kCodes, Element, kTileM, kTileN, kAct, kCtas>(args, sm_count,           \
+                                                                         workspace);               \
   }                                                                                                \
   template <>                                                                                      \
   Status mixed_residency<kCodes, kBf16, kTileN, kAct, kCtas>(int* resident) {                      \

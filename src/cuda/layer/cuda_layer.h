@@ -195,7 +195,7 @@ class CudaLayer final : public PreparedLayer {
   // Byte offsets of one call's buffers in the workspace (layer_workspace.cu: the formula).
   struct Layout {
     size_t maps, touched, n_touched, tile_start, ready, route_temp, route_temp_bytes, xa,
-        act_scales, ya, hy, h3, scratch, cutlass, mixed, fused, total;
+        act_scales, ya, hy, h3, scratch, cutlass, mixed, mixed2, fused, total;
     int64_t slots_in_scratch, waves;
   };
 
@@ -214,9 +214,36 @@ class CudaLayer final : public PreparedLayer {
   // kernel follows.
   Status run_decode(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                     const CombineTerms* combine, cudaStream_t stream, RunProfile* profile);
-  // tile: the dispatch choice's mixed-input tile (0: the layer's, mixed_tile_of).
+  // One FC's GEMM on the generic path: its operands (a [R, lda] in, c [R, ldc] out, ld_b the
+  // dequantized weights' row), its mixed-input tile (0 without that copy), act_out (FC1 with the
+  // activation in its epilogue: its rows [R, ip_] in the activation dtype there, c unused) and
+  // its region of the workspace for the GEMM's group arrays (l.mixed, or l.mixed2 for FC2).
+  struct FcCall {
+    const DeviceFc* fc = nullptr;
+    const MixedFc* mx = nullptr;
+    const void* a = nullptr;
+    int64_t lda = 0;
+    void* c = nullptr;
+    int64_t ldc = 0, ld_b = 0;
+    int tile = 0;
+    void* act_out = nullptr;
+    size_t region = 0, region_bytes = 0;
+  };
+  // A generic call's FCs in their order (FC1, FC3 where the layer has it, FC2), for `routes`
+  // routes and the dispatch choice's tile (0: the layer's, mixed_tile_of). act_epilogue: FC1
+  // activates in its epilogue (no activation kernel).
+  struct GenericCalls {
+    FcCall fc1, fc3, fc2;
+    bool act_epilogue = false;
+  };
+  GenericCalls generic_calls(const Layout& l, char* ws, int64_t routes, int tile) const;
+  // The mixed-input GEMM's arguments of a call of an FC with that copy.
+  MixedGemmArgs mixed_args(const FcCall& c, const Layout& l, char* ws,
+                           const RouteMapsView& maps) const;
+  // planned: the routing wrote FC1's and FC2's group arrays and gathered the input (run()).
   Status run_generic(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
-                     cudaStream_t stream, RunProfile* profile, int tile = 0);
+                     cudaStream_t stream, RunProfile* profile, const GenericCalls& calls,
+                     bool planned);
   // The generic path with FP8 activations (layer_fp8.cu): FC1 (+FC3) and FC2 on the FP8 GEMM.
   Status run_generic_fp8(const RunInputs& in, const Layout& l, char* ws, const RouteMapsView& maps,
                          cudaStream_t stream, RunProfile* profile);
@@ -272,12 +299,10 @@ class CudaLayer final : public PreparedLayer {
   DType fc_out_dtype(const MixedFc& mx) const {
     return mx.on() ? mixed_out_dtype(cdt_) : DType::kF32;
   }
-  // tile_n: the mixed-input GEMM's tile (mixed_tile_of; 0 for an FC without a mixed-input copy).
-  // act_out: FC1 with the activation in its epilogue (act_epilogue_ on a tile with that form), its
-  // rows [R, ip_] in the activation dtype there, c unused. c's rows are fc_out_dtype(mx).
-  Status run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
-                const RouteMapsView& maps, const void* a, int64_t lda, void* c, int64_t ldc,
-                int64_t ld_b, cudaStream_t stream, int tile_n, void* act_out = nullptr);
+  // One FC (c's rows are fc_out_dtype(mx)): the mixed-input GEMM, without its setup kernel where
+  // setup_written (the routing wrote its group arrays), or the dequantize path's waves.
+  Status run_fc(const FcCall& c, const Layout& l, char* ws, const RouteMapsView& maps,
+                cudaStream_t stream, bool setup_written = false);
   // The mixed-input copy of one FC, where the GEMM choice and the FC allow it.
   // `fc` is the FC as uploaded (its shape, and ORT's codes where they were uploaded); int4 codes
   // become the signed copy in place (fc->weight then null: the mixed copy is their only reader).

@@ -227,47 +227,95 @@ std::vector<int> CudaLayer::layer_tiles() const {
   return tiles;
 }
 
+MixedGemmArgs CudaLayer::mixed_args(const FcCall& c, const Layout& l, char* ws,
+                                    const RouteMapsView& maps) const {
+  const MixedFc& mx = *c.mx;
+  MixedGemmArgs m;
+  m.codes_kind = mx.kind;
+  m.dtype = cdt_;
+  m.a = c.a;
+  m.lda = c.lda;
+  m.c = c.c;
+  m.ldc = c.ldc;
+  m.n = c.fc->n;
+  m.k = c.fc->k;
+  m.codes = mx.codes;
+  m.scales = mx.scales;
+  m.zeros = mx.zeros;
+  m.chunk = mx.chunk;
+  m.sched = schedule(l, ws, maps);
+  m.max_groups = max_groups(maps);
+  m.tile_n = c.tile;
+  m.pdl = pdl_;
+  if (c.act_out != nullptr) {
+    m.act_epilogue = true;
+    m.act = spec_.activation;
+    m.act_out = c.act_out;
+    m.ld_act = ip_;
+    m.c = nullptr;
+    m.ldc = 0;
+  }
+  return m;
+}
+
+CudaLayer::GenericCalls CudaLayer::generic_calls(const Layout& l, char* ws, int64_t routes,
+                                                 int tile) const {
+  GenericCalls g;
+  void* xa = ws + l.xa;
+  void* h = ws + l.hy;
+  // Each FC's tile (0 without a mixed-input copy): the choice's, or the layer's.
+  auto fc = [&](const DeviceFc& f, const MixedFc& mx, const void* a, int64_t lda, void* c,
+                int64_t ldc, int64_t ld_b, size_t region, size_t end) {
+    FcCall call;
+    call.fc = &f;
+    call.mx = &mx;
+    call.a = a;
+    call.lda = lda;
+    call.c = c;
+    call.ldc = ldc;
+    call.ld_b = ld_b;
+    call.tile = mx.on() ? mixed_tile_of(mx, routes, tile) : 0;
+    call.region = region;
+    call.region_bytes = end - region;
+    return call;
+  };
+  g.fc1 = fc(fc1_, mixed1_, xa, hp_, h, n1p_, hp_, l.mixed, l.mixed2);
+  // FC1's banded copy on a tile with the epilogue form: FC1's GEMM activates into ya, FC2 reads
+  // it there; else the activation kernel writes FC2's input over the gathered input (dead once
+  // FC1 and FC3 have run).
+  g.act_epilogue = act_epilogue_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, g.fc1.tile);
+  if (g.act_epilogue) {
+    g.fc1.act_out = ws + l.ya;
+    g.fc1.c = nullptr;
+    g.fc1.ldc = 0;
+  }
+  if (spec_.has_fc3()) g.fc3 = fc(fc3_, mixed3_, xa, hp_, ws + l.h3, ip_, hp_, l.mixed, l.mixed2);
+  const void* y = g.act_epilogue ? static_cast<const void*>(ws + l.ya) : xa;
+  g.fc2 = fc(fc2_, mixed2_, y, ip_, h, hp_, ip_, l.mixed2, l.fused);
+  return g;
+}
+
 // One FC: the mixed-input GEMM on the FC's prepared codes in one launch, or, over every wave,
 // dequantize the wave's experts, then the grouped GEMM into c.
-Status CudaLayer::run_fc(const DeviceFc& fc, const MixedFc& mx, const Layout& l, char* ws,
-                         const RouteMapsView& maps, const void* a, int64_t lda, void* c,
-                         int64_t ldc, int64_t ld_b, cudaStream_t stream, int tile_n,
-                         void* act_out) {
+Status CudaLayer::run_fc(const FcCall& call, const Layout& l, char* ws, const RouteMapsView& maps,
+                         cudaStream_t stream, bool setup_written) {
+  const DeviceFc& fc = *call.fc;
+  const MixedFc& mx = *call.mx;
   const GroupSchedule sched = schedule(l, ws, maps);
   const int64_t routes = maps.tokens * spec_.slots();
-  if (act_out != nullptr && !mx.on()) {
+  if (call.act_out != nullptr && !mx.on()) {
     return Status::internal("run_fc: the activation epilogue without a mixed-input copy");
   }
   if (mx.on()) {
     // No fallback: the layout may hold no scratch. The strides and workspace pointers always
     // qualify (multiples of 32 elements, 256-byte aligned); launch_mixed_grouped_gemm checks.
-    MixedGemmArgs m;
-    m.codes_kind = mx.kind;
-    m.dtype = cdt_;
-    m.a = a;
-    m.lda = lda;
-    m.c = c;
-    m.ldc = ldc;
-    m.n = fc.n;
-    m.k = fc.k;
-    m.codes = mx.codes;
-    m.scales = mx.scales;
-    m.zeros = mx.zeros;
-    m.chunk = mx.chunk;
-    m.sched = sched;
-    m.max_groups = max_groups(maps);
-    m.tile_n = tile_n;
-    m.pdl = pdl_;
-    if (act_out != nullptr) {
-      m.act_epilogue = true;
-      m.act = spec_.activation;
-      m.act_out = act_out;
-      m.ld_act = ip_;
-      m.c = nullptr;
-      m.ldc = 0;
-    }
-    return launch_mixed_grouped_gemm(m, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
+    MixedGemmArgs m = mixed_args(call, l, ws, maps);
+    m.setup_written = setup_written;
+    return launch_mixed_grouped_gemm(m, sm_count_, ws + call.region, call.region_bytes, stream);
   }
+  const void* a = call.a;
+  const int64_t lda = call.lda, ldc = call.ldc, ld_b = call.ld_b;
+  void* c = call.c;
   const int s = static_cast<int>(l.slots_in_scratch);
   for (int64_t wave = 0; wave < l.waves; ++wave) {
     DequantArgs d;
@@ -393,12 +441,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     ra.plan_tile_m = kGemmTileM;
     ra.plan_ready = ready;
   }
-  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
-  if (!routing_plans) {
-    QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
-                                     tile_start, ready, stream, pdl_));
-  }
-  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
   // What the FCs see: the held experts' counts and offsets, by local index. The held range's
   // routes sit contiguously at positions [offsets[first], offsets[first + L]) (the maps are
   // sorted by expert), so the decode kernels, the dequantize pass and the grouped GEMMs run an
@@ -408,8 +450,39 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   local.expert_counts += first;
   local.expert_offsets += first;
 
-  const bool decode =
-      choice.path == CallPath::kDecode && reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
+  const bool decode = choice.path == CallPath::kDecode && aligned;
+  GenericCalls calls;
+  if (!decode) calls = generic_calls(l, ws, tokens * slots, choice.tile);
+  // On the generic path with FC1 and FC2 on the mixed-input GEMM and the blocked routing, the
+  // routing's kernels also write both GEMMs' group arrays (as it plans the experts) and gather
+  // the input (as it places the routes): three kernels fewer per call (the gather, two setups).
+  const bool planned = !decode && !act_fp8_ && mixed1_.on() && mixed2_.on() && !spec_.has_fc3() &&
+                       aligned && spec_.hidden % 8 == 0 &&
+                       routing_writes_setups(tokens, slots, spec_.num_experts);
+  if (planned) {
+    QMOE_RETURN_IF_ERROR(mixed_gemm_setup(mixed_args(calls.fc1, l, ws, local), sm_count_,
+                                          ws + calls.fc1.region, calls.fc1.region_bytes,
+                                          &ra.plan_setups[0]));
+    QMOE_RETURN_IF_ERROR(mixed_gemm_setup(mixed_args(calls.fc2, l, ws, local), sm_count_,
+                                          ws + calls.fc2.region, calls.fc2.region_bytes,
+                                          &ra.plan_setups[1]));
+    ra.plan_setup_count = 2;
+    ra.gather.input = in.input.data;
+    ra.gather.bf16 = spec_.act_dtype == DType::kBF16;
+    ra.gather.hidden = spec_.hidden;
+    ra.gather.out = ws + l.xa;
+    ra.gather.ld = hp_;
+    ra.gather.error = error_.as<int32_t>();
+    ra.gather.error_bit = kErrorInput;
+  }
+  QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
+  if (!routing_plans) {
+    QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
+                                     tile_start, ready, stream, pdl_));
+  }
+  if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
+
   const bool scale_input = spec_.routing.combine == CombineMode::kScaleInput;
   FinalizeArgs fa;
   fa.y = ws + l.hy;
@@ -439,7 +512,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
     QMOE_RETURN_IF_ERROR(
         run_decode(in, l, ws, local, combined ? &fa.terms : nullptr, stream, profile));
   } else {
-    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile, choice.tile));
+    QMOE_RETURN_IF_ERROR(run_generic(in, l, ws, local, stream, profile, calls, planned));
   }
   if (!combined) QMOE_RETURN_IF_ERROR(launch_finalize(fa, stream));
   if (profile) {
@@ -481,52 +554,35 @@ ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const void*
   return aa;
 }
 
-// FC1 (+FC3), the activation and FC2 through dequantization and the grouped GEMM.
+// FC1 (+FC3), the activation and FC2 on the mixed-input GEMM or through dequantization and the
+// grouped GEMM.
 Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
                               const RouteMapsView& maps, cudaStream_t stream, RunProfile* profile,
-                              int tile) {
+                              const GenericCalls& calls, bool planned) {
   if (act_fp8_) return run_generic_fp8(in, l, ws, maps, stream, profile);
   const int slots = spec_.slots();
   const int64_t routes = maps.tokens * slots;
-  void* xa = ws + l.xa;
-  void* h = ws + l.hy;
-  void* h3 = ws + l.h3;
-  QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
-                                     maps.permuted_route, slots, routes, xa, hp_,
-                                     error_.as<int32_t>(), stream, pdl_));
-  // Each FC's tile (0 without a mixed-input copy): the choice's, or the layer's.
-  const int tile1 = mixed1_.on() ? mixed_tile_of(mixed1_, routes, tile) : 0;
-  const int tile2 = mixed2_.on() ? mixed_tile_of(mixed2_, routes, tile) : 0;
-  const int tile3 = mixed3_.on() ? mixed_tile_of(mixed3_, routes, tile) : 0;
-  // FC1's banded copy on a tile with the epilogue form: FC1's GEMM activates into ya, FC2 reads
-  // it there.
-  if (act_epilogue_ && mixed_has_act_epilogue(mixed1_.kind, cdt_, tile1)) {
-    void* ya = ws + l.ya;
-    QMOE_RETURN_IF_ERROR(
-        run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, nullptr, 0, hp_, stream, tile1, ya));
-    if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
-    QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, ya, ip_, h, hp_, ip_, stream, tile2));
-    if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
-    return Status::ok();
+  if (!planned) {
+    QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
+                                       maps.permuted_route, slots, routes, ws + l.xa, hp_,
+                                       error_.as<int32_t>(), stream, pdl_));
   }
-  QMOE_RETURN_IF_ERROR(run_fc(fc1_, mixed1_, l, ws, maps, xa, hp_, h, n1p_, hp_, stream, tile1));
-  if (spec_.has_fc3()) {
-    QMOE_RETURN_IF_ERROR(
-        run_fc(fc3_, mixed3_, l, ws, maps, xa, hp_, h3, ip_, hp_, stream, tile3));
+  QMOE_RETURN_IF_ERROR(run_fc(calls.fc1, l, ws, maps, stream, planned));
+  if (!calls.act_epilogue) {
+    if (spec_.has_fc3()) QMOE_RETURN_IF_ERROR(run_fc(calls.fc3, l, ws, maps, stream));
+    ActivationArgs aa = activation_args(maps, ws + l.hy, ws + l.h3);
+    aa.h_dtype = fc_out_dtype(mixed1_);
+    aa.h3_dtype = fc_out_dtype(mixed3_);
+    aa.banded = act_rows_;  // FC1's columns in GluRows order
+    aa.out = ws + l.xa;     // the gathered input is dead once FC1 and FC3 have run
+    aa.ld = ip_;
+    aa.out_dtype = cdt_;
+    aa.pdl = pdl_;
+    QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   }
-  ActivationArgs aa = activation_args(maps, h, h3);
-  aa.h_dtype = fc_out_dtype(mixed1_);
-  aa.h3_dtype = fc_out_dtype(mixed3_);
-  aa.banded = act_rows_;  // FC1's columns in GluRows order
-  aa.out = xa;            // the gathered input is dead once FC1 and FC3 have run
-  aa.ld = ip_;
-  aa.out_dtype = cdt_;
-  aa.pdl = pdl_;
-  QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
-
   // FC2 into the FC1 output's space.
-  QMOE_RETURN_IF_ERROR(run_fc(fc2_, mixed2_, l, ws, maps, xa, ip_, h, hp_, ip_, stream, tile2));
+  QMOE_RETURN_IF_ERROR(run_fc(calls.fc2, l, ws, maps, stream, planned));
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[3], stream));
   return Status::ok();
 }

@@ -33,11 +33,15 @@ namespace qmoe::cuda {
 //   scratch     A(cs S max(N1 Hp, [I Hp], H Ip))      dequantized weights of S experts
 //   cutlass     A(cutlass_gemm_workspace_bytes(S))    the CUTLASS GEMM's group arrays and TMA
 //                                                     descriptors (layers on CUTLASS only)
-//   mixed       A(max over the mixed-input FCs of     the mixed-input GEMM's (layers with a
-//               mixed_gemm_workspace_bytes(kind,      mixed-input FC only; FCs of one layer
-//               min(L, R)))                           may differ in kind, e.g. FC2 per channel);
-//               or A(fp8_gemm_workspace_bytes(        with act_quant, the FP8 GEMM's
+//   mixed       A(max over FC1 and FC3 with a         the mixed-input GEMM's group arrays and
+//               mixed-input copy of                   descriptors for FC1 and FC3 (FCs of one
+//               mixed_gemm_workspace_bytes(kind,      layer may differ in kind, e.g. FC2 per
+//               min(L, R)))                           channel); with act_quant, the FP8 GEMM's
+//               or A(fp8_gemm_workspace_bytes(
 //               min(L, R)))
+//   mixed2      A(mixed_gemm_workspace_bytes(kind2,   FC2's, apart from FC1's: the routing may
+//               min(L, R))), FC2 with that copy and   write both GEMMs' group arrays before FC1
+//               no act_quant, else 0                  runs (DeviceRoutingArgs::plan_setups)
 //   fused       max over T' <= min(T, F) of           the fused kernel's partial sums,
 //               fused_decode_workspace_bytes(T')      activations and FC1 -> FC2 counters (layers
 //                                                     it takes; F = fused_max_tokens_): the
@@ -88,14 +92,17 @@ Status CudaLayer::layout(int64_t t, Layout* l) const {
   l->cutlass = take(cutlass_ && dequant && t > 0
                         ? cutlass_gemm_workspace_bytes(cdt_, l->slots_in_scratch, sm_count_)
                         : 0);
-  size_t mixed = 0;
-  for (const MixedFc* m : {&mixed1_, &mixed2_, &mixed3_}) {
+  size_t mixed = 0, mixed2 = 0;
+  for (const MixedFc* m : {&mixed1_, &mixed3_}) {
     if (m->on() && t > 0) {
       mixed = std::max(mixed, mixed_gemm_workspace_bytes(m->kind, cdt_, reach, sm_count_));
     }
   }
-  if (act_fp8_ && t > 0) mixed = fp8_gemm_workspace_bytes(reach, sm_count_);
+  if (mixed2_.on() && t > 0)
+    mixed2 = mixed_gemm_workspace_bytes(mixed2_.kind, cdt_, reach, sm_count_);
+  if (act_fp8_ && t > 0) mixed = fp8_gemm_workspace_bytes(reach, sm_count_), mixed2 = 0;
   l->mixed = take(mixed);
+  l->mixed2 = take(mixed2);
   l->fused = take(fused_ws_.empty()
                       ? 0
                       : fused_ws_[static_cast<size_t>(std::min<int64_t>(t, fused_max_tokens_))]);

@@ -81,6 +81,30 @@ Status check_args(const DeviceRoutingArgs& a) {
   if (a.error == nullptr) {
     return Status::invalid("args.error: null; expected a device int32[2] error word");
   }
+  if (a.plan_setup_count < 0 || a.plan_setup_count > DeviceRoutingArgs::kMaxPlanSetups ||
+      (a.plan_setup_count > 0 && a.plan_touched == nullptr)) {
+    return Status::invalid(
+        "args.plan_setup_count: expected 0.." + i_str(DeviceRoutingArgs::kMaxPlanSetups) +
+        " and setups only with the plan (plan_touched), got " + i_str(a.plan_setup_count));
+  }
+  for (int i = 0; i < a.plan_setup_count; ++i) {
+    const GroupSetup& g = a.plan_setups[i];
+    if (!g.on() || g.max_groups < 1 || g.max_groups > plan_experts) {
+      return Status::invalid("args.plan_setups[" + i_str(i) +
+                             "]: expected group arrays and 1 <= max_groups <= the plan's " +
+                             i_str(plan_experts) + " experts, got " + i_str(g.max_groups));
+    }
+  }
+  const DeviceRoutingArgs::Gather& g = a.gather;
+  if (g.input != nullptr &&
+      (g.out == nullptr || g.error == nullptr || g.hidden < 8 || g.hidden % 8 != 0 ||
+       g.ld < g.hidden || g.ld % 8 != 0 || reinterpret_cast<uintptr_t>(g.input) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(g.out) % 16 != 0)) {
+    return Status::invalid(
+        "args.gather: expected out and error, hidden and ld >= hidden multiples of 8, input and "
+        "out 16-byte aligned, got hidden " +
+        i_str(g.hidden) + ", ld " + i_str(g.ld));
+  }
   return check_maps(a.maps, a.tokens, slots, a.num_experts);
 }
 
@@ -129,6 +153,11 @@ bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts) {
 
 bool routing_builds_plan(int64_t tokens, int slots, int64_t experts) {
   return fused_routing_applies(tokens, slots, experts) ||
+         blocked_routing_applies(tokens, slots, experts);
+}
+
+bool routing_writes_setups(int64_t tokens, int slots, int64_t experts) {
+  return !fused_routing_applies(tokens, slots, experts) &&
          blocked_routing_applies(tokens, slots, experts);
 }
 

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/gemm/group_setup.h"
 #include "qmoe/layer.h"
 #include "qmoe/routing.h"
 #include "qmoe/status.h"
@@ -71,6 +72,27 @@ struct DeviceRoutingArgs {
   // plan_first, the list runs to entry plan_experts - 1); the maps still cover all E routes.
   int plan_first = 0;
   int plan_experts = 0;
+  // Optional, with the plan, blocked path only (routing_writes_setups()): up to two grouped
+  // GEMMs' group arrays (group_setup.h: each touched expert's slot, rows and first row), written
+  // by the kernel that plans the experts, so that the GEMMs launch without their setup kernels
+  // (MixedGemmArgs::setup_written). Each max_groups is at most the plan's experts.
+  static constexpr int kMaxPlanSetups = 2;
+  GroupSetup plan_setups[kMaxPlanSetups];
+  int plan_setup_count = 0;
+  // Optional, blocked path only: the generic path's gather (stages.h launch_gather) in the kernel
+  // that places the routes, so that it needs no kernel of its own: out[p, 0:ld) = input[token of
+  // route p, :], zero padded from hidden to ld, in 16-byte pieces (bf16 or f16 rows, hidden and
+  // ld multiples of 8, input and out 16-byte aligned); a non-finite input value ORs error_bit
+  // into error[0] and lowers error[1] to its token. Ignored where input is null.
+  struct Gather {
+    const void* input = nullptr;
+    bool bf16 = true;
+    int64_t hidden = 0;
+    void* out = nullptr;
+    int64_t ld = 0;
+    int32_t* error = nullptr;
+    int32_t error_bit = 0;
+  } gather;
   // Fused path: launch with programmatic dependent launch (pdl.cuh). The kernel waits for the
   // stream's previous kernel before it reads or writes anything, and lets the next kernel (FC1,
   // which waits for it in turn) launch at once, so that FC1's blocks are resident and ready when
@@ -83,6 +105,9 @@ bool blocked_routing_applies(int64_t tokens, int slots, int64_t experts);
 // Whether launch_routing (the automatic path) builds the plan asked for in DeviceRoutingArgs:
 // the fused or the blocked path runs.
 bool routing_builds_plan(int64_t tokens, int slots, int64_t experts);
+// Whether launch_routing writes DeviceRoutingArgs::plan_setups and runs its gather: the blocked
+// path runs.
+bool routing_writes_setups(int64_t tokens, int slots, int64_t experts);
 
 // Bytes of temporary storage routing needs for T tokens: 0 when the fused path applies, else the
 // larger of the blocked path's need at min(T, kBlockedMaxTokens) (where its E and slot limits
