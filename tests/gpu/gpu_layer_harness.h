@@ -40,13 +40,9 @@ struct DeviceInputs {
 inline ::testing::AssertionResult stage_inputs(const TestInputs& ti, DeviceInputs* d,
                                                size_t input_offset = 0) {
   d->in = ti.in;
-  auto r = d->x.allocate(ti.x.size() + input_offset);
+  auto r = d->x.upload(ti.x.data(), ti.x.size() * sizeof(ti.x[0]), input_offset);
   if (!r) return r;
-  char* x = static_cast<char*>(d->x.get()) + input_offset;
-  if (cudaMemcpy(x, ti.x.data(), ti.x.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
-    return ::testing::AssertionFailure() << "input upload failed";
-  }
-  d->in.input.data = x;
+  d->in.input.data = static_cast<char*>(d->x.get()) + input_offset;
   r = d->logits.upload(ti.logits);
   if (!r) return r;
   d->in.router_logits.data = d->logits.get();

@@ -65,10 +65,13 @@ class GpuBuffer {
     if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
     return ::testing::AssertionSuccess();
   }
-  ::testing::AssertionResult upload(const void* host, size_t bytes) {
-    auto r = allocate(bytes);
+  // offset: the data starts that many bytes into the allocation (the bytes before it stay
+  // poisoned), for inputs off alignment.
+  ::testing::AssertionResult upload(const void* host, size_t bytes, size_t offset = 0) {
+    auto r = allocate(bytes + offset);
     if (!r) return r;
-    cudaError_t e = cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice);
+    cudaError_t e =
+        cudaMemcpy(static_cast<char*>(p_) + offset, host, bytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = legacy_stream_done();
     if (e != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(e);
     return ::testing::AssertionSuccess();
