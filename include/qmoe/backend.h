@@ -75,7 +75,9 @@ struct PrepareOptions {
   // PreparedLayer::force_dispatch() changes it later.
   std::string dispatch;
   // CUDA: launch kernels with programmatic dependent launch (each one's prologue overlaps the
-  // previous one's tail). false is for A/B runs; QMOE_PDL=0 sets it where it is true.
+  // previous one's tail), except on generic calls whose routing writes the GEMMs' group arrays
+  // (they measured faster without it; docs/cuda-backend.md). false is for A/B runs; QMOE_PDL=0
+  // sets it where it is true.
   bool pdl = true;
   // CUDA: bf16 INT4 / INT8 layers with a gated activation of FC1's own rows and no FC1 bias
   // apply the activation in the mixed-input GEMM's FC1 epilogue on calls that take its narrow

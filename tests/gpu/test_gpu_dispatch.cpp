@@ -75,22 +75,21 @@ TEST(Dispatch, AnalyticDefault) {
   const DispatchTable just_under(true, 8, 256, GenericKind::kReadsCodes, 0, large - 1);
   EXPECT_EQ(chosen(just_under, 64), "decode/1");
   // Every FC on the narrow tile: no 64-token floor; 5 routes per expert for 4-bit codes (80
-  // tokens of qwen3-30b-a3b), 1 for 8-bit ones (16 tokens).
+  // tokens of qwen3-30b-a3b), 2 for 8-bit ones (32 tokens).
   const DispatchTable narrow4(true, 8, 128, GenericKind::kNarrow4);
   EXPECT_EQ(chosen(narrow4, 1), "decode/1");
   EXPECT_EQ(chosen(narrow4, 80), "decode/1");
   EXPECT_EQ(chosen(narrow4, 81), "generic");
   const DispatchTable narrow8(true, 8, 128, GenericKind::kNarrow8);
-  EXPECT_EQ(chosen(narrow8, 16), "decode/1");
-  EXPECT_EQ(chosen(narrow8, 17), "generic");
-  EXPECT_EQ(chosen(narrow8, 32), "generic");
+  EXPECT_EQ(chosen(narrow8, 32), "decode/1");
+  EXPECT_EQ(chosen(narrow8, 33), "generic");
   EXPECT_EQ(chosen(narrow8, 64), "generic");
-  // The same with zero points: 7 routes per expert for 4-bit codes (112 tokens), 4 for 8-bit
+  // The same with zero points: 8 routes per expert for 4-bit codes (128 tokens), 4 for 8-bit
   // ones (64 tokens).
   const DispatchTable zero4(true, 8, 128, GenericKind::kZero4);
   EXPECT_EQ(chosen(zero4, 1), "decode/1");
-  EXPECT_EQ(chosen(zero4, 112), "decode/1");
-  EXPECT_EQ(chosen(zero4, 113), "generic");
+  EXPECT_EQ(chosen(zero4, 128), "decode/1");
+  EXPECT_EQ(chosen(zero4, 129), "generic");
   const DispatchTable zero8(true, 8, 128, GenericKind::kZero8);
   EXPECT_EQ(chosen(zero8, 64), "decode/1");
   EXPECT_EQ(chosen(zero8, 65), "generic");

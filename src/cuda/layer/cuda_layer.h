@@ -228,15 +228,18 @@ class CudaLayer final : public PreparedLayer {
     int tile = 0;
     void* act_out = nullptr;
     size_t region = 0, region_bytes = 0;
+    bool pdl = false;  // its kernels launch with programmatic dependent launch
   };
   // A generic call's FCs in their order (FC1, FC3 where the layer has it, FC2), for `routes`
   // routes and the dispatch choice's tile (0: the layer's, mixed_tile_of). act_epilogue: FC1
-  // activates in its epilogue (no activation kernel).
+  // activates in its epilogue (no activation kernel). pdl: the call's kernels (gather,
+  // activation, each FC's) launch with programmatic dependent launch.
   struct GenericCalls {
     FcCall fc1, fc3, fc2;
     bool act_epilogue = false;
+    bool pdl = false;
   };
-  GenericCalls generic_calls(const Layout& l, char* ws, int64_t routes, int tile) const;
+  GenericCalls generic_calls(const Layout& l, char* ws, int64_t routes, int tile, bool pdl) const;
   // The mixed-input GEMM's arguments of a call of an FC with that copy.
   MixedGemmArgs mixed_args(const FcCall& c, const Layout& l, char* ws,
                            const RouteMapsView& maps) const;

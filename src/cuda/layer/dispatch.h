@@ -72,7 +72,11 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // run 5) INT8 takes 147.2 / 148.9 us at 16 tokens (1), 175.8 / 173.1 at 24, 193.3 / 187.2 at 32;
 // INT4 157.9 / 178.9 at 80 (5), 187.9 / 180.5 at 96. So the decode kernel keeps such layers up
 // to kDecodeMaxMeanRoutesNarrow4 routes per expert for codes of up to 4 bits,
-// kDecodeMaxMeanRoutesNarrow8 for 8-bit codes.
+// kDecodeMaxMeanRoutesNarrow8 for 8-bit codes. Measured again on an H100 after the generic
+// path's chain of kernels changed (bench/results/2026-12-07-h100-pdl-and-window.md, section 2,
+// decode/1 / generic): INT4 160.2 / 167.2 at 80 tokens (5), 183.1 / 167.9 at 88 (5.5), so 5
+// stays (qwen3.6-35b-a3b, E 256: 214.8 / 217.5 at 4, 225.8 / 219.9 at 5, 2.8% lost there);
+// INT8 197.4 / 210.5 at 24 (1.5), 209.7 / 224.2 at 32 (2): 2 (past 32 tokens not measured there).
 // The zero-point kinds have the narrow tile too (bench/results/2026-12-05-h200-zero-tiles.md,
 // run 2, decode/1 / generic, us): qwen3-30b-a3b INT4 with zero points 149.3 / 230.8 at 48 tokens
 // (3 routes per expert), 162.2 / 231.7 at 64, 178.4 / 229.4 at 80, 208.6 / 229.2 at 96, 244.8 /
@@ -81,7 +85,9 @@ enum class CallPath : uint8_t { kDecode, kGeneric, kFused };
 // 64 (4), and 322.4 us at 128 where the generic path takes about 243 at 256 (run 1). Their
 // decode kernels cost more per route than the symmetric kinds' and their GEMMs convert in f32,
 // so the crossings lie later: about 7 routes per expert (INT4, interpolated 7.1) and 5 (INT8,
-// 4.9), kDecodeMaxMeanRoutesZero4 and kDecodeMaxMeanRoutesZero8.
+// 4.9), kDecodeMaxMeanRoutesZero4 and kDecodeMaxMeanRoutesZero8. On an H100 after the chain's
+// change (the same file as above, section 2) INT4 with zero points 207.8 / 230.7 at 112 (7),
+// 221.0 / 230.5 at 128 (8), 238.6 / 230.3 at 144 (9): 8.
 // MXFP4 layers whose every FC runs the narrow tile on its exact e4m3 copy (the copy holds twice
 // the decode path's bytes, but the MXFP4 decode kernel is bound by its conversion) cross over by
 // expert size (bench/results/2026-12-04-h200-mxfp4-e4m3.md, runs 1, 2 and 6, decode/1 against
@@ -104,8 +110,8 @@ constexpr int64_t kDecodeWindowTokens = 64;
 constexpr int64_t kDecodeMaxMeanRoutes = 16;
 constexpr int64_t kDecodeMaxMeanRoutesNoDequant = 8;
 constexpr int64_t kDecodeMaxMeanRoutesNarrow4 = 5;
-constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 1;
-constexpr int64_t kDecodeMaxMeanRoutesZero4 = 7;
+constexpr int64_t kDecodeMaxMeanRoutesNarrow8 = 2;
+constexpr int64_t kDecodeMaxMeanRoutesZero4 = 8;
 constexpr int64_t kDecodeMaxMeanRoutesZero8 = 4;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3Copy = 6;
 constexpr int64_t kDecodeMaxMeanRoutesE4m3CopyLarge = 3;

@@ -246,7 +246,7 @@ MixedGemmArgs CudaLayer::mixed_args(const FcCall& c, const Layout& l, char* ws,
   m.sched = schedule(l, ws, maps);
   m.max_groups = max_groups(maps);
   m.tile_n = c.tile;
-  m.pdl = pdl_;
+  m.pdl = c.pdl;
   if (c.act_out != nullptr) {
     m.act_epilogue = true;
     m.act = spec_.activation;
@@ -259,8 +259,9 @@ MixedGemmArgs CudaLayer::mixed_args(const FcCall& c, const Layout& l, char* ws,
 }
 
 CudaLayer::GenericCalls CudaLayer::generic_calls(const Layout& l, char* ws, int64_t routes,
-                                                 int tile) const {
+                                                 int tile, bool pdl) const {
   GenericCalls g;
+  g.pdl = pdl;
   void* xa = ws + l.xa;
   void* h = ws + l.hy;
   // Each FC's tile (0 without a mixed-input copy): the choice's, or the layer's.
@@ -277,6 +278,7 @@ CudaLayer::GenericCalls CudaLayer::generic_calls(const Layout& l, char* ws, int6
     call.tile = mx.on() ? mixed_tile_of(mx, routes, tile) : 0;
     call.region = region;
     call.region_bytes = end - region;
+    call.pdl = pdl;
     return call;
   };
   g.fc1 = fc(fc1_, mixed1_, xa, hp_, h, n1p_, hp_, l.mixed, l.mixed2);
@@ -345,7 +347,7 @@ Status CudaLayer::run_fc(const FcCall& call, const Layout& l, char* ws, const Ro
     g.first_group = d.first_group;
     g.max_groups = s;
     g.max_tiles = std::min<int64_t>(routes, (routes + kGemmTileM - 1) / kGemmTileM + s);
-    g.pdl = pdl_;  // the CUTLASS GEMM's setup kernel and GEMM (the other GEMMs ignore it)
+    g.pdl = call.pdl;  // the CUTLASS GEMM's setup kernel and GEMM (the other GEMMs ignore it)
     if (cutlass_ && cutlass_gemm_can_implement(g)) {
       const size_t bytes = l.mixed - l.cutlass;  // the region runs to the mixed GEMM's
       QMOE_RETURN_IF_ERROR(
@@ -422,7 +424,6 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   ra.router_bias = router_bias_;
   ra.maps = maps;
   ra.error = error_.as<int32_t>();
-  ra.pdl = pdl_;
   // Local experts: routing runs over all E, the plan over the held experts only (local indices).
   const int64_t first = spec_.first_expert, held = spec_.weight_experts();
   ra.plan_first = static_cast<int>(first);
@@ -452,14 +453,20 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
 
   const bool aligned = reinterpret_cast<uintptr_t>(in.input.data) % 16 == 0;
   const bool decode = choice.path == CallPath::kDecode && aligned;
-  GenericCalls calls;
-  if (!decode) calls = generic_calls(l, ws, tokens * slots, choice.tile);
   // On the generic path with FC1 and FC2 on the mixed-input GEMM and the blocked routing, the
   // routing's kernels also write both GEMMs' group arrays (as it plans the experts) and gather
   // the input (as it places the routes): three kernels fewer per call (the gather, two setups).
   const bool planned = !decode && !act_fp8_ && mixed1_.on() && mixed2_.on() && !spec_.has_fc3() &&
                        aligned && spec_.hidden % 8 == 0 &&
                        routing_writes_setups(tokens, slots, spec_.num_experts);
+  // Such a call launches plainly: each GEMM then follows a kernel of the call's main work (the
+  // place-and-gather kernel, FC1) directly, and programmatic dependent launch, which starts the
+  // next grid early beside it, made these calls 1.6-10% slower at 128-2048 tokens
+  // (docs/cuda-backend.md).
+  const bool pdl = pdl_ && !planned;
+  ra.pdl = pdl;
+  GenericCalls calls;
+  if (!decode) calls = generic_calls(l, ws, tokens * slots, choice.tile, pdl);
   if (planned) {
     QMOE_RETURN_IF_ERROR(mixed_gemm_setup(mixed_args(calls.fc1, l, ws, local), sm_count_,
                                           ws + calls.fc1.region, calls.fc1.region_bytes,
@@ -479,7 +486,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   QMOE_RETURN_IF_ERROR(launch_routing(ra, ws + l.route_temp, l.route_temp_bytes, stream));
   if (!routing_plans) {
     QMOE_RETURN_IF_ERROR(launch_plan(maps.expert_counts + first, held, touched, n_touched,
-                                     tile_start, ready, stream, pdl_));
+                                     tile_start, ready, stream, pdl));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[1], stream));
 
@@ -506,7 +513,7 @@ Status CudaLayer::run(const RunInputs& in, const MutableTensorView& out, void* w
   terms.slots = slots;
   terms.out = out.data;
   terms.out_dtype = out.dtype;
-  fa.pdl = pdl_;
+  fa.pdl = pdl;
   const bool combined = decode && tokens <= combine_tokens_;
   if (decode) {
     QMOE_RETURN_IF_ERROR(
@@ -565,7 +572,7 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
   if (!planned) {
     QMOE_RETURN_IF_ERROR(launch_gather(in.input.data, spec_.act_dtype, spec_.hidden,
                                        maps.permuted_route, slots, routes, ws + l.xa, hp_,
-                                       error_.as<int32_t>(), stream, pdl_));
+                                       error_.as<int32_t>(), stream, calls.pdl));
   }
   QMOE_RETURN_IF_ERROR(run_fc(calls.fc1, l, ws, maps, stream, planned));
   if (!calls.act_epilogue) {
@@ -577,7 +584,7 @@ Status CudaLayer::run_generic(const RunInputs& in, const Layout& l, char* ws,
     aa.out = ws + l.xa;     // the gathered input is dead once FC1 and FC3 have run
     aa.ld = ip_;
     aa.out_dtype = cdt_;
-    aa.pdl = pdl_;
+    aa.pdl = calls.pdl;
     QMOE_RETURN_IF_ERROR(launch_activation(aa, stream));
   }
   if (profile) QMOE_CUDA_TRY(cudaEventRecord(events_[2], stream));
