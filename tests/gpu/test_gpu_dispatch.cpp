@@ -239,7 +239,7 @@ TEST(Dispatch, ForcedChoice) {
   EXPECT_EQ(chosen(none, 1), "generic");  // no decode path: the generic one
   // The names options are checked against (qmoe/tuning.h) are exactly the table's choices.
   std::vector<std::string> names;
-  for (const DispatchChoice& c : cuda::layer_choices(true, 16, {32, 64, 128})) {
+  for (const DispatchChoice& c : cuda::layer_choices(true, 16, {32, 64, 128, 144})) {
     names.push_back(choice_name(c));
     DispatchChoice back;
     ASSERT_TRUE(cuda::parse_choice(names.back(), &back));
