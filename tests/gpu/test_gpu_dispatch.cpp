@@ -10,7 +10,6 @@
 #include <string>
 
 #include "cuda/decode/decode_gemv.h"
-#include "cuda/gemm/cutlass_fp8.h"
 #include "cuda/layer/dispatch.h"
 #include "gpu_layer_harness.h"
 
@@ -142,10 +141,6 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(128 * e, e), 144);  // DeepSeek-V3's 4096 tokens, E 256 top 8
   EXPECT_EQ(cuda::mixed_tile_for(256 * e, e), 144);
   EXPECT_EQ(cuda::mixed_tile_for(128 * e, e, 0), 144);
-  // The FP8 GEMM: 64 rows below kFp8WideRoutes, then the same weighing.
-  EXPECT_EQ(cuda::fp8_tile_for(cuda::kFp8WideRoutes * 256 - 1, 256), 64);
-  EXPECT_EQ(cuda::fp8_tile_for(cuda::kFp8WideRoutes * 256, 256), 144);  // DeepSeek-V3 4096
-  EXPECT_EQ(cuda::fp8_tile_for(448 * 256, 256), 128);
   // fp8 (mid_routes 0): never the middle tile.
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, 0), 128);

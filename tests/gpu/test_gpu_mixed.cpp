@@ -169,7 +169,8 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8, DType::kBF16, 144));
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kE4m3, DType::kBF16, 144));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kF16, 144));
-  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4Zero, DType::kBF16, 144));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kBF16, 144));
+  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kF16, 144));
   EXPECT_EQ(cuda::mixed_tile_for(1100 * 4, 16), 144);
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),

@@ -4,14 +4,10 @@
 // Configuration (the reasons; measured numbers belong in bench/results):
 //   kernels  KernelPtrArrayTmaWarpSpecialized{Cooperative,Pingpong}FP8Blockwise: the grouped
 //            GEMMs' schedules with the K-block scales applied at each promotion.
-//   tiles    128 x 128 x 128 (cooperative), 128 x 144 x 128 (cooperative, where 144-row tiles
-//            pad the groups' rows less: cutlass_mixed_wide.cuh's reason, dispatch.h's
-//            mixed_padded_rows) and 128 x 64 x 128 (pingpong, for few rows per expert): K = 128
-//            e4m3 codes are one 128-byte swizzle row and exactly one scale block, so each K tile
-//            promotes once with one scale pair; M = 128 weight rows is the weights' scale block
-//            (the collective needs the block to divide the tile). N = 144 is one of CuTe's
-//            extended wgmma shapes, enabled below before any CUTLASS header (the other tiles
-//            select the same wgmma either way: cutlass_mixed_wide.cu says why).
+//   tiles    128 x 128 x 128 (cooperative) and 128 x 64 x 128 (pingpong, for few rows per
+//            expert): K = 128 e4m3 codes are one 128-byte swizzle row and exactly one scale
+//            block, so each K tile promotes once with one scale pair; M = 128 weight rows is the
+//            weights' scale block (the collective needs the block to divide the tile).
 //   scales   SFA (weights) in 128 x 128 blocks (fp8_block's own layout) or per weight row and
 //            128 columns (row_scales: MXFP4's e4m3 copy), SFB (activations) per row and 128
 //            columns (act_quant.h's rows), all K-major, none transposed.
@@ -29,15 +25,11 @@
 // Workspace of one launch (G = max_groups; each part 256-byte aligned):
 //   shapes G x (n, rows, k); ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb G x pointer;
 //   stride_a, stride_b, stride_d G x 8 bytes; cutlass Gemm::get_workspace_size.
-// clang-format off
-#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1
-#include "cuda/gemm/cutlass_fp8.h"
-// clang-format on
-
 #include <algorithm>
 #include <string>
 #include <type_traits>
 
+#include "cuda/gemm/cutlass_fp8.h"
 #include "cuda/gemm/cutlass_fp8_mainloop.cuh"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -49,14 +41,11 @@ namespace {
 // Each schedule with its tile and epilogue (named outside templates: cutlass_grouped_kernel.cuh
 // says why).
 using Fp8CoopTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
-using Fp8WideTile = cute::Shape<cute::_128, cute::Int<144>, cute::_128>;
 using Fp8PingTile = cute::Shape<cute::_128, cute::_64, cute::_128>;
 using Fp8Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 // D in bf16 (the configuration above says why).
 using Fp8CoopEpilogue = GroupEpilogueFor<Fp8CoopTile, Fp8Cluster, cutlass::bfloat16_t>;
 constexpr int kFp8CoopEpilogueSmem = static_cast<int>(sizeof(Fp8CoopEpilogue::SharedStorage));
-using Fp8WideEpilogue = GroupEpilogueFor<Fp8WideTile, Fp8Cluster, cutlass::bfloat16_t>;
-constexpr int kFp8WideEpilogueSmem = static_cast<int>(sizeof(Fp8WideEpilogue::SharedStorage));
 using Fp8PingEpilogue = GroupEpilogueFor<Fp8PingTile, Fp8Cluster, cutlass::bfloat16_t,
                                          cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 constexpr int kFp8PingEpilogueSmem = static_cast<int>(sizeof(Fp8PingEpilogue::SharedStorage));
@@ -99,19 +88,15 @@ using Fp8Coop =
     Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem, CoopSchedule, kFp8ScaleBlock>;
 using Fp8Ping =
     Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem, PingSchedule, kFp8ScaleBlock>;
-using Fp8Wide =
-    Fp8GemmT<Fp8WideTile, Fp8WideEpilogue, kFp8WideEpilogueSmem, CoopSchedule, kFp8ScaleBlock>;
 using Fp8CoopRows = Fp8GemmT<Fp8CoopTile, Fp8CoopEpilogue, kFp8CoopEpilogueSmem, CoopSchedule, 1>;
-using Fp8WideRows = Fp8GemmT<Fp8WideTile, Fp8WideEpilogue, kFp8WideEpilogueSmem, CoopSchedule, 1>;
 using Fp8PingRows = Fp8GemmT<Fp8PingTile, Fp8PingEpilogue, kFp8PingEpilogueSmem, PingSchedule, 1>;
-// All six share the setup kernel's types.
+// All four share the setup kernel's types.
 using Fp8Gemm = Fp8Coop;
 template <typename G>
 constexpr bool kSameStrides = std::is_same_v<Fp8Gemm::StrideA, typename G::StrideA> &&
                               std::is_same_v<Fp8Gemm::StrideB, typename G::StrideB> &&
                               std::is_same_v<Fp8Gemm::StrideD, typename G::StrideD>;
-static_assert(kSameStrides<Fp8Ping> && kSameStrides<Fp8CoopRows> && kSameStrides<Fp8PingRows> &&
-                  kSameStrides<Fp8Wide> && kSameStrides<Fp8WideRows>,
+static_assert(kSameStrides<Fp8Ping> && kSameStrides<Fp8CoopRows> && kSameStrides<Fp8PingRows>,
               "one setup kernel for every schedule and scale layout");
 
 struct Fp8Parts {
@@ -247,9 +232,7 @@ size_t fp8_gemm_workspace_bytes(int64_t max_groups, int sm_count) {
   return std::max({fp8_parts<Fp8Coop>(max_groups, sm_count).total,
                    fp8_parts<Fp8Ping>(max_groups, sm_count).total,
                    fp8_parts<Fp8CoopRows>(max_groups, sm_count).total,
-                   fp8_parts<Fp8PingRows>(max_groups, sm_count).total,
-                   fp8_parts<Fp8Wide>(max_groups, sm_count).total,
-                   fp8_parts<Fp8WideRows>(max_groups, sm_count).total});
+                   fp8_parts<Fp8PingRows>(max_groups, sm_count).total});
 }
 
 Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspace,
@@ -270,8 +253,8 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
     return Status::invalid(
         "launch_fp8_grouped_gemm: args: a, c and codes 16-byte aligned, scales non-null");
   }
-  if (p.tile_n != 64 && p.tile_n != 128 && p.tile_n != 144) {
-    return Status::invalid("launch_fp8_grouped_gemm: args.tile_n: expected 64, 128 or 144, got " +
+  if (p.tile_n != 64 && p.tile_n != 128) {
+    return Status::invalid("launch_fp8_grouped_gemm: args.tile_n: expected 64 or 128, got " +
                            std::to_string(p.tile_n));
   }
   if (p.max_groups <= 0 || sm_count <= 0) {
@@ -289,13 +272,11 @@ Status launch_fp8_grouped_gemm(const Fp8GemmArgs& p, int sm_count, void* workspa
   }
   char* ws = static_cast<char*>(workspace);
   if (p.row_scales) {
-    return p.tile_n == 64    ? launch_with<Fp8PingRows>(p, sm_count, ws, stream)
-           : p.tile_n == 144 ? launch_with<Fp8WideRows>(p, sm_count, ws, stream)
-                             : launch_with<Fp8CoopRows>(p, sm_count, ws, stream);
+    return p.tile_n == 64 ? launch_with<Fp8PingRows>(p, sm_count, ws, stream)
+                          : launch_with<Fp8CoopRows>(p, sm_count, ws, stream);
   }
-  return p.tile_n == 64    ? launch_with<Fp8Ping>(p, sm_count, ws, stream)
-         : p.tile_n == 144 ? launch_with<Fp8Wide>(p, sm_count, ws, stream)
-                           : launch_with<Fp8Coop>(p, sm_count, ws, stream);
+  return p.tile_n == 64 ? launch_with<Fp8Ping>(p, sm_count, ws, stream)
+                        : launch_with<Fp8Coop>(p, sm_count, ws, stream);
 }
 
 }  // namespace qmoe::cuda

@@ -22,11 +22,9 @@
 // The partial sums of each K block are promoted to the fp32 accumulator with both scales applied
 // (CUTLASS's ScalePromotionInterval: every 128 columns), so the scales never round the codes.
 //
-// Three tiles: 128 x 128 x 128 and 128 x 144 x 128 on the cooperative schedule (two consumer
-// warpgroups split the tile) and 128 x 64 x 128 on the pingpong one (each warpgroup owns a tile;
-// one promotes and stores while the other multiplies). Few rows per expert take the narrower one
-// (kFp8WideRoutes), more the 128- or 144-row one, whichever pads the groups' rows less
-// (fp8_tile_for).
+// Two tiles: 128 x 128 x 128 on the cooperative schedule (two consumer warpgroups split the tile)
+// and 128 x 64 x 128 on the pingpong one (each warpgroup owns a tile; one promotes and stores
+// while the other multiplies). Few rows per expert take the narrower one (kFp8WideRoutes).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,7 +60,7 @@ struct Fp8GemmArgs {
   bool row_scales = false;            // w_scales per weight row (the second form)
   GroupSchedule sched;                // tile_start is not read
   int max_groups = 0;                 // an upper bound of *sched.n_touched (min(E, routes))
-  int tile_n = 128;  // the tile's rows: 128 or 144 (cooperative 128 x N) or 64 (pingpong)
+  int tile_n = 128;  // the tile's rows: 128 (cooperative 128 x 128) or 64 (pingpong 128 x 64)
 };
 
 // The 128-row tile from this many routes per expert on, the 64-row one below. Measured on

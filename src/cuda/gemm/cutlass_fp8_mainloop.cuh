@@ -27,12 +27,7 @@
 // rounding only makes the sums more accurate.
 //
 // Registers: the accumulator and two block accumulators, 3 x 64 fp32 per thread for the
-// 128 x 128 (cooperative) and 128 x 64 (pingpong) tiles, plus the tile's distinct scales. The
-// 128 x 144 tile (cutlass_fp8.cu) has 72 sums a thread: three sets and the 36 distinct row scales
-// would pass the 255 a thread may hold, so it keeps one block accumulator (kOverlap false): each K
-// tile is issued, waited for and promoted in turn, still with the FFMA promotion. The overlap
-// was 1.6% of DeepSeek-V3's 4096 tokens (bench/results/2026-12-05-h200-fp8-mainloop.md), less
-// than the rows the wider tile stops padding.
+// 128 x 128 (cooperative) and 128 x 64 (pingpong) tiles, plus the tile's distinct scales.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -59,8 +54,6 @@ struct Fp8OverlappedMainloop : Base {
   static_assert(Base::ScaleGranularityK == cute::size<2>(TileShape{}),
                 "one scale block per K tile");
   static_assert(ScaleNsPerTile > 1, "activation scales per row (ScaleGranularityN 1)");
-  // Two block accumulators up to 128 rows of N (above).
-  static constexpr bool kOverlap = cute::size<1>(TileShape{}) <= 128;
 
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
@@ -105,7 +98,7 @@ struct Fp8OverlappedMainloop : Base {
     Tensor tCrSFB = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
 
     Tensor blk0 = make_fragment_like(accum);
-    Tensor blk1 = make_fragment_like(accum);  // kOverlap only (unused registers otherwise)
+    Tensor blk1 = make_fragment_like(accum);
     clear(accum);
     warpgroup_fence_operand(accum);
 
@@ -150,16 +143,6 @@ struct Fp8OverlappedMainloop : Base {
     };
 
     if (k_tile_count <= 0) return;
-    if constexpr (!kOverlap) {  // one block accumulator: issue, wait, promote, per K tile
-      for (int k = 0; k < k_tile_count; ++k) {
-        const PipelineState s = smem_pipe_read;
-        issue(blk0, s);
-        ++smem_pipe_read;
-        warpgroup_wait<0>();
-        promote(blk0, s, k + 1 < k_tile_count);
-      }
-      return;
-    }
     // Tiles 0, 1, 2, ... go to blk0, blk1, blk0, ...; s0 and s1 are the stages they read.
     PipelineState s0 = smem_pipe_read, s1;
     issue(blk0, s0);

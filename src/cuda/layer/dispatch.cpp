@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "cuda/decode/decode_gemv.h"
-#include "cuda/gemm/cutlass_fp8.h"
 
 namespace qmoe::cuda {
 
@@ -53,22 +52,12 @@ double mixed_padded_rows(int64_t routes, int64_t experts, int tile) {
   return tiles * tile;
 }
 
-namespace {
-int wide_or_128(int64_t routes, int64_t experts) {
-  return mixed_padded_rows(routes, experts, 144) < mixed_padded_rows(routes, experts, 128) ? 144
-                                                                                           : 128;
-}
-}  // namespace
-
 int mixed_tile_for(int64_t routes, int64_t experts, int64_t mid_routes) {
   const int64_t narrow = experts < kMixedFewExperts ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
   if (routes <= narrow * experts) return 32;
   if (routes <= mid_routes * experts) return 64;
-  return wide_or_128(routes, experts);
-}
-
-int fp8_tile_for(int64_t routes, int64_t experts) {
-  return routes < kFp8WideRoutes * experts ? 64 : wide_or_128(routes, experts);
+  return mixed_padded_rows(routes, experts, 144) < mixed_padded_rows(routes, experts, 128) ? 144
+                                                                                           : 128;
 }
 
 bool parse_choice(const std::string& name, DispatchChoice* out) {

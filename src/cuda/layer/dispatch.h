@@ -168,10 +168,6 @@ double mixed_padded_rows(int64_t routes, int64_t experts, int tile);
 // mid_routes routes per expert (the FC's: kMixedMidRoutes, or 0 for none), then 128 or 144 rows
 // (above); the caller falls back to 128 rows where the kind lacks the tile named.
 int mixed_tile_for(int64_t routes, int64_t experts, int64_t mid_routes = kMixedMidRoutes);
-// The FP8 GEMM's tile (act_quant "fp8_e4m3", cutlass_fp8.h) by the same average: 64 rows below
-// kFp8WideRoutes routes per expert, then 128 or 144 rows, whichever mixed_padded_rows gives
-// fewer.
-int fp8_tile_for(int64_t routes, int64_t experts);
 
 // decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,
 // decode/2 (16 routes per pass), lost to it at every count measured on an H200 (16 to 64 routes
