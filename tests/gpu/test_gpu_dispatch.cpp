@@ -134,12 +134,14 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 768 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens: 576 rows either way
-  // The wide tile where the 128-row one spills a tail into one more tile: from about 116 routes
-  // per expert, and around 256 (qwen3-30b-a3b at 4096 tokens: 320 rows against 291).
+  // The wide tile where the 128-row one spills a tail into one more tile, by at least
+  // kMixedWideMinGain fewer rows: from about 120 routes per expert, and around 256 (qwen3-30b-a3b
+  // at 4096 tokens: 318 rows against 291), not at 384 (447 against 433: 3.1%).
   EXPECT_EQ(cuda::mixed_tile_for(112 * e, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(120 * e, e), 144);
   EXPECT_EQ(cuda::mixed_tile_for(128 * e, e), 144);  // DeepSeek-V3's 4096 tokens, E 256 top 8
   EXPECT_EQ(cuda::mixed_tile_for(256 * e, e), 144);
+  EXPECT_EQ(cuda::mixed_tile_for(384 * e, e), 128);
   EXPECT_EQ(cuda::mixed_tile_for(128 * e, e, 0), 144);
   // fp8 (mid_routes 0): never the middle tile.
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);

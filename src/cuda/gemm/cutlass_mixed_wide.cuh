@@ -9,11 +9,11 @@
 //   256 +- 16 (qwen3 4096 tokens)   2.5 tiles  320 (80% real)      2.02 tiles  291 (88%)
 //   128 +- 11 (DeepSeek 4096)       1.5 tiles  192 (67%)           1.08 tiles  155 (82%)
 //
-// (dispatch.h's wide_tile_for weighs the two by the call's mean.) Two m64 atoms per consumer
-// warpgroup as the tall tile's, 144 accumulators a thread. N = 144 is one of CuTe's extended
-// wgmma shapes (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), which the unit that includes this header
-// defines before any CUTLASS header (cutlass_mixed_wide.cu); the epilogue's subtile is 128 x 16
-// (gcd(32, 144), CUTLASS's cooperative rule).
+// (dispatch.h's mixed_tile_for weighs the two by the call's mean and spread.) Two m64 atoms per
+// consumer warpgroup as the tall tile's, 144 accumulators a thread. N = 144 is one of CuTe's
+// extended wgmma shapes (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), which the unit that includes this
+// header defines before any CUTLASS header (cutlass_mixed_wide.cu); the epilogue's subtile is 128 x
+// 16 (gcd(32, 144), CUTLASS's cooperative rule).
 #pragma once
 
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED

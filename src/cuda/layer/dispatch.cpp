@@ -56,8 +56,8 @@ int mixed_tile_for(int64_t routes, int64_t experts, int64_t mid_routes) {
   const int64_t narrow = experts < kMixedFewExperts ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
   if (routes <= narrow * experts) return 32;
   if (routes <= mid_routes * experts) return 64;
-  return mixed_padded_rows(routes, experts, 144) < mixed_padded_rows(routes, experts, 128) ? 144
-                                                                                           : 128;
+  const double wide = mixed_padded_rows(routes, experts, 144);
+  return wide < (1.0 - kMixedWideMinGain) * mixed_padded_rows(routes, experts, 128) ? 144 : 128;
 }
 
 bool parse_choice(const std::string& name, DispatchChoice* out) {

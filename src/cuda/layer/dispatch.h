@@ -158,10 +158,13 @@ constexpr int64_t kMixedNarrowRoutesFew = 20;
 // above give 128: a group of r rows runs ceil(r / N) tiles of N rows, so the call's wgmma and
 // conversions cover about N E[ceil(r / N)] rows per expert. mixed_padded_rows estimates that with
 // r normal at the multinomial's mean and variance (routes / E, routes (1 / E)(1 - 1 / E)), and the
-// wide tile is taken where it runs fewer rows: from about 116 routes per expert up to 144 (the
-// 128-row tile spills a tail into a second tile), and again just below each multiple of 144
-// where 128 would spill (qwen3-30b-a3b at 4096 tokens: 256 +- 16 rows, 320 against 291).
+// wide tile is taken where it runs at least kMixedWideMinGain fewer rows: from about 120 routes
+// per expert up to 144 (the 128-row tile spills a tail into a second tile) and around 256
+// (qwen3-30b-a3b at 4096 tokens: 256 +- 16 rows, 318 against 291). Measured on an H100
+// (bench/results/2026-12-07-h100-wide-tile.md): 4-10% faster at 128 and 256 rows per expert;
+// at 384 (3.1% fewer rows) INT4 lost 1.4% and INT4 with zero points won 1.4%, hence the margin.
 double mixed_padded_rows(int64_t routes, int64_t experts, int tile);
+constexpr double kMixedWideMinGain = 0.05;
 
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
 // (all E: a shard's held experts share the whole layer's average), the middle tile up to
