@@ -25,11 +25,12 @@
 // Workspace of one launch (G = max_groups; each part 256-byte aligned):
 //   shapes G x (n, rows, k); ptr_a, ptr_b, ptr_d, ptr_sfa, ptr_sfb G x pointer;
 //   stride_a, stride_b, stride_d G x 8 bytes; cutlass Gemm::get_workspace_size.
+#include "cuda/gemm/cutlass_fp8.h"
+
 #include <algorithm>
 #include <string>
 #include <type_traits>
 
-#include "cuda/gemm/cutlass_fp8.h"
 #include "cuda/gemm/cutlass_fp8_mainloop.cuh"
 #include "cuda/gemm/cutlass_grouped_kernel.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"

@@ -163,9 +163,9 @@ Status CudaLayer::run_fc_fp8(const Fp8Fc& f8, const Layout& l, char* ws, const R
   const int64_t routes = maps.tokens * spec_.slots();
   // The host knows the average rows per expert, routes / E (a shard's held experts share it).
   // PrepareOptions::mixed_tile 64 or 128 takes that tile at every count (A/B runs).
-  g.tile_n = mixed_tile_ == 64 || mixed_tile_ == 128        ? mixed_tile_
+  g.tile_n = mixed_tile_ == 64 || mixed_tile_ == 128 ? mixed_tile_
              : routes >= kFp8WideRoutes * spec_.num_experts ? 128
-                                                            : 64;
+                                                              : 64;
   return launch_fp8_grouped_gemm(g, sm_count_, ws + l.mixed, l.total - l.mixed, stream);
 }
 
