@@ -170,12 +170,13 @@ TEST_F(PrepareOptionsTest, BadVariablesAreNamed) {
         Case{"QMOE_DECODE_MIN_BLOCKS", "-1", "1..32"},
         Case{"QMOE_DECODE_COMBINE", "65", "1..64 tokens"},
         Case{"QMOE_GEMM", "cublas", "cutlass-dequant"},
-        Case{"QMOE_DISPATCH", "decode/3", "fused, generic/32, generic/64 or generic/128"},
+        Case{"QMOE_DISPATCH", "decode/3", "generic/64, generic/128 or generic/144"},
         Case{"QMOE_DISPATCH", "decode/2", "decode/1"},      // the deleted two-group form
         Case{"QMOE_DISPATCH", "generic/48", "generic/64"},  // a tile there is not
-        Case{"QMOE_FUSED_GRID", "-1", "CTA count"}, Case{"QMOE_MIXED_TILE", "48", "32, 64 or 128"},
-        Case{"QMOE_MIXED_TILE", "-32", "32, 64 or 128"},
-        Case{"QMOE_MIXED_TILE", "256", "32, 64 or 128"}}) {  // the deleted wide tile
+        Case{"QMOE_FUSED_GRID", "-1", "CTA count"},
+        Case{"QMOE_MIXED_TILE", "48", "32, 64, 128 or 144"},
+        Case{"QMOE_MIXED_TILE", "-32", "32, 64, 128 or 144"},
+        Case{"QMOE_MIXED_TILE", "256", "32, 64, 128 or 144"}}) {  // the deleted 256-row tile
     EnvOverride o(c.var, c.value);
     PrepareOptions out;
     out.decode.rows = 77;  // untouched on error
@@ -318,7 +319,7 @@ TEST(ForceDispatch, ChecksTheChoiceAgainstTheLayers) {
   EXPECT_NE(st.message().find("generic, or \"\""), std::string::npos) << st.message();
 
   EXPECT_EQ(dispatch_choice_list(),
-            "generic, decode/1, fused, generic/32, generic/64 or generic/128");
+            "generic, decode/1, fused, generic/32, generic/64, generic/128 or generic/144");
   // A tile choice is a name, so on a layer without the tiles it is "not a path of this layer".
   st = check_forced_choice("generic/64", decode);
   ASSERT_FALSE(st.is_ok());

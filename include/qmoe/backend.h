@@ -89,9 +89,9 @@ struct PrepareOptions {
   // many as the device holds. QMOE_FUSED_GRID.
   int fused_grid_ctas = 0;
   // CUDA: the mixed-input GEMM's tile rows: 0 chooses per call by the call's average routes per
-  // expert (the dispatch table's thresholds: 32, 64, then 128 rows, where the kind has them),
-  // 32, 64 or 128 take that tile wherever it exists (A/B runs; the FP8 GEMM of act_quant
-  // "fp8_e4m3" has 64 and 128). QMOE_MIXED_TILE.
+  // expert (the dispatch table's thresholds: 32, 64, then 128 or 144 rows, where the kind has
+  // them), 32, 64, 128 or 144 take that tile wherever it exists (A/B runs; the FP8 GEMM of
+  // act_quant "fp8_e4m3" has 64 and 128). QMOE_MIXED_TILE.
   int mixed_tile = 0;
   // CUDA: the activations of the grouped GEMM path. "none" keeps ORT's numerics (bf16/f16
   // activations times the dequantized weights); "fp8_e4m3" quantizes each route's FC1 and FC2

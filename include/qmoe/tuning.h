@@ -35,8 +35,9 @@ Status load_tuned_rows(const std::string& path, const std::string& key, std::vec
                        bool* found);
 
 // Every dispatch choice name there is ("generic", "decode/1", "fused", "generic/32",
-// "generic/64", "generic/128": the CUDA backend's paths and the generic path's mixed-input tiles,
-// src/cuda/layer/dispatch.h), and them as a message: "generic, decode/1, ... or generic/128".
+// "generic/64", "generic/128", "generic/144": the CUDA backend's paths and the generic path's
+// mixed-input tiles, src/cuda/layer/dispatch.h), and them as a message: "generic, decode/1, ...
+// or generic/144".
 const std::vector<std::string>& dispatch_choice_names();
 std::string dispatch_choice_list();
 

@@ -122,18 +122,18 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_FUSED_GRID", "fused_grid_ctas", 0, INT_MAX,
                                   "0 (as many as the device holds) or a CTA count"},
                                  0, &o.fused_grid_ctas));
-  // Four values, not a range: the variable's text must be one of them.
+  // Five values, not a range: the variable's text must be one of them.
   const bool tile_from_env = o.mixed_tile == 0 && env_value("QMOE_MIXED_TILE") != nullptr;
   if (tile_from_env) {
     const std::string v = env_value("QMOE_MIXED_TILE");
-    if (v != "0" && v != "32" && v != "64" && v != "128") {
-      return Status::invalid("QMOE_MIXED_TILE: expected 0 (automatic), 32, 64 or 128, got '" +
+    if (v != "0" && v != "32" && v != "64" && v != "128" && v != "144") {
+      return Status::invalid("QMOE_MIXED_TILE: expected 0 (automatic), 32, 64, 128 or 144, got '" +
                              v + "'");
     }
     o.mixed_tile = std::stoi(v);
-  } else if (o.mixed_tile != 0 && o.mixed_tile != 32 && o.mixed_tile != 64 &&
-             o.mixed_tile != 128) {
-    return Status::invalid("mixed_tile: expected 0 (automatic), 32, 64 or 128, got " +
+  } else if (o.mixed_tile != 0 && o.mixed_tile != 32 && o.mixed_tile != 64 && o.mixed_tile != 128 &&
+             o.mixed_tile != 144) {
+    return Status::invalid("mixed_tile: expected 0 (automatic), 32, 64, 128 or 144, got " +
                            std::to_string(o.mixed_tile));
   }
   *out = o;

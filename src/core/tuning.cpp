@@ -104,8 +104,8 @@ Status save_tuned_rows(const std::string& path, const std::string& key,
 }
 
 const std::vector<std::string>& dispatch_choice_names() {
-  static const std::vector<std::string> names = {"generic",    "decode/1",   "fused",
-                                                 "generic/32", "generic/64", "generic/128"};
+  static const std::vector<std::string> names = {
+      "generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128", "generic/144"};
   return names;
 }
 

@@ -4,6 +4,7 @@
 // environment read once at prepare, and a tune file applied through PrepareOptions.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -132,7 +133,16 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e), 64);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e, e), 64);  // 768 tokens
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedMidRoutes * e + 1, e), 128);
-  EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens
+  EXPECT_EQ(cuda::mixed_tile_for(512 * e, e), 128);  // 8192 tokens: 576 rows either way
+  // The wide tile where the 128-row one spills a tail into one more tile, by at least
+  // kMixedWideMinGain fewer rows: from about 120 routes per expert, and around 256 (qwen3-30b-a3b
+  // at 4096 tokens: 318 rows against 291), not at 384 (447 against 433: 3.1%).
+  EXPECT_EQ(cuda::mixed_tile_for(112 * e, e), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(120 * e, e), 144);
+  EXPECT_EQ(cuda::mixed_tile_for(128 * e, e), 144);  // DeepSeek-V3's 4096 tokens, E 256 top 8
+  EXPECT_EQ(cuda::mixed_tile_for(256 * e, e), 144);
+  EXPECT_EQ(cuda::mixed_tile_for(384 * e, e), 128);
+  EXPECT_EQ(cuda::mixed_tile_for(128 * e, e, 0), 144);
   // fp8 (mid_routes 0): never the middle tile.
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e, e, 0), 32);
   EXPECT_EQ(cuda::mixed_tile_for(cuda::kMixedNarrowRoutes * e + 1, e, 0), 128);
@@ -149,6 +159,29 @@ TEST(Dispatch, MixedTileByRoutesPerExpert) {
   static_assert(cuda::kMixedNarrowRoutesFew < cuda::kMixedNarrowRoutes &&
                     cuda::kMixedNarrowRoutes < cuda::kMixedMidRoutes,
                 "the tiles grow with the routes per expert");
+}
+
+// The expected rows a call's tiles run per expert: exact where every expert holds the mean
+// (one expert), and at a multinomial's spread the sum over j of P(r > j N) N, checked against a
+// direct sum over the binomial's probabilities.
+TEST(Dispatch, PaddedRowsOfATile) {
+  EXPECT_DOUBLE_EQ(cuda::mixed_padded_rows(100, 1, 128), 128.0);
+  EXPECT_DOUBLE_EQ(cuda::mixed_padded_rows(129, 1, 128), 256.0);
+  EXPECT_DOUBLE_EQ(cuda::mixed_padded_rows(0, 8, 128), 0.0);
+  const int64_t e = 128;
+  for (int64_t mean : {64, 120, 128, 256}) {
+    for (int tile : {128, 144}) {
+      const int64_t routes = mean * e;
+      const double p = 1.0 / e;
+      double want = 0.0, log_pmf = routes * std::log1p(-p);  // P(r = 0)
+      for (int64_t r = 0; r <= 3 * mean; ++r) {
+        if (r > 0) log_pmf += std::log(double(routes - r + 1) / r) + std::log(p / (1 - p));
+        want += std::exp(log_pmf) * ((r + tile - 1) / tile) * tile;
+      }
+      SCOPED_TRACE(std::to_string(mean) + " routes per expert, tile " + std::to_string(tile));
+      EXPECT_NEAR(cuda::mixed_padded_rows(routes, e, tile), want, 0.01 * want);
+    }
+  }
 }
 
 TEST(Dispatch, TunedRowsReplaceTheDefaultUpToTheirLastRow) {
@@ -203,7 +236,7 @@ TEST(Dispatch, ForcedChoice) {
   EXPECT_EQ(chosen(none, 1), "generic");  // no decode path: the generic one
   // The names options are checked against (qmoe/tuning.h) are exactly the table's choices.
   std::vector<std::string> names;
-  for (const DispatchChoice& c : cuda::layer_choices(true, 16, {32, 64, 128})) {
+  for (const DispatchChoice& c : cuda::layer_choices(true, 16, {32, 64, 128, 144})) {
     names.push_back(choice_name(c));
     DispatchChoice back;
     ASSERT_TRUE(cuda::parse_choice(names.back(), &back));
@@ -305,8 +338,8 @@ TEST(GpuDispatch, EveryChoiceMatchesOracle) {
   for (int64_t tokens : {1, 8, 12, 40}) {
     TestInputs ti;
     make_inputs(tl.spec, tokens, seed + tokens, false, &ti);
-    for (const char* name :
-         {"generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128"}) {
+    for (const char* name : {"generic", "decode/1", "fused", "generic/32", "generic/64",
+                             "generic/128", "generic/144"}) {
       GpuRun run;
       gpu_run(tl, ti, &run, with_dispatch(name));
       if (::testing::Test::HasFatalFailure()) return;
@@ -466,9 +499,9 @@ TEST(GpuDispatch, TuneFileAppliesThroughPrepareOptions) {
   EXPECT_EQ(layer->dispatch_choice(1), "generic");
   EXPECT_EQ(layer->dispatch_choice(4), "generic");
   EXPECT_EQ(layer->dispatch_choice(5), "decode/1");
-  // A bf16 int4 layer's mixed-input copy has all three tiles: a generic candidate each.
-  const std::vector<std::string> want = {"generic/32", "generic/64", "generic/128", "decode/1",
-                                         "fused"};
+  // A bf16 int4 layer's mixed-input copy has all four tiles: a generic candidate each.
+  const std::vector<std::string> want = {"generic/32",  "generic/64", "generic/128",
+                                         "generic/144", "decode/1",   "fused"};
   EXPECT_EQ(layer->dispatch_candidates(12), want);
   TestInputs ti;
   make_inputs(tl.spec, 3, fresh_seed(), false, &ti);

@@ -18,6 +18,7 @@
 #include "core/formats/mma_pack.h"
 #include "core/numeric.h"
 #include "cuda/gemm/cutlass_mixed.h"
+#include "cuda/layer/dispatch.h"
 #include "gpu_layer_harness.h"
 #include "mixed_formats.h"
 #include "qmoe/quantize.h"
@@ -139,13 +140,14 @@ TEST(GpuMixedLayer, Fp8AndFp8Block) {
   }
 }
 
-// The narrow (32-row), middle (64-row) and 128-row tile, each forced, on the kinds that have them
-// (bf16; the zero kinds too: int4 b128 and int8 per channel with zero points), and the automatic
-// choice on each side of its thresholds; f16 has only the 128-row tile,
+// The narrow (32-row), middle (64-row), 128-row and wide (144-row) tile, each forced, on the kinds
+// that have them (bf16; the zero kinds too: int4 b128 and int8 per channel with zero points), and
+// the automatic choice on each side of its thresholds; f16 has only the 128-row tile,
 // which a forced choice of another falls back to. 100 tokens x 4 routes over 16 experts average
 // 25 rows (one or two 32-row tiles, the last ragged), 333 average 83 rows; the automatic choice
 // takes the narrow tile at 60 tokens (15 rows on average), the middle one (the 128-row one where
-// there is none) at 100 and the 128-row one at 333 and 1100 (275 rows: ragged 128-row tiles).
+// there is none) at 100, the 128-row one at 333 and the wide one at 1100 (275 rows: two ragged
+// 144-row tiles, or three 128-row ones, for kinds without it).
 TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   QMOE_REQUIRE_GPU();
   using cuda::MixedCodes;
@@ -163,6 +165,13 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kF16, 64));
   EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 48));
   EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kF16, 128));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kBF16, 144));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8, DType::kBF16, 144));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kE4m3, DType::kBF16, 144));
+  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt4, DType::kF16, 144));
+  EXPECT_TRUE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kBF16, 144));
+  EXPECT_FALSE(cuda::mixed_has_tile(MixedCodes::kInt8Zero, DType::kF16, 144));
+  EXPECT_EQ(cuda::mixed_tile_for(1100 * 4, 16), 144);
   const LayerSpec specs[] = {
       int4_spec(DType::kBF16, 256, 128, 16, 4, 128, DType::kF32),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 64, DType::kF32),
@@ -171,14 +180,14 @@ TEST(GpuMixedLayer, NarrowMiddleAndTallTiles) {
       spec_of(WeightFormat::kInt4, DType::kBF16, 256, 128, 16, 4, 128, DType::kF16, true),
       spec_of(WeightFormat::kInt8, DType::kBF16, 256, 128, 16, 4, 0, DType::kF32, true)};
   for (const LayerSpec& s : specs) {
-    for (int tile : {32, 64, 128}) {
+    for (int tile : {32, 64, 128, 144}) {
       check_mixed_against_dequant(s, 100, tile);
       check_mixed_against_dequant(s, 333, tile);
     }
     check_mixed_against_dequant(s, 60);    // automatic: narrow where it exists
     check_mixed_against_dequant(s, 100);   // automatic: 64 rows, or 128
     check_mixed_against_dequant(s, 333);   // automatic: 128 rows
-    check_mixed_against_dequant(s, 1100);  // automatic: 128 rows, ragged tiles
+    check_mixed_against_dequant(s, 1100);  // automatic: 144 rows (or 128), ragged tiles
   }
   // Both residencies of the narrow tile in one call (mixed_ctas_per_sm): FC2 (n 2048: 8 tiles x
   // up to 64 experts = 512, two CTAs on up to 256 SMs) and FC1 (n 512: 2 x 64 = 128, one CTA).
@@ -427,7 +436,7 @@ TEST(GpuMixedLayer, ActivationEpilogueKeepsTheBits) {
       EXPECT_EQ(ws_on, ws_off + (takes ? rows : 0)) << "takes " << takes;
       for (int64_t tokens : {7, 100, 333}) same_bits(tl, tokens, 0);
       if (act.kind == Activation::kSwiGlu && act.limit > 1e30f) {
-        for (int tile : {32, 64, 128}) same_bits(tl, 100, tile);
+        for (int tile : {32, 64, 128, 144}) same_bits(tl, 100, tile);
       }
     }
   }

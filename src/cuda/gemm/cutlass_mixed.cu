@@ -228,7 +228,7 @@ bool mixed_gemm_can_implement(const MixedGemmArgs& a, std::string* why) {
   if (f.format == WeightFormat::kFp8Block && f.block_size == 0) f.format = WeightFormat::kFp8;
   if (a.chunk <= 0) return fail(why, "chunk = " + std::to_string(a.chunk) + " (expected > 0)");
   if (a.tile_n != 128 && !mixed_has_tile(a.codes_kind, a.dtype, a.tile_n)) {
-    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 / 64 where " +
+    return fail(why, "tile_n = " + std::to_string(a.tile_n) + " (128, or 32 / 64 / 144 where " +
                          mixed_codes_name(a.codes_kind) + " has that tile)");
   }
   if (mixed_codes_for(f, a.dtype, a.n, a.k, why) != a.codes_kind) return false;

@@ -124,7 +124,7 @@ struct MixedGemmArgs {
   int64_t chunk = 0;               // the scale block along K (k for per-channel scales)
   GroupSchedule sched;             // tile_start is not read
   int max_groups = 0;              // an upper bound of *sched.n_touched (min(E, routes))
-  int tile_n = 128;  // the tile's rows: 128, or 32 / 64 where the kind has them (below)
+  int tile_n = 128;  // the tile's rows: 128, or 32 / 64 / 144 where the kind has them (below)
   // Programmatic dependent launch of the setup kernel and the GEMM (cutlass_grouped_kernel.cuh's
   // pdl_gemm_kernel): each waits for the previous kernel before it touches memory.
   bool pdl = false;
@@ -155,7 +155,8 @@ constexpr DType mixed_out_dtype(DType act) {
 bool mixed_has_act_epilogue(MixedCodes c, DType dtype, int tile_n);
 
 // Whether the instance list holds the kind's tile of tile_n rows for this activation dtype: every
-// kind has the 128-row one (bf16 and f16), the others exist for bf16 and some kinds only.
+// kind has the 128-row one (bf16 and f16), the others (32, 64, 144) exist for bf16 and some kinds
+// only.
 bool mixed_has_tile(MixedCodes c, DType dtype, int tile_n);
 // Whether the kind has the narrow (32-row) tile for this activation dtype (bf16: kInt4, kInt8,
 // kE4m3).

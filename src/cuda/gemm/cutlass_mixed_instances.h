@@ -73,7 +73,12 @@ Status mixed_residency(int* resident);
   X(MixedCodes::kE4m3, true, 32, false, 2)       \
   X(MixedCodes::kInt4Zero, true, 32, false, 2)   \
   X(MixedCodes::kInt8Zero, true, 32, false, 2)   \
-  X(MixedCodes::kE4m3, false, 32, false, 2)
+  X(MixedCodes::kE4m3, false, 32, false, 2)      \
+  X(MixedCodes::kInt4, true, 144, false, 1)      \
+  X(MixedCodes::kInt8, true, 144, false, 1)      \
+  X(MixedCodes::kE4m3, true, 144, false, 1)      \
+  X(MixedCodes::kInt4Zero, true, 144, false, 1)  \
+  X(MixedCodes::kInt8Zero, true, 144, false, 1)
 
 #define QMOE_MIXED_DECLARE(kCodes, kBf16, kTileN, kAct, kCtas)                                     \
   template <>                                                                                      \

@@ -23,7 +23,8 @@ namespace {
 // that the two agree.
 constexpr DispatchChoice kChoices[] = {{CallPath::kGeneric},     {CallPath::kDecode},
                                        {CallPath::kFused},       {CallPath::kGeneric, 32},
-                                       {CallPath::kGeneric, 64}, {CallPath::kGeneric, 128}};
+                                       {CallPath::kGeneric, 64}, {CallPath::kGeneric, 128},
+                                       {CallPath::kGeneric, 144}};
 constexpr bool one_generic_choice_per_tile() {
   constexpr size_t kTiles = sizeof(kMixedTiles) / sizeof(kMixedTiles[0]);
   if (sizeof(kChoices) / sizeof(kChoices[0]) != 3 + kTiles) return false;
@@ -37,6 +38,27 @@ constexpr bool one_generic_choice_per_tile() {
 static_assert(one_generic_choice_per_tile(), "a generic choice per tile, in kMixedTiles' order");
 
 }  // namespace
+
+double mixed_padded_rows(int64_t routes, int64_t experts, int tile) {
+  if (routes <= 0 || experts <= 0 || tile <= 0) return 0.0;
+  const double p = 1.0 / static_cast<double>(experts), mean = static_cast<double>(routes) * p;
+  const double sd = std::sqrt(static_cast<double>(routes) * p * (1.0 - p));
+  // E[ceil(r / N)] = sum over j >= 0 of P(r > j N), each term with the continuity correction.
+  double tiles = 0.0;
+  for (int64_t j = 0; static_cast<double>(j * tile) <= mean + 8.0 * sd; ++j) {
+    const double over = static_cast<double>(j * tile) + 0.5 - mean;
+    tiles += sd > 0.0 ? 0.5 * std::erfc(over / (sd * std::sqrt(2.0))) : (over < 0.0 ? 1.0 : 0.0);
+  }
+  return tiles * tile;
+}
+
+int mixed_tile_for(int64_t routes, int64_t experts, int64_t mid_routes) {
+  const int64_t narrow = experts < kMixedFewExperts ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
+  if (routes <= narrow * experts) return 32;
+  if (routes <= mid_routes * experts) return 64;
+  const double wide = mixed_padded_rows(routes, experts, 144);
+  return wide < (1.0 - kMixedWideMinGain) * mixed_padded_rows(routes, experts, 128) ? 144 : 128;
+}
 
 bool parse_choice(const std::string& name, DispatchChoice* out) {
   for (const DispatchChoice& c : kChoices) {

@@ -154,15 +154,23 @@ constexpr int64_t kMixedMidRoutes = 48;
 constexpr int64_t kMixedFewExperts = 32;
 constexpr int64_t kMixedNarrowRoutesFew = 20;
 
+// The wide tile (144 rows, cutlass_mixed_wide.cuh) against the 128-row one where the bounds
+// above give 128: a group of r rows runs ceil(r / N) tiles of N rows, so the call's wgmma and
+// conversions cover about N E[ceil(r / N)] rows per expert. mixed_padded_rows estimates that with
+// r normal at the multinomial's mean and variance (routes / E, routes (1 / E)(1 - 1 / E)), and the
+// wide tile is taken where it runs at least kMixedWideMinGain fewer rows: from about 120 routes
+// per expert up to 144 (the 128-row tile spills a tail into a second tile) and around 256
+// (qwen3-30b-a3b at 4096 tokens: 256 +- 16 rows, 318 against 291). Measured on an H100
+// (bench/results/2026-12-07-h100-wide-tile.md): 4-10% faster at 128 and 256 rows per expert;
+// at 384 (3.1% fewer rows) INT4 lost 1.4% and INT4 with zero points won 1.4%, hence the margin.
+double mixed_padded_rows(int64_t routes, int64_t experts, int tile);
+constexpr double kMixedWideMinGain = 0.05;
+
 // The tile rows that choice names for a call of `routes` routes over a layer of `experts` experts
 // (all E: a shard's held experts share the whole layer's average), the middle tile up to
-// mid_routes routes per expert (the FC's: kMixedMidRoutes, or 0 for none); the caller falls back
-// to 128 rows where the kind lacks that tile.
-constexpr int mixed_tile_for(int64_t routes, int64_t experts,
-                             int64_t mid_routes = kMixedMidRoutes) {
-  const int64_t narrow = experts < kMixedFewExperts ? kMixedNarrowRoutesFew : kMixedNarrowRoutes;
-  return routes <= narrow * experts ? 32 : routes <= mid_routes * experts ? 64 : 128;
-}
+// mid_routes routes per expert (the FC's: kMixedMidRoutes, or 0 for none), then 128 or 144 rows
+// (above); the caller falls back to 128 rows where the kind lacks the tile named.
+int mixed_tile_for(int64_t routes, int64_t experts, int64_t mid_routes = kMixedMidRoutes);
 
 // decode/1 names the decode kernel (one mma column group of 8 routes per pass); its two-group form,
 // decode/2 (16 routes per pass), lost to it at every count measured on an H200 (16 to 64 routes
@@ -179,9 +187,9 @@ struct DispatchChoice {
   bool operator==(const DispatchChoice& o) const { return path == o.path && tile == o.tile; }
 };
 
-constexpr int kMixedTiles[] = {32, 64, 128};
+constexpr int kMixedTiles[] = {32, 64, 128, 144};
 
-// "generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128".
+// "generic", "decode/1", "fused", "generic/32", "generic/64", "generic/128", "generic/144".
 std::string choice_name(const DispatchChoice& c);
 bool parse_choice(const std::string& name, DispatchChoice* out);
 

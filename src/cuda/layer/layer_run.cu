@@ -558,6 +558,8 @@ ActivationArgs CudaLayer::activation_args(const RouteMapsView& maps, const void*
   aa.routes = maps.tokens * spec_.slots();
   aa.expert_begin = static_cast<int32_t>(spec_.first_expert);
   aa.expert_end = static_cast<int32_t>(spec_.first_expert + spec_.weight_experts());
+  aa.by_route = aa.fc1_bias != nullptr || aa.fc3_bias != nullptr || aa.scale_input ||
+                spec_.weight_experts() < spec_.num_experts;
   return aa;
 }
 

@@ -239,7 +239,8 @@ __device__ __forceinline__ void load_gated_biases(const ActivationArgs& a, int64
 // as fast as eight at 4096 tokens and up to 3% faster (whole layer) below, where eight leave too
 // few warps to hide each warp's chain of loads (bench/results/
 // 2026-12-04-h200-activation-lanes.md). The FC1 values depend on p alone, so their loads are
-// issued before the route lookups and overlap them; the stores are 8 bytes (16-bit outputs), 16
+// issued before the route lookups and overlap them, and a layer whose rows need no route
+// (ActivationArgs::by_route false) makes none; the stores are 8 bytes (16-bit outputs), 16
 // (f32) or, for FP8 rows, a word of codes per lane and the warp's group scale (store_group: a
 // warp's 128 outputs are one group). FC1's and FC3's rows are read as their dtypes say
 // (ActivationArgs::h_dtype, h3_dtype; a uniform branch per load). kSwiGlu: the layer's
@@ -279,12 +280,16 @@ __global__ void __launch_bounds__(256) activation_rows_kernel(ActivationArgs a) 
       load4_pairs(a.h, ht, row + 2 * i0, g, l);
     }
   }
-  const int32_t r = a.permuted_route[p];
-  const int32_t id = a.expert_ids[r];
-  // Another shard's route: FC1 left its row unwritten and the combine skips it.
-  if (id < a.expert_begin || id >= a.expert_end) return;
-  const int64_t e = id - a.expert_begin;  // the bias row
-  const float scale = a.scale_input ? a.weights[r] : 1.0f;
+  int64_t e = 0;  // the bias row
+  float scale = 1.0f;
+  if (a.by_route) {
+    const int32_t r = a.permuted_route[p];
+    const int32_t id = a.expert_ids[r];
+    // Another shard's route: FC1 left its row unwritten and the combine skips it.
+    if (id < a.expert_begin || id >= a.expert_end) return;
+    e = id - a.expert_begin;
+    if (a.scale_input) scale = a.weights[r];
+  }
   float v[4] = {0, 0, 0, 0};
   if (live) {
     if (kSwiGlu) {

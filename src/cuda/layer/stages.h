@@ -61,6 +61,11 @@ struct ActivationArgs {
   // Local experts: routes to experts outside [expert_begin, expert_end) are another shard's, their
   // rows are skipped; the biases hold the range's experts (index e - expert_begin).
   int32_t expert_begin = 0, expert_end = INT32_MAX;
+  // Whether a row's work needs its route (its expert for the biases or a shard's range, its
+  // routing weight for kScaleInput). false (no biases, no kScaleInput, every expert held) lets the
+  // rows kernel skip the two dependent lookups (permuted_route, then expert_ids), which held each
+  // warp for two more memory round trips than its rows' loads.
+  bool by_route = true;
   void* out = nullptr;  // [R, ld] in out_dtype, zero padded from I to ld
   int64_t ld = 0;
   DType out_dtype = DType::kBF16;
