@@ -1,11 +1,13 @@
 // PrepareOptions from the caller and the environment (resolve_prepare_options, qmoe/backend.h):
 // the only place a QMOE_* setting is read. Each variable applies where its field holds the
 // default, then every field is checked, so a bad value fails prepare, naming where it came from.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "qmoe/backend.h"
 #include "qmoe/tuning.h"
@@ -18,6 +20,18 @@ namespace {
 const char* env_value(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// The tiles mixed_tile may name, as text: the N of every "generic/N" dispatch choice
+// (qmoe/tuning.h), the list the CUDA backend checks its own tiles against (dispatch.h's
+// kMixedTiles), so the two cannot drift apart.
+std::vector<std::string> mixed_tile_names() {
+  const std::string prefix = "generic/";
+  std::vector<std::string> tiles;
+  for (const std::string& c : dispatch_choice_names()) {
+    if (c.compare(0, prefix.size(), prefix) == 0) tiles.push_back(c.substr(prefix.size()));
+  }
+  return tiles;
 }
 
 // One integer setting: where it may come from, its range, and what the range means in words.
@@ -122,18 +136,24 @@ Status resolve_prepare_options(const PrepareOptions& options, PrepareOptions* ou
   QMOE_RETURN_IF_ERROR(apply_int({"QMOE_FUSED_GRID", "fused_grid_ctas", 0, INT_MAX,
                                   "0 (as many as the device holds) or a CTA count"},
                                  0, &o.fused_grid_ctas));
-  // Five values, not a range: the variable's text must be one of them.
+  // A few values, not a range: the variable's text must be one of them.
+  const std::vector<std::string> tiles = mixed_tile_names();
+  const auto named = [&tiles](const std::string& v) {
+    return v == "0" || std::find(tiles.begin(), tiles.end(), v) != tiles.end();
+  };
+  std::string expected = "0 (automatic)";
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    expected += (i + 1 == tiles.size() ? " or " : ", ") + tiles[i];
+  }
   const bool tile_from_env = o.mixed_tile == 0 && env_value("QMOE_MIXED_TILE") != nullptr;
   if (tile_from_env) {
     const std::string v = env_value("QMOE_MIXED_TILE");
-    if (v != "0" && v != "32" && v != "64" && v != "128" && v != "144") {
-      return Status::invalid("QMOE_MIXED_TILE: expected 0 (automatic), 32, 64, 128 or 144, got '" +
-                             v + "'");
+    if (!named(v)) {
+      return Status::invalid("QMOE_MIXED_TILE: expected " + expected + ", got '" + v + "'");
     }
     o.mixed_tile = std::stoi(v);
-  } else if (o.mixed_tile != 0 && o.mixed_tile != 32 && o.mixed_tile != 64 && o.mixed_tile != 128 &&
-             o.mixed_tile != 144) {
-    return Status::invalid("mixed_tile: expected 0 (automatic), 32, 64, 128 or 144, got " +
+  } else if (!named(std::to_string(o.mixed_tile))) {
+    return Status::invalid("mixed_tile: expected " + expected + ", got " +
                            std::to_string(o.mixed_tile));
   }
   *out = o;
