@@ -30,6 +30,9 @@ esac
 rm -f "$csv"
 
 # run LABEL [VAR=value ...] -- BENCH_ARGS...: one case, its rows appended to the CSV with the label.
+# A case that fails (a failed check exits 1 after writing its rows) keeps the rows it wrote and
+# does not stop the cases after it; the script's exit status names the failures at the end.
+failed=()
 run() {
   local label="$1" env_args=()
   shift
@@ -42,14 +45,19 @@ run() {
   part="$(mktemp)"
   echo "== $label: ${env_args[*]} qmoe bench $*"
   # The script's own settings are not the layer's: bench would list them among its QMOE_* ones.
-  env -u QMOE_TABLES_BIN -u QMOE_TABLES_REPEAT "${env_args[@]}" "$bin" bench --repeat "$repeat" --csv "$part" "$@"
+  local rc=0
+  env -u QMOE_TABLES_BIN -u QMOE_TABLES_REPEAT "${env_args[@]}" "$bin" bench --repeat "$repeat" \
+    --csv "$part" "$@" || rc=$?
+  [ "$rc" -eq 0 ] || failed+=("$label (exit $rc)")
   python3 - "$part" "$csv" "$label" <<'PY'
 import csv, os, sys
 part, out, label = sys.argv[1:4]
-rows = list(csv.DictReader(open(part)))
+rows = list(csv.DictReader(open(part))) if os.path.getsize(part) else []
+if not rows:
+    sys.exit(0)  # the case wrote nothing (it failed before its first row)
 new = not os.path.exists(out)
 with open(out, "a", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=["case"] + list(rows[0].keys()) if rows else ["case"])
+    w = csv.DictWriter(f, fieldnames=["case"] + list(rows[0].keys()))
     if new:
         w.writeheader()
     for r in rows:
@@ -78,8 +86,8 @@ if [ "$which" != decode ]; then
 fi
 
 python3 - "$csv" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
+import csv, os, sys
+rows = list(csv.DictReader(open(sys.argv[1]))) if os.path.exists(sys.argv[1]) else []
 num = lambda v, d: f"{float(v):.{d}f}" if v else "-"  # the CPU backend has no read ceiling
 print(f"\n{'case':<34} {'tokens':>6} {'us':>10} {'% read':>7} {'TFLOP/s':>8}  path")
 for r in rows:
@@ -87,3 +95,7 @@ for r in rows:
           f"{num(r['pct_of_read_ceiling'], 1):>7} {num(r['tflops'], 1):>8}  {r.get('path', '')}")
 print(f"\nrows: {sys.argv[1]}")
 PY
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
