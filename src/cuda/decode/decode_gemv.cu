@@ -76,6 +76,13 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // -> 26.5 (each warp's 16 chunks then take the shared-memory ring), so those keep one tile.
 constexpr int64_t kDecodeOneWave = 800;
 
+// Eight tiles per block from 4096 pairs where K <= 2048 (H200, bench/results/2026-12-07-h200-
+// tpb-k-act-order-tables.md): qwen3-30b-a3b INT4 at 6 / 8 tokens 4.3 / 5.0% faster, INT8 7.9 /
+// 7.7%, NVFP4 at 8 tokens 3.4%, the INT2 E 512 layer's FC2 (K 640) at 5 tokens 3.6%. Longer tiles
+// lost (H100, 2026-12-07-h100-no-pdl-tpb-chunks.md): gpt-oss-20b's FC1 (K 2880, 720 blocks of
+// eight 23 KB MXFP4 tiles for 792 places) 14% at 4 tokens, the INT2 E 512 layer's FC1 1.1%.
+constexpr int64_t kDecodeEightTilesMaxK = 2048;
+
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
   const int64_t items = static_cast<int64_t>(a.max_groups) * a.shape.tiles;
   const int64_t tile_bytes = 2 * a.shape.k * a.shape.bits;  // 16 rows of K codes
@@ -86,7 +93,8 @@ int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
     if (items <= 1024) return 1;
   }
   if (items <= 1000) return 1;
-  return items <= 8192 ? 4 : 8;
+  if (items > 8192) return 8;
+  return items > 4096 && a.shape.k <= kDecodeEightTilesMaxK ? 8 : 4;
 }
 
 // Blocks of the kernel one sm_90 multiprocessor holds by shared memory (the reserved share of
