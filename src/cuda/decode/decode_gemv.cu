@@ -54,7 +54,7 @@ DecodeGeometry geometry(const MmaPackShape& s) {
 // at 1 token (768-800 pairs), 4 from 2 to 8 tokens, 8 from 16 tokens. With the count-down K loop
 // (bench/results/2026-12-01-h200-decode-loop.md) 8 tiles from 4096 pairs won on qwen3-30b-a3b at
 // 8 tokens (INT4 67.0 -> 65.2 us, INT2 b64 63.1 -> 60.6) but lost on INT2 b64 with H 2560, I 640,
-// E 512, k 10 (FC1 6400 pairs: 78-81 -> 86.1) and on INT8 (108.7 -> 110.4), so 8192 stays. With one
+// E 512, k 10 (FC1 6400 pairs: 78-81 -> 86.1), INT8 (108.7 -> 110.4): 8192 till K bounded. With one
 // route per expert (one token) a block stages a single row, so several tiles save only the block's
 // fixed costs, which count where tiles are small and many: one tile won for qwen3-30b-a3b's FC2
 // (1024 pairs, 3-6 KB tiles; 0.5-1.0 us at one token) and Mixtral-8x7B's FC1 (3584 pairs, 32 KB
