@@ -69,7 +69,7 @@ PY
 if [ "$which" != prefill ]; then
   run "qwen3-30b-a3b int4" -- --presets qwen3-30b-a3b --tokens 1,8,64
   run "qwen3-30b-a3b int8" -- --no-check --presets qwen3-30b-a3b --format int8 --tokens 64
-  run "qwen3.6-35b-a3b nvfp4" -- --no-check --presets qwen3.6-35b-a3b --tokens 4
+  run "qwen3.6-35b-a3b nvfp4" -- --no-check --presets qwen3.6-35b-a3b --format nvfp4 --tokens 4
   run "gpt-oss-20b mxfp4" -- --no-check --presets gpt-oss-20b --tokens 1,8,64
   run "int2 b64 2560x640 E512 k10" -- --no-check --presets qwen3-30b-a3b \
     --shape 2560,640,512,10 --format int2 --block 64 --tokens 8

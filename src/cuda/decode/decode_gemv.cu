@@ -78,9 +78,9 @@ constexpr int64_t kDecodeOneWave = 800;
 
 // Eight tiles per block from 4096 pairs where K <= 2048 (H200, bench/results/2026-12-07-h200-
 // tpb-k-act-order-tables.md): qwen3-30b-a3b INT4 at 6 / 8 tokens 4.3 / 5.0% faster, INT8 7.9 /
-// 7.7%, NVFP4 at 8 tokens 3.4%, the INT2 E 512 layer's FC2 (K 640) at 5 tokens 3.6%. Longer tiles
-// lost (H100, 2026-12-07-h100-no-pdl-tpb-chunks.md): gpt-oss-20b's FC1 (K 2880, 720 blocks of
-// eight 23 KB MXFP4 tiles for 792 places) 14% at 4 tokens, the INT2 E 512 layer's FC1 1.1%.
+// 7.7%, qwen3.6-35b-a3b INT4 at 8 tokens 3.4%, the INT2 E 512 layer's FC2 (K 640) at 5 tokens
+// 3.6%. Longer tiles lost (H100, 2026-12-07-h100-no-pdl-tpb-chunks.md): gpt-oss-20b's FC1 (K 2880,
+// 720 blocks of eight 23 KB MXFP4 tiles for 792 places) 14% at 4 tokens, the E 512 FC1 1.1%.
 constexpr int64_t kDecodeEightTilesMaxK = 2048;
 
 int auto_tiles_per_block(const DecodeFcArgs& a, int max_routes) {
